@@ -1,0 +1,111 @@
+//! Throwaway network namespaces for real-kernel tests: create one, run closures or commands
+//! inside it, delete it on drop. Test-only: it uses the `ip` binary to manage namespaces.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A named network namespace (`/run/netns/NAME`), deleted when dropped.
+pub struct NetNs {
+    pub name: String,
+}
+
+/// Runs a command and panics with its output when it fails.
+pub fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("spawn sh");
+    if !out.status.success() {
+        panic!(
+            "command failed: {cmd}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl NetNs {
+    /// Creates a fresh namespace with loopback up. The name is unique per process and call.
+    pub fn new(tag: &str) -> NetNs {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let name = format!("nlp-{}-{}-{}", tag, std::process::id(), n);
+        sh(&format!("ip netns add {name}"));
+        let ns = NetNs { name };
+        ns.ip("link set lo up");
+        ns
+    }
+
+    /// Runs `ip ARGS` inside the namespace.
+    pub fn ip(&self, args: &str) -> String {
+        sh(&format!("ip -n {} {args}", self.name))
+    }
+
+    /// Runs a shell command inside the namespace, panicking on failure.
+    pub fn sh(&self, cmd: &str) -> String {
+        sh(&format!("ip netns exec {} sh -c '{}'", self.name, cmd.replace('\'', "'\\''")))
+    }
+
+    /// Runs a command inside the namespace and returns its output whatever the status.
+    pub fn output(&self, program: &str, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .output()
+            .expect("spawn ip netns exec")
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace (sockets it opens live here).
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            enter(&path);
+            f()
+        })
+        .join()
+        .expect("thread in namespace panicked")
+    }
+
+    /// Like [`run`](Self::run) but returns the thread's handle without waiting.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            enter(&path);
+            f()
+        })
+    }
+}
+
+/// Moves the calling thread into the namespace at `path`.
+pub fn enter(path: &str) {
+    let f = File::open(path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: setns on a valid namespace fd affects only the calling thread.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Whether this process may create namespaces and program nftables (root).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Panics with a clear message unless running as root: these tests never skip silently.
+pub fn require_root() {
+    assert!(
+        is_root(),
+        "netlink-tests must run as root (they create network namespaces and program nftables)"
+    );
+}

@@ -1,0 +1,204 @@
+//! The one place that opens netlink sockets and performs send/recv syscalls. Protocol
+//! modules (`nft::netlink`, later ctnetlink, genl, rtnetlink) build messages purely and hand
+//! the bytes to [`NetlinkSocket`].
+#![allow(clippy::disallowed_methods)]
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use netlink_sys::{Socket, SocketAddr};
+
+use super::msg::{self, parse_msgs, RawMsg};
+use super::{Error, Result};
+
+pub use netlink_sys::protocols::{NETLINK_GENERIC, NETLINK_NETFILTER, NETLINK_ROUTE};
+
+/// An owned copy of one received message.
+#[derive(Debug, Clone)]
+pub struct OwnedMsg {
+    pub ty: u16,
+    pub flags: u16,
+    pub seq: u32,
+    pub payload: Vec<u8>,
+}
+
+impl OwnedMsg {
+    fn from_raw(m: &RawMsg<'_>) -> Self {
+        OwnedMsg {
+            ty: m.ty,
+            flags: m.flags,
+            seq: m.seq,
+            payload: m.payload.to_vec(),
+        }
+    }
+    pub fn as_raw(&self) -> RawMsg<'_> {
+        RawMsg {
+            ty: self.ty,
+            flags: self.flags,
+            seq: self.seq,
+            pid: 0,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// A bound netlink socket with its own sequence counter.
+pub struct NetlinkSocket {
+    sock: Socket,
+    seq: u32,
+    sndbuf: usize,
+}
+
+fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Io { op, source }
+}
+
+fn setsockopt_int(fd: i32, level: i32, opt: i32, val: i32) -> io::Result<()> {
+    // SAFETY: passing a pointer to a live c_int and its size, as setsockopt(2) expects.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            &val as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl NetlinkSocket {
+    /// Opens and binds a socket of the given netlink protocol.
+    pub fn open(protocol: isize) -> Result<Self> {
+        let mut sock = Socket::new(protocol).map_err(io_err("socket"))?;
+        sock.bind_auto().map_err(io_err("bind"))?;
+        // Extended acks carry the kernel's reason in text; ignore kernels without them.
+        let _ = sock.set_ext_ack(true);
+        let _ = sock.set_cap_ack(true);
+        let fd = sock.as_raw_fd();
+        let tv = libc::timeval {
+            tv_sec: 60,
+            tv_usec: 0,
+        };
+        // SAFETY: pointer to a live timeval with its exact size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const libc::timeval as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        let mut s = NetlinkSocket {
+            sock,
+            seq: 0,
+            sndbuf: 0,
+        };
+        s.ensure_buffers(4 << 20);
+        Ok(s)
+    }
+
+    /// Joins a multicast group (used for change notifications).
+    pub fn add_membership(&self, group: u32) -> Result<()> {
+        self.sock
+            .add_membership(group)
+            .map_err(io_err("add_membership"))
+    }
+
+    /// Makes sure one `sendmsg` of `bytes` fits. The kernel refuses a netlink message larger
+    /// than the socket's send buffer with EMSGSIZE, and a 10k-service batch is tens of MiB.
+    /// `SO_SNDBUFFORCE` ignores `wmem_max` but needs CAP_NET_ADMIN, which we hold anyway.
+    pub fn ensure_buffers(&mut self, bytes: usize) {
+        let want = bytes.saturating_add(64 << 10).min(i32::MAX as usize / 2);
+        if want <= self.sndbuf {
+            return;
+        }
+        let fd = self.sock.as_raw_fd();
+        let v = want as i32;
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, v).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+        }
+        let r = (want as i32).max(8 << 20);
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, r).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, r);
+        }
+        self.sndbuf = want;
+    }
+
+    /// Allocates the next sequence number.
+    pub fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Reserves `n` consecutive sequence numbers and returns the first.
+    pub fn reserve_seqs(&mut self, n: u32) -> u32 {
+        let first = self.seq.wrapping_add(1);
+        self.seq = self.seq.wrapping_add(n);
+        first
+    }
+
+    /// Sends one buffer (one or more messages) in a single syscall.
+    pub fn send(&mut self, bytes: &[u8]) -> Result<()> {
+        self.ensure_buffers(bytes.len());
+        let kernel = SocketAddr::new(0, 0);
+        let n = self
+            .sock
+            .send_to(bytes, &kernel, 0)
+            .map_err(io_err("send"))?;
+        if n != bytes.len() {
+            return Err(Error::Malformed(format!(
+                "short send: {n} of {} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram and splits it into messages.
+    pub fn recv(&mut self) -> Result<Vec<OwnedMsg>> {
+        let (buf, _) = self.sock.recv_from_full().map_err(io_err("recv"))?;
+        let msgs = parse_msgs(&buf).map_err(Error::Malformed)?;
+        Ok(msgs.iter().map(OwnedMsg::from_raw).collect())
+    }
+
+    /// Sends a dump request and collects every reply message until `NLMSG_DONE`.
+    /// An `NLMSG_ERROR` for the request becomes [`Error::Kernel`].
+    pub fn dump(&mut self, request: &[u8], seq: u32, what: &str) -> Result<Vec<OwnedMsg>> {
+        self.send(request)?;
+        let mut out = Vec::new();
+        loop {
+            for m in self.recv()? {
+                if m.seq != seq {
+                    continue;
+                }
+                match m.ty {
+                    msg::NLMSG_DONE => return Ok(out),
+                    msg::NLMSG_ERROR => {
+                        let e = msg::parse_error(&m.as_raw()).map_err(Error::Malformed)?;
+                        if e.errno == 0 {
+                            return Ok(out);
+                        }
+                        return Err(Error::Kernel {
+                            errno: e.errno,
+                            what: what.to_string(),
+                            ext_msg: e.ext_msg,
+                        });
+                    }
+                    _ => {
+                        let multi = m.flags & msg::NLM_F_MULTI != 0;
+                        out.push(m);
+                        if !multi {
+                            return Ok(out);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

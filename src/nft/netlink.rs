@@ -1,0 +1,143 @@
+//! [`NetlinkNftables`]: the nftables backend that talks to the kernel. The only nft file that
+//! does I/O: it sends batches encoded by `encode` and decodes dumps with `decode`.
+
+use crate::netlink::msg::{parse_error, NLMSG_ERROR};
+use crate::netlink::socket::{NetlinkSocket, NETLINK_NETFILTER};
+
+use super::decode::{self, ListedTable};
+use super::encode::{self, encode_getgen, encode_transaction, msg_type};
+use super::{Error, Family, Nftables, Transaction};
+
+/// nftables over a `NETLINK_NETFILTER` socket.
+pub struct NetlinkNftables {
+    sock: NetlinkSocket,
+}
+
+const NFT_MSG_NEWGEN: u16 = 15;
+
+impl NetlinkNftables {
+    pub fn open() -> Result<Self, Error> {
+        Ok(NetlinkNftables {
+            sock: NetlinkSocket::open(NETLINK_NETFILTER)?,
+        })
+    }
+
+    fn dump(
+        &mut self,
+        msg: u16,
+        family: Family,
+        table: &str,
+    ) -> Result<Vec<crate::netlink::socket::OwnedMsg>, Error> {
+        let seq = self.sock.next_seq();
+        let req = encode::encode_dump(msg, family, table, None, seq);
+        match self.sock.dump(&req, seq, &format!("list of table {family} {table}")) {
+            Ok(m) => Ok(m),
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Nftables for NetlinkNftables {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), Error> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let first = self.sock.reserve_seqs(tx.ops.len() as u32 + 2);
+        let batch = encode_transaction(tx, first);
+        self.sock.send(&batch.bytes)?;
+        // The batch is processed inside sendmsg(); any errors are queued before the reply
+        // to this GETGEN, so its arrival means the batch is fully accounted for. Messages
+        // carry no NLM_F_ACK: a 100k-operation batch would otherwise flood the socket.
+        let fence = self.sock.next_seq();
+        self.sock.send(&encode_getgen(fence))?;
+        let mut first_err: Option<Error> = None;
+        loop {
+            for m in self.sock.recv()? {
+                if m.ty == NLMSG_ERROR {
+                    let e = parse_error(&m.as_raw()).map_err(crate::netlink::Error::Malformed)?;
+                    if e.errno != 0 && first_err.is_none() {
+                        let op = batch
+                            .describe(e.seq)
+                            .map(str::to_owned)
+                            .unwrap_or_else(|| format!("batch message {}", e.seq));
+                        first_err = Some(Error::Rejected {
+                            op,
+                            errno: e.errno,
+                            reason: e.ext_msg,
+                        });
+                    }
+                    if e.seq == fence {
+                        return match first_err {
+                            Some(e) => Err(e),
+                            None => Err(Error::Rejected {
+                                op: "generation fence".into(),
+                                errno: e.errno,
+                                reason: None,
+                            }),
+                        };
+                    }
+                } else if m.seq == fence && m.ty == msg_type(NFT_MSG_NEWGEN) {
+                    return match first_err {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    };
+                }
+            }
+        }
+    }
+
+    fn list_tables(&mut self, family: Family) -> Result<Vec<ListedTable>, Error> {
+        let seq = self.sock.next_seq();
+        let req = encode::encode_table_dump(family, seq);
+        let msgs = self.sock.dump(&req, seq, "list of tables")?;
+        msgs.iter()
+            .map(|m| decode::decode_table(&m.as_raw()).map_err(Error::from))
+            .collect()
+    }
+
+    fn list_chains(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error> {
+        let msgs = self.dump(encode::NFT_MSG_GETCHAIN, family, table)?;
+        msgs.iter()
+            .map(|m| Ok(decode::decode_chain(&m.as_raw())?.name))
+            .collect()
+    }
+
+    fn list_sets(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error> {
+        let msgs = self.dump(encode::NFT_MSG_GETSET, family, table)?;
+        msgs.iter()
+            .map(|m| Ok(decode::decode_set(&m.as_raw())?.name))
+            .collect()
+    }
+}
+
+impl NetlinkNftables {
+    /// Lists a table's rules as kernel expressions (for differential tests and debugging).
+    pub fn list_rules(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Vec<decode::ListedRule>, Error> {
+        let msgs = self.dump(encode::NFT_MSG_GETRULE, family, table)?;
+        msgs.iter()
+            .map(|m| decode::decode_rule(&m.as_raw()).map_err(Error::from))
+            .collect()
+    }
+
+    /// Lists the elements of one set.
+    pub fn list_elements(
+        &mut self,
+        family: Family,
+        table: &str,
+        set: &str,
+    ) -> Result<Vec<decode::ListedElement>, Error> {
+        let seq = self.sock.next_seq();
+        let req = encode::encode_dump(encode::NFT_MSG_GETSETELEM, family, table, Some(set), seq);
+        let msgs = self.sock.dump(&req, seq, &format!("list of set {set}"))?;
+        let mut out = Vec::new();
+        for m in &msgs {
+            out.extend(decode::decode_elements(&m.as_raw())?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,114 @@
+//! A [`Transaction`]: an ordered list of operations on one table, applied atomically (one
+//! nfnetlink batch). Verbs follow knftables: `add` (create or keep), `flush` (empty a chain
+//! or set), `delete` (must exist).
+
+use super::{Chain, Element, Family, Rule, Set, Table};
+
+/// An object an operation acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Object {
+    Table(Table),
+    Chain(Chain),
+    Rule(Rule),
+    Set(Set),
+    Element(Element),
+}
+
+impl Object {
+    /// A short description used in error messages ("chain services", "element of service-ips").
+    pub fn describe(&self) -> String {
+        match self {
+            Object::Table(t) => format!("table {} {}", t.family, t.name),
+            Object::Chain(c) => format!("chain {}", c.name),
+            Object::Rule(r) => format!("rule in chain {}", r.chain),
+            Object::Set(s) => format!("{} {}", if s.map { "map" } else { "set" }, s.name),
+            Object::Element(e) => format!("element of {}", e.set),
+        }
+    }
+}
+
+/// One operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Create the object, or leave it as it is when it exists (elements: same data required).
+    Add(Object),
+    /// Remove every rule of a chain, or every element of a set (the object must exist).
+    Flush(Object),
+    /// Delete the object (it must exist; a chain must be unreferenced).
+    Delete(Object),
+}
+
+impl Op {
+    pub fn object(&self) -> &Object {
+        match self {
+            Op::Add(o) | Op::Flush(o) | Op::Delete(o) => o,
+        }
+    }
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Op::Add(_) => "add",
+            Op::Flush(_) => "flush",
+            Op::Delete(_) => "delete",
+        }
+    }
+}
+
+/// Operations on one table, committed atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transaction {
+    pub family: Family,
+    pub table: String,
+    pub ops: Vec<Op>,
+}
+
+impl Transaction {
+    pub fn new(family: Family, table: impl Into<String>) -> Transaction {
+        Transaction {
+            family,
+            table: table.into(),
+            ops: Vec::new(),
+        }
+    }
+    pub fn add(&mut self, o: impl Into<Object>) {
+        self.ops.push(Op::Add(o.into()));
+    }
+    pub fn flush(&mut self, o: impl Into<Object>) {
+        self.ops.push(Op::Flush(o.into()));
+    }
+    pub fn delete(&mut self, o: impl Into<Object>) {
+        self.ops.push(Op::Delete(o.into()));
+    }
+    /// Number of operations; partial-sync tests assert on it.
+    pub fn num_ops(&self) -> usize {
+        self.ops.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+impl From<Table> for Object {
+    fn from(v: Table) -> Object {
+        Object::Table(v)
+    }
+}
+impl From<Chain> for Object {
+    fn from(v: Chain) -> Object {
+        Object::Chain(v)
+    }
+}
+impl From<Rule> for Object {
+    fn from(v: Rule) -> Object {
+        Object::Rule(v)
+    }
+}
+impl From<Set> for Object {
+    fn from(v: Set) -> Object {
+        Object::Set(v)
+    }
+}
+impl From<Element> for Object {
+    fn from(v: Element) -> Object {
+        Object::Element(v)
+    }
+}
