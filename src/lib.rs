@@ -1,5 +1,11 @@
 //! kube-nlproxy: a Kubernetes service proxy that programs the kernel only through netlink.
 #![deny(clippy::disallowed_methods)]
 
+pub mod app;
+pub mod config;
+pub mod model;
 pub mod netlink;
 pub mod nft;
+pub mod proxier;
+pub mod source;
+pub mod sync;

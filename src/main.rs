@@ -1,1 +1,46 @@
-fn main() {}
+//! The kube-nlproxy binary: parse flags, set up logging, run until SIGTERM.
+
+use clap::Parser;
+use kube_nlproxy::config::{Config, Flags};
+
+fn main() -> std::process::ExitCode {
+    let flags = Flags::parse();
+    let cfg = match Config::from_flags(flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kube-nlproxy: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kube-nlproxy: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(kube_nlproxy::app::run(cfg)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(kube_nlproxy::app::AppError::Usage(m)) => {
+            eprintln!("kube-nlproxy: {m}");
+            std::process::ExitCode::from(2)
+        }
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            tracing::error!("{e:#}");
+            eprintln!("kube-nlproxy: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

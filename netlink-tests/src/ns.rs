@@ -15,7 +15,11 @@ pub struct NetNs {
 
 /// Runs a command and panics with its output when it fails.
 pub fn sh(cmd: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(cmd).output().expect("spawn sh");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("spawn sh");
     if !out.status.success() {
         panic!(
             "command failed: {cmd}\nstdout: {}\nstderr: {}",
@@ -44,7 +48,11 @@ impl NetNs {
 
     /// Runs a shell command inside the namespace, panicking on failure.
     pub fn sh(&self, cmd: &str) -> String {
-        sh(&format!("ip netns exec {} sh -c '{}'", self.name, cmd.replace('\'', "'\\''")))
+        sh(&format!(
+            "ip netns exec {} sh -c '{}'",
+            self.name,
+            cmd.replace('\'', "'\\''")
+        ))
     }
 
     /// Runs a command inside the namespace and returns its output whatever the status.

@@ -21,31 +21,58 @@ fn sample(family: Family) -> Transaction {
         name: t.into(),
         comment: Some("rules for kube-nlproxy".into()),
     });
-    tx.add(Chain::base("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100));
-    tx.add(Chain::base("filter-input", ChainType::Filter, Hook::Input, 0));
+    tx.add(Chain::base(
+        "nat-prerouting",
+        ChainType::Nat,
+        Hook::Prerouting,
+        -100,
+    ));
+    tx.add(Chain::base(
+        "filter-input",
+        ChainType::Filter,
+        Hook::Input,
+        0,
+    ));
     tx.add(Chain::regular("services"));
     tx.add(Chain::regular("svc1"));
     tx.add(Chain::regular("reject-chain"));
-    tx.add(Set::vmap("service-ips", vec![Field::Daddr, Field::L4Proto, Field::Dport]));
+    tx.add(Set::vmap(
+        "service-ips",
+        vec![Field::Daddr, Field::L4Proto, Field::Dport],
+    ));
     tx.add(Set::set("hairpin", vec![Field::Saddr, Field::Daddr]));
     let mut aff = Set::set("affinity-1", vec![Field::Saddr]);
     aff.timeout = Some(10800);
     tx.add(aff);
-    tx.add(Rule::new("nat-prerouting", vec![Expr::Verdict(Verdict::Jump("services".into()))]));
+    tx.add(Rule::new(
+        "nat-prerouting",
+        vec![Expr::Verdict(Verdict::Jump("services".into()))],
+    ));
     tx.add(Rule::new(
         "services",
-        vec![Expr::Vmap { key: vec![Field::Daddr, Field::L4Proto, Field::Dport], map: "service-ips".into() }],
+        vec![Expr::Vmap {
+            key: vec![Field::Daddr, Field::L4Proto, Field::Dport],
+            map: "service-ips".into(),
+        }],
     ));
     tx.add(Rule::new("reject-chain", vec![Expr::Reject]));
     tx.add(Rule::new(
         "filter-input",
-        vec![Expr::CtStateNew, Expr::FibLocal(Field::Daddr), Expr::Verdict(Verdict::Jump("reject-chain".into()))],
+        vec![
+            Expr::CtStateNew,
+            Expr::FibLocal(Field::Daddr),
+            Expr::Verdict(Verdict::Jump("reject-chain".into())),
+        ],
     ));
     tx.add(
         Rule::new(
             "svc1",
             vec![
-                Expr::Addr { field: Field::Saddr, op: CmpOp::Neq, value: net.parse().unwrap() },
+                Expr::Addr {
+                    field: Field::Saddr,
+                    op: CmpOp::Neq,
+                    value: net.parse().unwrap(),
+                },
                 Expr::MarkOr(0x4000),
             ],
         )
@@ -54,32 +81,73 @@ fn sample(family: Family) -> Transaction {
     tx.add(Rule::new(
         "svc1",
         vec![
-            Expr::InSet { key: vec![Field::Saddr], set: "affinity-1".into(), negate: false },
-            Expr::UpdateSet { set: "affinity-1".into(), key: Field::Saddr },
+            Expr::InSet {
+                key: vec![Field::Saddr],
+                set: "affinity-1".into(),
+                negate: false,
+            },
+            Expr::UpdateSet {
+                set: "affinity-1".into(),
+                key: Field::Saddr,
+            },
             Expr::L4Proto(6),
-            Expr::Dnat { addr: b.parse().unwrap(), port: 8080 },
+            Expr::Dnat {
+                addr: b.parse().unwrap(),
+                port: 8080,
+            },
         ],
     ));
     tx.add(Rule::new(
         "svc1",
-        vec![Expr::NumgenZero(2), Expr::L4Proto(6), Expr::Dnat { addr: b.parse().unwrap(), port: 8080 }],
+        vec![
+            Expr::NumgenZero(2),
+            Expr::L4Proto(6),
+            Expr::Dnat {
+                addr: b.parse().unwrap(),
+                port: 8080,
+            },
+        ],
     ));
-    tx.add(Chain::base("nat-postrouting", ChainType::Nat, Hook::Postrouting, 100));
+    tx.add(Chain::base(
+        "nat-postrouting",
+        ChainType::Nat,
+        Hook::Postrouting,
+        100,
+    ));
     tx.add(Chain::regular("masquerading"));
-    tx.add(Rule::new("nat-postrouting", vec![Expr::Verdict(Verdict::Jump("masquerading".into()))]));
+    tx.add(Rule::new(
+        "nat-postrouting",
+        vec![Expr::Verdict(Verdict::Jump("masquerading".into()))],
+    ));
     tx.add(Rule::new(
         "masquerading",
-        vec![Expr::CtStatusDnat, Expr::InSet { key: vec![Field::Saddr, Field::Daddr], set: "hairpin".into(), negate: false }, Expr::MarkBitClear(0x4000), Expr::Masquerade { fully_random: true }],
+        vec![
+            Expr::CtStatusDnat,
+            Expr::InSet {
+                key: vec![Field::Saddr, Field::Daddr],
+                set: "hairpin".into(),
+                negate: false,
+            },
+            Expr::MarkBitClear(0x4000),
+            Expr::Masquerade { fully_random: true },
+        ],
     ));
     tx.add(Element {
         set: "service-ips".into(),
-        key: vec![KeyValue::Addr(a.parse().unwrap()), KeyValue::Proto(6), KeyValue::Port(80)],
+        key: vec![
+            KeyValue::Addr(a.parse().unwrap()),
+            KeyValue::Proto(6),
+            KeyValue::Port(80),
+        ],
         verdict: Some(Verdict::Goto("svc1".into())),
         comment: Some("ns1/svc1:http".into()),
     });
     tx.add(Element {
         set: "hairpin".into(),
-        key: vec![KeyValue::Addr(b.parse().unwrap()), KeyValue::Addr(b.parse().unwrap())],
+        key: vec![
+            KeyValue::Addr(b.parse().unwrap()),
+            KeyValue::Addr(b.parse().unwrap()),
+        ],
         verdict: None,
         comment: None,
     });
@@ -106,7 +174,10 @@ fn netlink_batch_matches_nft_f_of_rendered_text() {
         theirs.sh("nft -f /tmp/nlp-diff.nft");
         let a = nft_list(&ours, family, &tx.table);
         let b = nft_list(&theirs, family, &tx.table);
-        assert_eq!(a, b, "netlink and nft -f disagree for {family}:\n--- ours\n{a}\n--- nft -f\n{b}");
+        assert_eq!(
+            a, b,
+            "netlink and nft -f disagree for {family}:\n--- ours\n{a}\n--- nft -f\n{b}"
+        );
         assert!(a.contains("numgen random mod 2"), "{a}");
     }
 }
@@ -122,7 +193,9 @@ fn rules_list_back_as_encoded() {
         let rules = n.list_rules(Family::Ip, &tx.table).unwrap();
         let chains = n.list_chains(Family::Ip, &tx.table).unwrap();
         let sets = n.list_sets(Family::Ip, &tx.table).unwrap();
-        let elems = n.list_elements(Family::Ip, &tx.table, "service-ips").unwrap();
+        let elems = n
+            .list_elements(Family::Ip, &tx.table, "service-ips")
+            .unwrap();
         (rules, chains, sets, elems)
     });
     let expected = sample(Family::Ip);
@@ -130,7 +203,9 @@ fn rules_list_back_as_encoded() {
         .ops
         .iter()
         .filter_map(|o| match o.object() {
-            kube_nlproxy::nft::Object::Rule(r) => Some(kube_nlproxy::nft::lower::lower(&r.exprs, Family::Ip)),
+            kube_nlproxy::nft::Object::Rule(r) => {
+                Some(kube_nlproxy::nft::lower::lower(&r.exprs, Family::Ip))
+            }
             _ => None,
         })
         .collect();
@@ -143,7 +218,15 @@ fn rules_list_back_as_encoded() {
     chains.sort();
     assert_eq!(
         chains,
-        ["filter-input", "masquerading", "nat-postrouting", "nat-prerouting", "reject-chain", "services", "svc1"]
+        [
+            "filter-input",
+            "masquerading",
+            "nat-postrouting",
+            "nat-prerouting",
+            "reject-chain",
+            "services",
+            "svc1"
+        ]
     );
     assert_eq!(sets.len(), 3);
     assert_eq!(elems.len(), 1);
@@ -160,7 +243,10 @@ fn failed_batch_names_the_object_and_changes_nothing() {
     let listed_before = nft_list(&ns, Family::Ip, &table);
     let mut bad = Transaction::new(Family::Ip, &table);
     bad.add(Chain::regular("new-chain"));
-    bad.add(Rule::new("new-chain", vec![Expr::Verdict(Verdict::Goto("no-such-chain".into()))]));
+    bad.add(Rule::new(
+        "new-chain",
+        vec![Expr::Verdict(Verdict::Goto("no-such-chain".into()))],
+    ));
     let err = ns.run(move || NetlinkNftables::open().unwrap().apply(&bad).unwrap_err());
     assert!(err.is_not_found(), "{err}");
     assert!(err.to_string().contains("rule in chain new-chain"), "{err}");
@@ -173,8 +259,15 @@ fn large_batch_goes_through() {
     let ns = NetNs::new("nftbig");
     let n = ns.run(|| {
         let mut tx = Transaction::new(Family::Ip, "big");
-        tx.add(Table { family: Family::Ip, name: "big".into(), comment: None });
-        tx.add(Set::vmap("m", vec![Field::Daddr, Field::L4Proto, Field::Dport]));
+        tx.add(Table {
+            family: Family::Ip,
+            name: "big".into(),
+            comment: None,
+        });
+        tx.add(Set::vmap(
+            "m",
+            vec![Field::Daddr, Field::L4Proto, Field::Dport],
+        ));
         tx.add(Chain::regular("c"));
         for i in 0..100_000u32 {
             tx.add(Element {

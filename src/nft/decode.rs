@@ -199,7 +199,10 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
         .get(NFTA_EXPR_NAME)
         .and_then(|x| x.str())
         .ok_or_else(|| err("expression", "no name"))?;
-    let d = e.get(NFTA_EXPR_DATA).map(|x| x.nested()).unwrap_or(Attrs::new(&[]));
+    let d = e
+        .get(NFTA_EXPR_DATA)
+        .map(|x| x.nested())
+        .unwrap_or(Attrs::new(&[]));
     Ok(match name {
         "payload" => KExpr::Payload {
             dreg: reg(&d, 1, "payload")?,
@@ -286,7 +289,12 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
             sreg_key: reg(&d, 4, "dynset")?,
         },
         "counter" => KExpr::Counter,
-        other => return Err(err("expression", format!("unsupported expression {other:?}"))),
+        other => {
+            return Err(err(
+                "expression",
+                format!("unsupported expression {other:?}"),
+            ))
+        }
     })
 }
 

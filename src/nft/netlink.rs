@@ -30,7 +30,10 @@ impl NetlinkNftables {
     ) -> Result<Vec<crate::netlink::socket::OwnedMsg>, Error> {
         let seq = self.sock.next_seq();
         let req = encode::encode_dump(msg, family, table, None, seq);
-        match self.sock.dump(&req, seq, &format!("list of table {family} {table}")) {
+        match self
+            .sock
+            .dump(&req, seq, &format!("list of table {family} {table}"))
+        {
             Ok(m) => Ok(m),
             Err(e) if e.is_not_found() => Ok(Vec::new()),
             Err(e) => Err(e.into()),

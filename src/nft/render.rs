@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use super::{
-    proto, Chain, CmpOp, Element, Expr, Family, Field, KeyValue, Object, Op, Rule, Set, Transaction,
-    Verdict,
+    proto, Chain, CmpOp, Element, Expr, Family, Field, KeyValue, Object, Op, Rule, Set,
+    Transaction, Verdict,
 };
 
 fn field(f: Field, family: Family) -> String {
@@ -51,7 +51,11 @@ pub fn verdict(v: &Verdict) -> String {
 /// One expression in nft syntax.
 pub fn expr(e: &Expr, family: Family) -> String {
     match e {
-        Expr::Addr { field: f, op, value } => {
+        Expr::Addr {
+            field: f,
+            op,
+            value,
+        } => {
             let op = if *op == CmpOp::Neq { "!= " } else { "" };
             format!("{} {op}{value}", field(*f, family))
         }
@@ -178,7 +182,9 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
         (Op::Add(_), Object::Chain(c)) => format!("add chain {t} {}{}", c.name, chain_spec(c)),
         (Op::Flush(_), Object::Chain(c)) => format!("flush chain {t} {}", c.name),
         (Op::Delete(_), Object::Chain(c)) => format!("delete chain {t} {}", c.name),
-        (Op::Add(_), Object::Rule(r)) => format!("add rule {t} {} {}", r.chain, rule_body(r, family)),
+        (Op::Add(_), Object::Rule(r)) => {
+            format!("add rule {t} {} {}", r.chain, rule_body(r, family))
+        }
         (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => format!("flush chain {t} {}", r.chain),
         (Op::Add(_), Object::Set(s)) => {
             let kw = if s.map { "map" } else { "set" };
@@ -188,9 +194,15 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
             format!("flush {} {t} {}", if s.map { "map" } else { "set" }, s.name)
         }
         (Op::Delete(_), Object::Set(s)) => {
-            format!("delete {} {t} {}", if s.map { "map" } else { "set" }, s.name)
+            format!(
+                "delete {} {t} {}",
+                if s.map { "map" } else { "set" },
+                s.name
+            )
         }
-        (Op::Add(_), Object::Element(e)) => format!("add element {t} {} {{ {} }}", e.set, element(e)),
+        (Op::Add(_), Object::Element(e)) => {
+            format!("add element {t} {} {{ {} }}", e.set, element(e))
+        }
         (Op::Delete(_), Object::Element(e)) => {
             let key = e.key.iter().map(key_value).collect::<Vec<_>>().join(" . ");
             format!("delete element {t} {} {{ {key} }}", e.set)

@@ -1,0 +1,174 @@
+//! Wiring of the daemon: sources → model → syncer → kernel. Kept out of `main.rs` so the
+//! binary is only flag parsing and exit codes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::model::convert::build_state;
+use crate::model::ProxyState;
+use crate::nft::netlink::NetlinkNftables;
+use crate::nft::render;
+use crate::source::manifest;
+use crate::sync::runner::{self, Timing};
+use crate::sync::{cleanup, Syncer};
+
+/// A failure that ends the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("cannot read manifests at {path}: {source}")]
+    Manifests {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the nftables netlink socket: {0}")]
+    Netlink(#[source] crate::nft::Error),
+    #[error(transparent)]
+    Sync(#[from] crate::sync::SyncError),
+    #[error("cleanup failed: {0}")]
+    Cleanup(#[source] crate::nft::Error),
+}
+
+fn load_state(path: &Path, node: &str) -> Result<ProxyState, AppError> {
+    let (snap, mut warnings) =
+        manifest::load(path, node).map_err(|source| AppError::Manifests {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let (state, w2) = build_state(&snap, node);
+    warnings.extend(w2);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(state)
+}
+
+/// Runs the proxy as configured.
+pub async fn run(cfg: Config) -> Result<(), AppError> {
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    if cfg.cleanup {
+        let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+        let removed = cleanup(&mut nft, &cfg.proxier.table).map_err(AppError::Cleanup)?;
+        if removed.is_empty() {
+            tracing::info!("nothing to clean up");
+        }
+        for r in removed {
+            tracing::info!("removed {r}");
+        }
+        return Ok(());
+    }
+    let Some(path) = cfg.manifests.clone() else {
+        return Err(AppError::Usage(
+            "no source of Services: give --manifests PATH (the Kubernetes API source is not in this build yet)".into(),
+        ));
+    };
+    let state = load_state(&path, &cfg.node_name)?;
+    if cfg.dry_run {
+        let mut syncer = Syncer::new(DryRun, cfg.proxier.clone(), cfg.detect_local.clone());
+        for tx in syncer.plan(&state) {
+            print!("{}", render::transaction(&tx));
+        }
+        return Ok(());
+    }
+    let nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    let mut syncer = Syncer::new(nft, cfg.proxier.clone(), cfg.detect_local.clone());
+    if cfg.once {
+        let stats = syncer.sync(&state)?;
+        tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops, "synced once");
+        return Ok(());
+    }
+    let (tx, rx) = watch::channel(Some(Arc::new(state)));
+    let watcher = tokio::spawn(watch_manifests(path, cfg.node_name.clone(), tx));
+    let timing = Timing {
+        min_sync_period: cfg.min_sync_period,
+        sync_period: cfg.sync_period,
+    };
+    runner::run(
+        syncer,
+        rx,
+        timing,
+        |res| {
+            if let Ok(s) = res {
+                tracing::info!(full = s.full, rules = s.rules, elements = s.elements, ops = ?s.ops, "synced");
+            }
+        },
+        shutdown_signal(),
+    )
+    .await;
+    watcher.abort();
+    tracing::info!("shutting down; rules stay in place");
+    Ok(())
+}
+
+/// Polls the manifests and publishes a new state whenever they change. Polling (250 ms)
+/// catches in-place edits and replacement by rename alike, with no inotify dependency.
+async fn watch_manifests(path: PathBuf, node: String, tx: watch::Sender<Option<Arc<ProxyState>>>) {
+    let mut fp = manifest::fingerprint(&path);
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = manifest::fingerprint(&path);
+        if now == fp {
+            continue;
+        }
+        fp = now;
+        match load_state(&path, &node) {
+            Ok(s) => {
+                tracing::info!(path = %path.display(), "manifests changed");
+                let _ = tx.send(Some(Arc::new(s)));
+            }
+            Err(e) => tracing::error!("{e}; keeping the last good state"),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+}
+
+/// A backend for `--dry-run`: plans only, never called to apply.
+struct DryRun;
+
+impl crate::nft::Nftables for DryRun {
+    fn apply(&mut self, _: &crate::nft::Transaction) -> Result<(), crate::nft::Error> {
+        Ok(())
+    }
+    fn list_tables(
+        &mut self,
+        _: crate::nft::Family,
+    ) -> Result<Vec<crate::nft::decode::ListedTable>, crate::nft::Error> {
+        Ok(vec![])
+    }
+    fn list_chains(
+        &mut self,
+        _: crate::nft::Family,
+        _: &str,
+    ) -> Result<Vec<String>, crate::nft::Error> {
+        Ok(vec![])
+    }
+    fn list_sets(
+        &mut self,
+        _: crate::nft::Family,
+        _: &str,
+    ) -> Result<Vec<String>, crate::nft::Error> {
+        Ok(vec![])
+    }
+}

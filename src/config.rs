@@ -1,0 +1,513 @@
+//! Command-line flags and the KubeProxyConfiguration file, merged into one validated
+//! [`Config`]. Flag names follow upstream kube-proxy where the meaning is the same; flags
+//! override the file. Pure apart from reading the config file.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_yaml::Value;
+
+use crate::nft::Cidr;
+use crate::proxier::{names, LocalDetector, NodePortAddresses, ProxierConfig};
+
+/// A Kubernetes service proxy that programs the kernel only through netlink.
+#[derive(Debug, Clone, Parser, Default)]
+#[command(name = "kube-nlproxy", version, about)]
+pub struct Flags {
+    /// KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Read Services, EndpointSlices and Nodes from this YAML file or directory (watched).
+    #[arg(long, value_name = "PATH")]
+    pub manifests: Option<PathBuf>,
+    /// This node's name (default: the kernel's hostname).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// Pod CIDRs of the cluster, comma-separated, both families allowed.
+    #[arg(long, value_name = "CIDRS")]
+    pub cluster_cidr: Option<String>,
+    /// How to tell local pod traffic apart: ClusterCIDR or NodeCIDR.
+    #[arg(long, value_name = "MODE")]
+    pub detect_local_mode: Option<String>,
+    /// Addresses that accept NodePorts: comma-separated CIDRs, or `primary`.
+    #[arg(long, value_name = "CIDRS")]
+    pub nodeport_addresses: Option<String>,
+    /// Masquerade all traffic sent to ClusterIPs.
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// Bit of the packet mark used to request masquerading (0-31).
+    #[arg(long, value_name = "BIT")]
+    pub masquerade_bit: Option<u8>,
+    /// Longest interval between full re-assertions of the rules (e.g. 30s, 1m).
+    #[arg(long, value_name = "DURATION")]
+    pub sync_period: Option<String>,
+    /// Shortest interval between syncs; changes arriving faster are batched.
+    #[arg(long, value_name = "DURATION")]
+    pub min_sync_period: Option<String>,
+    /// Proxy mode: nftables.
+    #[arg(long, value_name = "MODE")]
+    pub proxy_mode: Option<String>,
+    /// Name of our nftables table in the ip and ip6 families.
+    #[arg(long, value_name = "NAME")]
+    pub nftables_table: Option<String>,
+    /// Address of the /healthz and /livez server.
+    #[arg(long, value_name = "ADDR")]
+    pub healthz_bind_address: Option<String>,
+    /// Address of the /metrics server.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind_address: Option<String>,
+    /// Remove our tables from the kernel and exit.
+    #[arg(long)]
+    pub cleanup: bool,
+    /// Do one full sync and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Print the ruleset that would be programmed and exit, touching nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The proxy mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    Nftables,
+}
+
+/// The effective, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub manifests: Option<PathBuf>,
+    pub node_name: String,
+    pub mode: ProxyMode,
+    pub proxier: ProxierConfig,
+    pub sync_period: Duration,
+    pub min_sync_period: Duration,
+    pub healthz_bind_address: SocketAddr,
+    pub metrics_bind_address: SocketAddr,
+    pub cleanup: bool,
+    pub once: bool,
+    pub dry_run: bool,
+    /// Settings from the file that were not understood, to be logged.
+    pub warnings: Vec<String>,
+    /// Detect-local mode and the CIDRs it was given (NodeCIDR resolves once the Node is known).
+    pub detect_local: DetectLocal,
+}
+
+/// The configured local-traffic detection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    ClusterCidr(Vec<Cidr>),
+    NodeCidr,
+}
+
+/// A configuration error: one line naming the flag or field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {what}: {why}")]
+pub struct ConfigError {
+    pub what: String,
+    pub why: String,
+}
+
+fn bad(what: &str, why: impl Into<String>) -> ConfigError {
+    ConfigError {
+        what: what.into(),
+        why: why.into(),
+    }
+}
+
+/// Parses a Go-style duration: `30s`, `1m30s`, `500ms`, `1h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("{s:?}: missing unit (use ms, s, m or h)"))?;
+        let (num, tail) = rest.split_at(n);
+        let v: f64 = num.parse().map_err(|_| format!("{s:?}: bad number"))?;
+        let u = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(u);
+        let mult = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(format!("{s:?}: unknown unit {unit:?}")),
+        };
+        total += v * mult;
+        rest = tail;
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+fn parse_cidrs(what: &str, s: &str) -> Result<Vec<Cidr>, ConfigError> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<Cidr>().map_err(|e| bad(what, e)))
+        .collect()
+}
+
+fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    // Upstream accepts a bare IP (port defaulted) or IP:port.
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    Err(bad(what, format!("{s:?} is not IP:port")))
+}
+
+/// Values read from a KubeProxyConfiguration file.
+#[derive(Debug, Default)]
+struct FileConfig {
+    hostname_override: Option<String>,
+    cluster_cidr: Option<String>,
+    detect_local_mode: Option<String>,
+    nodeport_addresses: Option<Vec<String>>,
+    masquerade_all: Option<bool>,
+    masquerade_bit: Option<u8>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    mode: Option<String>,
+    table: Option<String>,
+    healthz: Option<String>,
+    metrics: Option<String>,
+    warnings: Vec<String>,
+}
+
+fn as_str(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
+    let what = format!("config file {path}");
+    let v: Value = serde_yaml::from_str(text).map_err(|e| bad(&what, e.to_string()))?;
+    let Value::Mapping(m) = v else {
+        return Err(bad(&what, "not a mapping"));
+    };
+    let mut fc = FileConfig::default();
+    let kind = m.get("kind").and_then(as_str);
+    if kind.as_deref() != Some("KubeProxyConfiguration") {
+        return Err(bad(&what, "kind is not KubeProxyConfiguration"));
+    }
+    let field_err = |f: &str| bad(&format!("{what} field {f}"), "wrong type");
+    for (k, val) in &m {
+        let Some(key) = k.as_str() else { continue };
+        match key {
+            "apiVersion" | "kind" => {}
+            "hostnameOverride" => fc.hostname_override = as_str(val),
+            "clusterCIDR" => fc.cluster_cidr = as_str(val),
+            "detectLocalMode" => fc.detect_local_mode = as_str(val),
+            "mode" => fc.mode = as_str(val),
+            "healthzBindAddress" => fc.healthz = as_str(val),
+            "metricsBindAddress" => fc.metrics = as_str(val),
+            "nodePortAddresses" => match val {
+                Value::Sequence(s) => {
+                    fc.nodeport_addresses = Some(s.iter().filter_map(as_str).collect())
+                }
+                Value::Null => {}
+                _ => return Err(field_err(key)),
+            },
+            "nftables" => {
+                let Value::Mapping(n) = val else {
+                    return Err(field_err(key));
+                };
+                for (k2, v2) in n {
+                    match k2.as_str().unwrap_or("") {
+                        "masqueradeBit" => {
+                            fc.masquerade_bit = v2.as_u64().and_then(|b| u8::try_from(b).ok())
+                        }
+                        "masqueradeAll" => fc.masquerade_all = v2.as_bool(),
+                        "syncPeriod" => fc.sync_period = as_str(v2),
+                        "minSyncPeriod" => fc.min_sync_period = as_str(v2),
+                        "tableName" => fc.table = as_str(v2),
+                        other => fc.warnings.push(format!(
+                            "config field nftables.{other} is not supported; ignored"
+                        )),
+                    }
+                }
+            }
+            other => fc
+                .warnings
+                .push(format!("config field {other} is not supported; ignored")),
+        }
+    }
+    Ok(fc)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .unwrap_or_default()
+}
+
+impl Config {
+    /// Merges flags over the config file (if any) and validates everything.
+    pub fn from_flags(f: Flags) -> Result<Config, ConfigError> {
+        let fc = match &f.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| bad("--config", format!("{}: {e}", p.display())))?;
+                parse_file(&text, &p.display().to_string())?
+            }
+            None => FileConfig::default(),
+        };
+        let mode = match f.proxy_mode.clone().or(fc.mode).as_deref() {
+            None | Some("") | Some("nftables") => ProxyMode::Nftables,
+            Some("ipvs") => {
+                return Err(bad(
+                    "--proxy-mode",
+                    "ipvs mode is not available in this build yet; use nftables",
+                ))
+            }
+            Some(m) => {
+                return Err(bad(
+                    "--proxy-mode",
+                    format!("unknown mode {m:?} (nftables)"),
+                ))
+            }
+        };
+        let node_name = f
+            .hostname_override
+            .clone()
+            .or(fc.hostname_override)
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.trim().to_lowercase())
+            .unwrap_or_else(hostname);
+        if node_name.is_empty() {
+            return Err(bad("--hostname-override", "empty node name"));
+        }
+        let cluster_cidrs = match f.cluster_cidr.clone().or(fc.cluster_cidr) {
+            Some(s) => parse_cidrs("--cluster-cidr", &s)?,
+            None => vec![],
+        };
+        let detect_local = match f
+            .detect_local_mode
+            .clone()
+            .or(fc.detect_local_mode)
+            .as_deref()
+        {
+            None | Some("") | Some("ClusterCIDR") => {
+                DetectLocal::ClusterCidr(cluster_cidrs.clone())
+            }
+            Some("NodeCIDR") => DetectLocal::NodeCidr,
+            Some(m) => {
+                return Err(bad(
+                    "--detect-local-mode",
+                    format!("unknown mode {m:?} (ClusterCIDR, NodeCIDR)"),
+                ))
+            }
+        };
+        let np = match (f.nodeport_addresses.clone(), fc.nodeport_addresses) {
+            (Some(s), _) => s.split(',').map(|x| x.trim().to_string()).collect(),
+            (None, Some(v)) => v,
+            (None, None) => vec![],
+        };
+        let nodeport_addresses = if np.iter().all(|s| s.is_empty()) {
+            NodePortAddresses::All
+        } else if np.iter().any(|s| s == "primary") {
+            if np.len() > 1 {
+                return Err(bad(
+                    "--nodeport-addresses",
+                    "`primary` cannot be mixed with CIDRs",
+                ));
+            }
+            NodePortAddresses::Primary
+        } else {
+            NodePortAddresses::Cidrs(parse_cidrs("--nodeport-addresses", &np.join(","))?)
+        };
+        let masquerade_bit = f.masquerade_bit.or(fc.masquerade_bit).unwrap_or(14);
+        if masquerade_bit > 31 {
+            return Err(bad(
+                "--masquerade-bit",
+                format!("{masquerade_bit} is not in 0-31"),
+            ));
+        }
+        let dur =
+            |what: &str, v: Option<String>, default: Duration| -> Result<Duration, ConfigError> {
+                match v {
+                    Some(s) => parse_duration(&s).map_err(|e| bad(what, e)),
+                    None => Ok(default),
+                }
+            };
+        let sync_period = dur(
+            "--sync-period",
+            f.sync_period.clone().or(fc.sync_period),
+            Duration::from_secs(30),
+        )?;
+        let min_sync_period = dur(
+            "--min-sync-period",
+            f.min_sync_period.clone().or(fc.min_sync_period),
+            Duration::from_secs(1),
+        )?;
+        if sync_period.is_zero() {
+            return Err(bad("--sync-period", "must be greater than 0"));
+        }
+        if min_sync_period > sync_period {
+            return Err(bad("--min-sync-period", "must not exceed --sync-period"));
+        }
+        let healthz_bind_address = parse_addr(
+            "--healthz-bind-address",
+            &f.healthz_bind_address
+                .clone()
+                .or(fc.healthz)
+                .unwrap_or_else(|| "0.0.0.0:10256".into()),
+        )?;
+        let metrics_bind_address = parse_addr(
+            "--metrics-bind-address",
+            &f.metrics_bind_address
+                .clone()
+                .or(fc.metrics)
+                .unwrap_or_else(|| "127.0.0.1:10249".into()),
+        )?;
+        let table = f
+            .nftables_table
+            .clone()
+            .or(fc.table)
+            .unwrap_or_else(|| names::DEFAULT_TABLE.into());
+        if table.is_empty()
+            || table.len() > 200
+            || !table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(bad(
+                "--nftables-table",
+                format!("{table:?} is not a valid table name"),
+            ));
+        }
+        let local_detector = match &detect_local {
+            DetectLocal::ClusterCidr(c) if !c.is_empty() => LocalDetector::Cidrs(c.clone()),
+            _ => LocalDetector::None,
+        };
+        Ok(Config {
+            manifests: f.manifests,
+            node_name,
+            mode,
+            proxier: ProxierConfig {
+                table,
+                masquerade_bit,
+                masquerade_all: f.masquerade_all || fc.masquerade_all.unwrap_or(false),
+                local_detector,
+                nodeport_addresses,
+            },
+            sync_period,
+            min_sync_period,
+            healthz_bind_address,
+            metrics_bind_address,
+            cleanup: f.cleanup,
+            once: f.once,
+            dry_run: f.dry_run,
+            warnings: fc.warnings,
+            detect_local,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(args: &[&str]) -> Flags {
+        let mut v = vec!["kube-nlproxy"];
+        v.extend(args);
+        Flags::parse_from(v)
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("5x").is_err());
+    }
+
+    #[test]
+    fn defaults_match_upstream() {
+        let c = Config::from_flags(flags(&["--hostname-override", "Node1"])).unwrap();
+        assert_eq!(c.node_name, "node1");
+        assert_eq!(c.sync_period, Duration::from_secs(30));
+        assert_eq!(c.min_sync_period, Duration::from_secs(1));
+        assert_eq!(c.proxier.masquerade_mark(), 0x4000);
+        assert_eq!(c.healthz_bind_address.to_string(), "0.0.0.0:10256");
+        assert_eq!(c.metrics_bind_address.to_string(), "127.0.0.1:10249");
+        assert_eq!(c.proxier.local_detector, LocalDetector::None);
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        let e = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--cluster-cidr",
+            "10.0.0.0/99",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().starts_with("invalid --cluster-cidr"), "{e}");
+        let e = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--masquerade-bit",
+            "40",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("--masquerade-bit"), "{e}");
+        let e = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--proxy-mode",
+            "iptables",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("--proxy-mode"), "{e}");
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_override() {
+        let dir = std::env::temp_dir().join(format!("nlp-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        std::fs::write(
+            &p,
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+             clusterCIDR: 10.244.0.0/16\nnodePortAddresses: [primary]\n\
+             nftables:\n  masqueradeBit: 10\n  syncPeriod: 10s\nfeatureGates: {}\n",
+        )
+        .unwrap();
+        let c = Config::from_flags(flags(&[
+            "--config",
+            p.to_str().unwrap(),
+            "--hostname-override",
+            "n",
+            "--masquerade-bit",
+            "12",
+        ]))
+        .unwrap();
+        assert_eq!(c.proxier.masquerade_bit, 12);
+        assert_eq!(c.sync_period, Duration::from_secs(10));
+        assert_eq!(c.proxier.nodeport_addresses, NodePortAddresses::Primary);
+        assert_eq!(
+            c.proxier.local_detector,
+            LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()])
+        );
+        assert_eq!(c.warnings.len(), 1);
+        assert!(c.warnings[0].contains("featureGates"));
+    }
+}

@@ -1,0 +1,390 @@
+//! Converts Kubernetes objects (k8s-openapi types) into the model. Pure. Bad values are
+//! reported as warnings naming the object and skipped: one broken Service never stops the
+//! others from being programmed.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use crate::nft::Cidr;
+
+/// Label that hands a Service to another proxy.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// Label the EndpointSlice controller puts on slices of headless Services.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+/// Label joining a slice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
+
+/// The Kubernetes objects the proxy consumes, as one consistent snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    pub node: Option<Node>,
+}
+
+fn obj_name(ns: &Option<String>, name: &Option<String>) -> String {
+    format!(
+        "{}/{}",
+        ns.as_deref().unwrap_or("default"),
+        name.as_deref().unwrap_or("<unnamed>")
+    )
+}
+
+/// Parses an IP the way kube-proxy accepts them (no leading zeros, no zone).
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    s.parse().ok()
+}
+
+/// Converts one Service to its service ports. `Ok(vec![])` means "not ours to proxy".
+pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<ServicePort> {
+    let meta = &svc.metadata;
+    let id = obj_name(&meta.namespace, &meta.name);
+    let labels = meta.labels.clone().unwrap_or_default();
+    if labels.contains_key(LABEL_SERVICE_PROXY_NAME) {
+        return vec![];
+    }
+    let Some(spec) = &svc.spec else {
+        warnings.push(format!("Service {id}: no spec; skipped"));
+        return vec![];
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return vec![];
+    }
+    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(v), _) if !v.is_empty() => v.clone(),
+        (_, Some(ip)) => vec![ip.clone()],
+        _ => vec![],
+    };
+    if raw_ips.iter().any(|s| s == "None") {
+        return vec![]; // headless
+    }
+    let mut cluster_ips = Vec::new();
+    for s in &raw_ips {
+        match parse_ip(s) {
+            Some(ip)
+                if !cluster_ips
+                    .iter()
+                    .any(|c: &IpAddr| c.is_ipv4() == ip.is_ipv4()) =>
+            {
+                cluster_ips.push(ip)
+            }
+            Some(ip) => warnings.push(format!(
+                "Service {id}: second ClusterIP {ip} of the same family ignored"
+            )),
+            None => {
+                warnings.push(format!(
+                    "Service {id}: invalid ClusterIP {s:?}; Service skipped"
+                ));
+                return vec![];
+            }
+        }
+    }
+    if cluster_ips.is_empty() {
+        warnings.push(format!("Service {id}: no ClusterIP; skipped"));
+        return vec![];
+    }
+    let mut external_ips = Vec::new();
+    for s in spec.external_ips.iter().flatten() {
+        match parse_ip(s) {
+            Some(ip) => external_ips.push(ip),
+            None => warnings.push(format!("Service {id}: invalid externalIP {s:?} ignored")),
+        }
+    }
+    let mut load_balancer_ips = Vec::new();
+    if let Some(ingress) = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+    {
+        for ing in ingress {
+            // ipMode Proxy: the load balancer delivers to the node with its own address as
+            // destination, so the LB IP must not be short-circuited here (KEP-1860).
+            if ing.ip_mode.as_deref() == Some("Proxy") {
+                continue;
+            }
+            if let Some(s) = &ing.ip {
+                match parse_ip(s) {
+                    Some(ip) => load_balancer_ips.push(ip),
+                    None => warnings.push(format!(
+                        "Service {id}: invalid LoadBalancer ingress IP {s:?} ignored"
+                    )),
+                }
+            }
+        }
+    }
+    let mut source_ranges = Vec::new();
+    for s in spec.load_balancer_source_ranges.iter().flatten() {
+        match s.parse::<Cidr>() {
+            Ok(c) => source_ranges.push(c),
+            Err(e) => warnings.push(format!(
+                "Service {id}: invalid loadBalancerSourceRange ignored: {e}"
+            )),
+        }
+    }
+    let affinity_timeout = if spec.session_affinity.as_deref() == Some("ClientIP") {
+        let t = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT as i32);
+        if (1..=86400).contains(&t) {
+            Some(t as u32)
+        } else {
+            warnings.push(format!(
+                "Service {id}: sessionAffinity timeoutSeconds {t} out of range; using {DEFAULT_AFFINITY_TIMEOUT}"
+            ));
+            Some(DEFAULT_AFFINITY_TIMEOUT)
+        }
+    } else {
+        None
+    };
+    let health_check_node_port = match spec.health_check_node_port {
+        Some(p) if (1..=65535).contains(&p) => Some(p as u16),
+        Some(0) | None => None,
+        Some(p) => {
+            warnings.push(format!(
+                "Service {id}: invalid healthCheckNodePort {p} ignored"
+            ));
+            None
+        }
+    };
+    let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = meta.name.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    for p in spec.ports.iter().flatten() {
+        let pname = p.name.clone().unwrap_or_default();
+        let proto_s = p.protocol.as_deref().unwrap_or("TCP");
+        let Some(protocol) = Protocol::parse(proto_s) else {
+            warnings.push(format!(
+                "Service {id} port {pname:?}: unknown protocol {proto_s:?}; port skipped"
+            ));
+            continue;
+        };
+        if !(1..=65535).contains(&p.port) {
+            warnings.push(format!(
+                "Service {id} port {pname:?}: port {} out of range 1-65535; port skipped",
+                p.port
+            ));
+            continue;
+        }
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) if (1..=65535).contains(&n) => Some(n as u16),
+            Some(n) => {
+                warnings.push(format!(
+                    "Service {id} port {pname:?}: nodePort {n} out of range; port skipped"
+                ));
+                continue;
+            }
+        };
+        let spn = ServicePortName {
+            namespace: ns.clone(),
+            name: name.clone(),
+            port: pname.clone(),
+            protocol,
+        };
+        if !seen.insert(spn.clone()) {
+            warnings.push(format!(
+                "Service {id}: duplicate port name {pname:?} for {proto_s}; later one skipped"
+            ));
+            continue;
+        }
+        let externally =
+            node_port.is_some() || !external_ips.is_empty() || !load_balancer_ips.is_empty();
+        out.push(ServicePort {
+            name: spn,
+            cluster_ips: cluster_ips.clone(),
+            port: p.port as u16,
+            node_port,
+            external_ips: external_ips.clone(),
+            load_balancer_ips: load_balancer_ips.clone(),
+            load_balancer_source_ranges: source_ranges.clone(),
+            affinity_timeout,
+            external_policy_local: externally
+                && spec.external_traffic_policy.as_deref() == Some("Local"),
+            internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            health_check_node_port,
+        });
+    }
+    out
+}
+
+/// Converts the Node object (or just the name when there is none).
+pub fn convert_node(node: Option<&Node>, node_name: &str, warnings: &mut Vec<String>) -> NodeInfo {
+    let mut info = NodeInfo {
+        name: node_name.to_string(),
+        ..Default::default()
+    };
+    let Some(n) = node else { return info };
+    info.labels = n.metadata.labels.clone().unwrap_or_default();
+    if let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) {
+        for kind in ["InternalIP", "ExternalIP"] {
+            for a in addrs.iter().filter(|a| a.type_ == kind) {
+                match parse_ip(&a.address) {
+                    Some(ip) if !info.addresses.contains(&ip) => info.addresses.push(ip),
+                    Some(_) => {}
+                    None => warnings.push(format!(
+                        "Node {node_name}: invalid address {:?} ignored",
+                        a.address
+                    )),
+                }
+            }
+        }
+    }
+    if let Some(spec) = &n.spec {
+        let cidrs: Vec<String> = match (&spec.pod_cidrs, &spec.pod_cidr) {
+            (Some(v), _) if !v.is_empty() => v.clone(),
+            (_, Some(c)) => vec![c.clone()],
+            _ => vec![],
+        };
+        for c in cidrs {
+            match c.parse::<Cidr>() {
+                Ok(c) => info.pod_cidrs.push(c),
+                Err(e) => warnings.push(format!("Node {node_name}: invalid podCIDR: {e}")),
+            }
+        }
+    }
+    info
+}
+
+/// Converts one slice to (service port name, endpoint) pairs.
+fn convert_slice(
+    slice: &EndpointSlice,
+    node_name: &str,
+    warnings: &mut Vec<String>,
+) -> Vec<(ServicePortName, Endpoint)> {
+    let meta = &slice.metadata;
+    let id = obj_name(&meta.namespace, &meta.name);
+    let labels = meta.labels.clone().unwrap_or_default();
+    if labels.contains_key(LABEL_SERVICE_PROXY_NAME) || labels.contains_key(LABEL_HEADLESS) {
+        return vec![];
+    }
+    let Some(svc_name) = labels.get(LABEL_SERVICE_NAME) else {
+        warnings.push(format!(
+            "EndpointSlice {id}: no {LABEL_SERVICE_NAME} label; skipped"
+        ));
+        return vec![];
+    };
+    let want_v4 = match slice.address_type.as_str() {
+        "IPv4" => true,
+        "IPv6" => false,
+        "FQDN" => return vec![],
+        other => {
+            warnings.push(format!(
+                "EndpointSlice {id}: unknown addressType {other:?}; skipped"
+            ));
+            return vec![];
+        }
+    };
+    let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let mut out = Vec::new();
+    for port in slice.ports.iter().flatten() {
+        let Some(num) = port.port else { continue };
+        if !(1..=65535).contains(&num) {
+            warnings.push(format!(
+                "EndpointSlice {id}: port {num} out of range; port skipped"
+            ));
+            continue;
+        }
+        let proto_s = port.protocol.as_deref().unwrap_or("TCP");
+        let Some(protocol) = Protocol::parse(proto_s) else {
+            warnings.push(format!(
+                "EndpointSlice {id}: unknown protocol {proto_s:?}; port skipped"
+            ));
+            continue;
+        };
+        let spn = ServicePortName {
+            namespace: ns.clone(),
+            name: svc_name.clone(),
+            port: port.name.clone().unwrap_or_default(),
+            protocol,
+        };
+        for ep in &slice.endpoints {
+            // Upstream uses only the first address of an endpoint.
+            let Some(addr) = ep.addresses.first() else {
+                continue;
+            };
+            let ip = match parse_ip(addr) {
+                Some(ip) if ip.is_ipv4() == want_v4 => ip,
+                Some(ip) => {
+                    warnings.push(format!(
+                        "EndpointSlice {id}: address {ip} does not match addressType {}; skipped",
+                        slice.address_type
+                    ));
+                    continue;
+                }
+                None => {
+                    warnings.push(format!(
+                        "EndpointSlice {id}: invalid address {addr:?}; skipped"
+                    ));
+                    continue;
+                }
+            };
+            let cond = ep.conditions.clone().unwrap_or_default();
+            let ready = cond.ready.unwrap_or(true);
+            let hints = ep.hints.as_ref();
+            out.push((
+                spn.clone(),
+                Endpoint {
+                    ip,
+                    port: num as u16,
+                    is_local: ep.node_name.as_deref() == Some(node_name),
+                    ready,
+                    serving: cond.serving.unwrap_or(ready),
+                    terminating: cond.terminating.unwrap_or(false),
+                    zone_hints: hints
+                        .and_then(|h| h.for_zones.as_ref())
+                        .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                        .unwrap_or_default(),
+                    node_hints: hints
+                        .and_then(|h| h.for_nodes.as_ref())
+                        .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                        .unwrap_or_default(),
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// Builds the whole model from a snapshot. Returns the state and the warnings to log.
+pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut state = ProxyState {
+        node: convert_node(snap.node.as_ref(), node_name, &mut warnings),
+        ..Default::default()
+    };
+    for svc in &snap.services {
+        for sp in convert_service(svc, &mut warnings) {
+            state.services.insert(sp.name.clone(), sp);
+        }
+    }
+    // The same endpoint may appear in two slices while a slice is being rebalanced: keep one.
+    let mut eps: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
+    for slice in &snap.endpoint_slices {
+        for (spn, ep) in convert_slice(slice, node_name, &mut warnings) {
+            let slot = eps.entry(spn).or_default();
+            match slot.get(&(ep.ip, ep.port)) {
+                // Prefer the ready copy when duplicates disagree.
+                Some(old) if old.ready && !ep.ready => {}
+                _ => {
+                    slot.insert((ep.ip, ep.port), ep);
+                }
+            }
+        }
+    }
+    for (spn, m) in eps {
+        if state.services.contains_key(&spn) {
+            state.endpoints.insert(spn, m.into_values().collect());
+        }
+    }
+    (state, warnings)
+}

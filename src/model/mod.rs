@@ -1,0 +1,149 @@
+//! The proxy's view of the cluster, independent of where objects come from: service ports and
+//! their endpoints, with upstream kube-proxy's names. Pure: no sockets, no clocks.
+
+pub mod convert;
+pub mod topology;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::nft::Cidr;
+
+/// L4 protocol of a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+    /// Lower-case name as used in chain names (`tcp`).
+    pub fn lower(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Sctp => "sctp",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Protocol> {
+        match s {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+/// Identifies one port of one Service: `namespace/name:port-name` plus protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePortName {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePortName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.port.is_empty() {
+            write!(f, "{}/{}", self.namespace, self.name)
+        } else {
+            write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+        }
+    }
+}
+
+/// Everything the data path needs to know about one service port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: ServicePortName,
+    /// ClusterIPs, at most one per family.
+    pub cluster_ips: Vec<IpAddr>,
+    pub port: u16,
+    pub node_port: Option<u16>,
+    pub external_ips: Vec<IpAddr>,
+    /// LoadBalancer ingress IPs (those with `ipMode: Proxy` are left out).
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_source_ranges: Vec<Cidr>,
+    /// ClientIP session affinity timeout, in seconds.
+    pub affinity_timeout: Option<u32>,
+    pub external_policy_local: bool,
+    pub internal_policy_local: bool,
+    pub health_check_node_port: Option<u16>,
+}
+
+impl ServicePort {
+    /// Reachable from outside the cluster (NodePort, externalIPs or LoadBalancer IPs).
+    pub fn externally_accessible(&self) -> bool {
+        self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
+    }
+    /// Some traffic uses cluster-wide endpoints (upstream `UsesClusterEndpoints`).
+    pub fn uses_cluster_endpoints(&self) -> bool {
+        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+    }
+    /// Some traffic uses node-local endpoints only (upstream `UsesLocalEndpoints`).
+    pub fn uses_local_endpoints(&self) -> bool {
+        self.internal_policy_local || (self.externally_accessible() && self.external_policy_local)
+    }
+}
+
+/// One endpoint of a service port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub is_local: bool,
+    pub ready: bool,
+    pub serving: bool,
+    pub terminating: bool,
+    pub zone_hints: Vec<String>,
+    pub node_hints: Vec<String>,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
+        }
+    }
+}
+
+/// What this node knows about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// InternalIP/ExternalIP addresses from the Node's status, primary first.
+    pub addresses: Vec<IpAddr>,
+    pub pod_cidrs: Vec<Cidr>,
+}
+
+impl NodeInfo {
+    pub fn zone(&self) -> Option<&str> {
+        self.labels
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str)
+    }
+}
+
+/// The whole desired state: service ports and their endpoints, for both families.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyState {
+    pub services: BTreeMap<ServicePortName, ServicePort>,
+    pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
+    pub node: NodeInfo,
+}

@@ -1,0 +1,300 @@
+//! Endpoint selection with upstream kube-proxy's semantics (`pkg/proxy/topology.go`,
+//! `CategorizeEndpoints`): ready endpoints, topology hints, serving+terminating fallback,
+//! and traffic policies. Pure.
+
+use super::{Endpoint, ServicePort};
+
+/// The endpoints each kind of traffic may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CategorizedEndpoints {
+    /// Endpoints for Cluster-policy traffic (empty when no traffic uses the cluster policy).
+    pub cluster: Vec<Endpoint>,
+    /// Endpoints for Local-policy traffic (empty when no traffic uses the local policy).
+    pub local: Vec<Endpoint>,
+    /// The union: every endpoint some traffic may reach.
+    pub all_reachable: Vec<Endpoint>,
+    /// Whether any usable (ready, or serving and terminating) endpoint exists anywhere.
+    pub has_any: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TopologyMode {
+    None,
+    SameNode,
+    SameZone,
+}
+
+fn topology_mode(endpoints: &[Endpoint], node: &str, zone: Option<&str>) -> TopologyMode {
+    let mut has_for_node = false;
+    let mut all_node_hints = true;
+    let mut has_for_zone = false;
+    let mut all_zone_hints = true;
+    for ep in endpoints.iter().filter(|e| e.ready) {
+        if ep.node_hints.is_empty() {
+            all_node_hints = false;
+        } else if ep.node_hints.iter().any(|n| n == node) {
+            has_for_node = true;
+        }
+        if ep.zone_hints.is_empty() {
+            all_zone_hints = false;
+        } else if zone.is_some_and(|z| ep.zone_hints.iter().any(|h| h == z)) {
+            has_for_zone = true;
+        }
+    }
+    if all_node_hints && has_for_node {
+        return TopologyMode::SameNode;
+    }
+    if all_zone_hints && has_for_zone {
+        return TopologyMode::SameZone;
+    }
+    TopologyMode::None
+}
+
+fn available(ep: &Endpoint, mode: TopologyMode, node: &str, zone: Option<&str>) -> bool {
+    match mode {
+        TopologyMode::None => true,
+        TopologyMode::SameNode => ep.node_hints.iter().any(|n| n == node),
+        TopologyMode::SameZone => zone.is_some_and(|z| ep.zone_hints.iter().any(|h| h == z)),
+    }
+}
+
+/// Splits a service port's endpoints into what cluster and local traffic may use.
+pub fn categorize_endpoints(
+    endpoints: &[Endpoint],
+    svc: &ServicePort,
+    node_name: &str,
+    zone: Option<&str>,
+) -> CategorizedEndpoints {
+    let mut out = CategorizedEndpoints::default();
+    if svc.uses_cluster_endpoints() {
+        let mode = topology_mode(endpoints, node_name, zone);
+        out.cluster = endpoints
+            .iter()
+            .filter(|e| e.ready && available(e, mode, node_name, zone))
+            .cloned()
+            .collect();
+        // No ready endpoint anywhere (topology never empties the set: see topology_mode):
+        // fall back to endpoints that are still serving while terminating.
+        if out.cluster.is_empty() {
+            out.cluster = endpoints
+                .iter()
+                .filter(|e| e.serving && e.terminating)
+                .cloned()
+                .collect();
+        }
+        out.has_any = !out.cluster.is_empty();
+    }
+    if !svc.uses_local_endpoints() {
+        out.all_reachable = out.cluster.clone();
+        return out;
+    }
+    let mut local_ready = false;
+    let mut local_serving_terminating = false;
+    for e in endpoints {
+        if e.ready {
+            out.has_any = true;
+            local_ready |= e.is_local;
+        } else if e.serving && e.terminating {
+            out.has_any = true;
+            local_serving_terminating |= e.is_local;
+        }
+    }
+    if local_ready {
+        out.local = endpoints
+            .iter()
+            .filter(|e| e.is_local && e.ready)
+            .cloned()
+            .collect();
+    } else if local_serving_terminating {
+        out.local = endpoints
+            .iter()
+            .filter(|e| e.is_local && e.serving && e.terminating)
+            .cloned()
+            .collect();
+    }
+    if !svc.uses_cluster_endpoints() {
+        out.all_reachable = out.local.clone();
+        return out;
+    }
+    let mut all = out.cluster.clone();
+    for e in &out.local {
+        if !all.contains(e) {
+            all.push(e.clone());
+        }
+    }
+    out.all_reachable = all;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    //! Cases ported from upstream's `pkg/proxy/topology_test.go`. IP conventions: endpoints
+    //! are 10.1.2.x; "local" means on this node (node1, zone-a).
+    use super::*;
+    use crate::model::{Protocol, ServicePortName};
+
+    fn svc(internal_local: bool, external_local: bool, node_port: bool) -> ServicePort {
+        ServicePort {
+            name: ServicePortName {
+                namespace: "ns1".into(),
+                name: "svc1".into(),
+                port: "p80".into(),
+                protocol: Protocol::Tcp,
+            },
+            cluster_ips: vec!["172.30.0.1".parse().unwrap()],
+            port: 80,
+            node_port: node_port.then_some(30080),
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            affinity_timeout: None,
+            external_policy_local: external_local && node_port,
+            internal_policy_local: internal_local,
+            health_check_node_port: None,
+        }
+    }
+
+    fn ep(last: u8, local: bool, ready: bool, serving: bool, terminating: bool) -> Endpoint {
+        Endpoint {
+            ip: format!("10.1.2.{last}").parse().unwrap(),
+            port: 80,
+            is_local: local,
+            ready,
+            serving,
+            terminating,
+            zone_hints: vec![],
+            node_hints: vec![],
+        }
+    }
+
+    fn ready(last: u8, local: bool) -> Endpoint {
+        ep(last, local, true, true, false)
+    }
+
+    fn ips(v: &[Endpoint]) -> Vec<u8> {
+        v.iter()
+            .map(|e| match e.ip {
+                std::net::IpAddr::V4(a) => a.octets()[3],
+                _ => 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cluster_policy_uses_all_ready_endpoints() {
+        let eps = [
+            ready(3, false),
+            ready(4, true),
+            ep(5, false, false, false, false),
+        ];
+        let c = categorize_endpoints(&eps, &svc(false, false, false), "node1", Some("zone-a"));
+        assert_eq!(ips(&c.cluster), [3, 4]);
+        assert!(c.local.is_empty());
+        assert!(c.has_any);
+    }
+
+    #[test]
+    fn zone_hints_restrict_to_this_zone() {
+        let mut a = ready(3, false);
+        a.zone_hints = vec!["zone-a".into()];
+        let mut b = ready(4, false);
+        b.zone_hints = vec!["zone-b".into()];
+        let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
+        assert_eq!(ips(&c.cluster), [3]);
+    }
+
+    #[test]
+    fn hints_ignored_unless_every_ready_endpoint_has_one() {
+        let mut a = ready(3, false);
+        a.zone_hints = vec!["zone-a".into()];
+        let b = ready(4, false);
+        let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
+        assert_eq!(ips(&c.cluster), [3, 4]);
+    }
+
+    #[test]
+    fn hints_ignored_when_none_match_this_zone() {
+        let mut a = ready(3, false);
+        a.zone_hints = vec!["zone-b".into()];
+        let c = categorize_endpoints(&[a], &svc(false, false, false), "node1", Some("zone-a"));
+        assert_eq!(ips(&c.cluster), [3]);
+    }
+
+    #[test]
+    fn hints_ignored_when_node_has_no_zone() {
+        let mut a = ready(3, false);
+        a.zone_hints = vec!["zone-a".into()];
+        let mut b = ready(4, false);
+        b.zone_hints = vec!["zone-b".into()];
+        let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", None);
+        assert_eq!(ips(&c.cluster), [3, 4]);
+    }
+
+    #[test]
+    fn node_hints_prefer_same_node() {
+        let mut a = ready(3, true);
+        a.node_hints = vec!["node1".into()];
+        a.zone_hints = vec!["zone-a".into()];
+        let mut b = ready(4, false);
+        b.node_hints = vec!["node2".into()];
+        b.zone_hints = vec!["zone-a".into()];
+        let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
+        assert_eq!(ips(&c.cluster), [3]);
+    }
+
+    #[test]
+    fn terminating_fallback_only_without_ready_endpoints() {
+        let eps = [
+            ep(3, false, false, true, true),
+            ep(4, false, false, false, true),
+        ];
+        let c = categorize_endpoints(&eps, &svc(false, false, false), "node1", None);
+        assert_eq!(ips(&c.cluster), [3]);
+        assert!(c.has_any);
+        let eps = [ep(3, false, false, true, true), ready(5, false)];
+        let c = categorize_endpoints(&eps, &svc(false, false, false), "node1", None);
+        assert_eq!(ips(&c.cluster), [5]);
+    }
+
+    #[test]
+    fn internal_local_uses_only_local_endpoints() {
+        let eps = [ready(3, false), ready(4, true)];
+        let c = categorize_endpoints(&eps, &svc(true, false, false), "node1", None);
+        assert!(c.cluster.is_empty());
+        assert_eq!(ips(&c.local), [4]);
+        assert_eq!(ips(&c.all_reachable), [4]);
+    }
+
+    #[test]
+    fn internal_local_without_local_endpoints_still_has_endpoints() {
+        let eps = [ready(3, false)];
+        let c = categorize_endpoints(&eps, &svc(true, false, false), "node1", None);
+        assert!(c.local.is_empty());
+        assert!(c.has_any, "a remote ready endpoint means drop, not reject");
+    }
+
+    #[test]
+    fn external_local_keeps_cluster_endpoints_for_internal_traffic() {
+        let eps = [ready(3, false), ready(4, true)];
+        let c = categorize_endpoints(&eps, &svc(false, true, true), "node1", None);
+        assert_eq!(ips(&c.cluster), [3, 4]);
+        assert_eq!(ips(&c.local), [4]);
+        assert_eq!(ips(&c.all_reachable), [3, 4]);
+    }
+
+    #[test]
+    fn local_policy_falls_back_to_local_serving_terminating() {
+        let eps = [ep(3, true, false, true, true), ready(4, false)];
+        let c = categorize_endpoints(&eps, &svc(false, true, true), "node1", None);
+        assert_eq!(ips(&c.local), [3]);
+        assert_eq!(ips(&c.cluster), [4]);
+    }
+
+    #[test]
+    fn no_endpoints_anywhere() {
+        let eps = [ep(3, true, false, false, false)];
+        let c = categorize_endpoints(&eps, &svc(false, true, true), "node1", None);
+        assert!(!c.has_any);
+        assert!(c.cluster.is_empty() && c.local.is_empty());
+    }
+}

@@ -1,0 +1,62 @@
+//! nftables rule planning: from the model to the [`Ruleset`] of each family's table, and from
+//! rulesets to transactions. Pure: nothing here opens a socket.
+
+pub mod names;
+pub mod plan;
+pub mod ruleset;
+
+pub use plan::build_ruleset;
+pub use ruleset::{plan_transaction, Existing, Plan, Ruleset};
+
+use crate::nft::Cidr;
+
+/// How traffic from pods on this node is told apart from traffic from elsewhere (which is
+/// masqueraded when it reaches a ClusterIP).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalDetector {
+    /// No detection: ClusterIP traffic is masqueraded only with `masquerade_all`.
+    #[default]
+    None,
+    /// Sources inside these CIDRs are pods (`ClusterCIDR` or `NodeCIDR` mode).
+    Cidrs(Vec<Cidr>),
+}
+
+/// Which local addresses accept NodePort traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    /// Every local address except loopback.
+    #[default]
+    All,
+    /// Local addresses inside these CIDRs.
+    Cidrs(Vec<Cidr>),
+    /// The node's primary addresses from its Node object.
+    Primary,
+}
+
+/// Settings of the nftables proxier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxierConfig {
+    pub table: String,
+    pub masquerade_bit: u8,
+    pub masquerade_all: bool,
+    pub local_detector: LocalDetector,
+    pub nodeport_addresses: NodePortAddresses,
+}
+
+impl Default for ProxierConfig {
+    fn default() -> Self {
+        ProxierConfig {
+            table: names::DEFAULT_TABLE.into(),
+            masquerade_bit: 14,
+            masquerade_all: false,
+            local_detector: LocalDetector::None,
+            nodeport_addresses: NodePortAddresses::All,
+        }
+    }
+}
+
+impl ProxierConfig {
+    pub fn masquerade_mark(&self) -> u32 {
+        1u32 << self.masquerade_bit
+    }
+}
