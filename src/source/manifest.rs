@@ -230,11 +230,11 @@ metadata: {name: node2}
         assert_eq!(s.services.len(), 1, "the good Service still applies");
         assert_eq!(w.len(), 3, "{w:?}");
         assert!(
-            w[0].starts_with("c.yaml:32:") && w[0].contains("ConfigMap"),
+            w[0].starts_with("c.yaml:29:") && w[0].contains("ConfigMap"),
             "{w:?}"
         );
         assert!(w[1].contains("YAML error"), "{w:?}");
-        assert!(w[2].contains("invalid Service"), "{w:?}");
+        assert!(w[2].starts_with("c.yaml:35:") && w[2].contains("invalid Service"), "{w:?}");
     }
 
     #[test]
