@@ -21,26 +21,24 @@ use crate::sync::{cleanup, Syncer};
 pub enum AppError {
     #[error("{0}")]
     Usage(String),
-    #[error("cannot read manifests at {path}: {source}")]
+    #[error("cannot read manifests at {path}: {error}")]
     Manifests {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("cannot open the nftables netlink socket: {0}")]
-    Netlink(#[source] crate::nft::Error),
+    Netlink(crate::nft::Error),
     #[error(transparent)]
     Sync(#[from] crate::sync::SyncError),
     #[error("cleanup failed: {0}")]
-    Cleanup(#[source] crate::nft::Error),
+    Cleanup(crate::nft::Error),
 }
 
 fn load_state(path: &Path, node: &str) -> Result<ProxyState, AppError> {
-    let (snap, mut warnings) =
-        manifest::load(path, node).map_err(|source| AppError::Manifests {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let (snap, mut warnings) = manifest::load(path, node).map_err(|error| AppError::Manifests {
+        path: path.to_path_buf(),
+        error,
+    })?;
     let (state, w2) = build_state(&snap, node);
     warnings.extend(w2);
     for w in warnings {

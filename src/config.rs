@@ -40,7 +40,7 @@ pub struct Flags {
     /// Bit of the packet mark used to request masquerading (0-31).
     #[arg(long, value_name = "BIT")]
     pub masquerade_bit: Option<u8>,
-    /// Longest interval between full re-assertions of the rules (e.g. 30s, 1m).
+    /// Longest interval between two syncs when nothing changes (e.g. 30s, 1m).
     #[arg(long, value_name = "DURATION")]
     pub sync_period: Option<String>,
     /// Shortest interval between syncs; changes arriving faster are batched.

@@ -1,1 +1,8 @@
+//! Helpers for kube-nlproxy's real-kernel tests: throwaway namespaces (`ns`), a small
+//! two-node cluster with pods and an external host (`cluster`), and TCP/UDP backends that
+//! say who answered and whom they saw (`backend`).
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+pub mod backend;
+pub mod cluster;
 pub mod ns;

@@ -1,6 +1,7 @@
 //! Differential tests: transactions committed to the kernel over netlink in a throwaway
 //! namespace, listed back, and compared with what `nft -f` makes of the same transaction
 //! rendered as text (nft is a test-time oracle only).
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use kube_nlproxy::nft::netlink::NetlinkNftables;
 use kube_nlproxy::nft::{
@@ -40,8 +41,8 @@ fn sample(family: Family) -> Transaction {
         "service-ips",
         vec![Field::Daddr, Field::L4Proto, Field::Dport],
     ));
-    tx.add(Set::set("hairpin", vec![Field::Saddr, Field::Daddr]));
-    let mut aff = Set::set("affinity-1", vec![Field::Saddr]);
+    tx.add(Set::plain("hairpin", vec![Field::Saddr, Field::Daddr]));
+    let mut aff = Set::plain("affinity-1", vec![Field::Saddr]);
     aff.timeout = Some(10800);
     tx.add(aff);
     tx.add(Rule::new(

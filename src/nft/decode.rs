@@ -19,6 +19,7 @@ pub struct ListedTable {
 /// A chain as listed by the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedChain {
+    pub table: String,
     pub name: String,
     pub base: Option<BaseChain>,
 }
@@ -26,6 +27,7 @@ pub struct ListedChain {
 /// A set as listed by the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedSet {
+    pub table: String,
     pub name: String,
     pub flags: u32,
     pub key_len: u32,
@@ -35,6 +37,7 @@ pub struct ListedSet {
 /// A rule as listed by the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedRule {
+    pub table: String,
     pub chain: String,
     pub handle: u64,
     pub exprs: Vec<KExpr>,
@@ -128,12 +131,17 @@ pub fn decode_chain(m: &RawMsg<'_>) -> Result<ListedChain, DecodeError> {
         }
         None => None,
     };
-    Ok(ListedChain { name, base })
+    Ok(ListedChain {
+        table: req_str(&a, NFTA_CHAIN_TABLE, "chain")?,
+        name,
+        base,
+    })
 }
 
 pub fn decode_set(m: &RawMsg<'_>) -> Result<ListedSet, DecodeError> {
     let (_, a) = body(m, "set")?;
     Ok(ListedSet {
+        table: req_str(&a, NFTA_SET_TABLE, "set")?,
         name: req_str(&a, NFTA_SET_NAME, "set")?,
         flags: a.get(NFTA_SET_FLAGS).and_then(|x| x.be32()).unwrap_or(0),
         key_len: a.get(NFTA_SET_KEY_LEN).and_then(|x| x.be32()).unwrap_or(0),
@@ -309,6 +317,7 @@ pub fn decode_rule(m: &RawMsg<'_>) -> Result<ListedRule, DecodeError> {
         None => Vec::new(),
     };
     Ok(ListedRule {
+        table: req_str(&a, NFTA_RULE_TABLE, "rule")?,
         chain: req_str(&a, NFTA_RULE_CHAIN, "rule")?,
         handle: a.get(3).and_then(|x| x.be64()).unwrap_or(0),
         exprs,
@@ -346,6 +355,7 @@ mod tests {
         let mut w = MsgWriter::new();
         w.begin_msg(msg_type(NFT_MSG_NEWRULE), 0, 1);
         w.put_raw(&nfgenmsg(family.nfproto(), 0));
+        w.attr_str(NFTA_RULE_TABLE, "t");
         w.attr_str(NFTA_RULE_CHAIN, "c");
         w.nest_start(NFTA_RULE_EXPRESSIONS);
         for k in &kexprs {
@@ -416,6 +426,7 @@ mod tests {
         let mut w = MsgWriter::new();
         w.begin_msg(msg_type(NFT_MSG_NEWRULE), 0, 1);
         w.put_raw(&nfgenmsg(2, 0));
+        w.attr_str(NFTA_RULE_TABLE, "t");
         w.attr_str(NFTA_RULE_CHAIN, "c");
         w.nest_start(NFTA_RULE_EXPRESSIONS);
         w.nest_start(NFTA_LIST_ELEM);

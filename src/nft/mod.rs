@@ -246,7 +246,7 @@ pub struct Set {
 }
 
 impl Set {
-    pub fn set(name: impl Into<String>, key: Vec<Field>) -> Set {
+    pub fn plain(name: impl Into<String>, key: Vec<Field>) -> Set {
         Set {
             name: name.into(),
             key,
@@ -258,7 +258,7 @@ impl Set {
     pub fn vmap(name: impl Into<String>, key: Vec<Field>) -> Set {
         Set {
             map: true,
-            ..Set::set(name, key)
+            ..Set::plain(name, key)
         }
     }
 }

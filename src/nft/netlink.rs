@@ -100,17 +100,29 @@ impl Nftables for NetlinkNftables {
     }
 
     fn list_chains(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error> {
+        // The kernel ignores the table filter of chain dumps and returns every chain of the
+        // family, so filter here: never act on another table's chains.
         let msgs = self.dump(encode::NFT_MSG_GETCHAIN, family, table)?;
-        msgs.iter()
-            .map(|m| Ok(decode::decode_chain(&m.as_raw())?.name))
-            .collect()
+        let mut out = Vec::new();
+        for m in &msgs {
+            let c = decode::decode_chain(&m.as_raw())?;
+            if c.table == table {
+                out.push(c.name);
+            }
+        }
+        Ok(out)
     }
 
     fn list_sets(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error> {
         let msgs = self.dump(encode::NFT_MSG_GETSET, family, table)?;
-        msgs.iter()
-            .map(|m| Ok(decode::decode_set(&m.as_raw())?.name))
-            .collect()
+        let mut out = Vec::new();
+        for m in &msgs {
+            let s = decode::decode_set(&m.as_raw())?;
+            if s.table == table {
+                out.push(s.name);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -122,9 +134,14 @@ impl NetlinkNftables {
         table: &str,
     ) -> Result<Vec<decode::ListedRule>, Error> {
         let msgs = self.dump(encode::NFT_MSG_GETRULE, family, table)?;
-        msgs.iter()
-            .map(|m| decode::decode_rule(&m.as_raw()).map_err(Error::from))
-            .collect()
+        let mut out = Vec::new();
+        for m in &msgs {
+            let r = decode::decode_rule(&m.as_raw())?;
+            if r.table == table {
+                out.push(r);
+            }
+        }
+        Ok(out)
     }
 
     /// Lists the elements of one set.

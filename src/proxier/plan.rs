@@ -255,8 +255,8 @@ fn base_chains(rs: &mut Ruleset, cfg: &ProxierConfig, state: &ProxyState, family
     rs.chain(Chain::regular(NODEPORT_ENDPOINTS_CHECK), np_check);
     rs.chain(Chain::regular(SERVICES), services);
 
-    rs.set(Set::set(CLUSTER_IPS, vec![Field::Daddr]));
-    rs.set(Set::set(HAIRPIN, vec![Field::Saddr, Field::Daddr]));
+    rs.set(Set::plain(CLUSTER_IPS, vec![Field::Daddr]));
+    rs.set(Set::plain(HAIRPIN, vec![Field::Saddr, Field::Daddr]));
     for m in [SERVICE_IPS, NO_ENDPOINT_SERVICES, FIREWALL_IPS] {
         rs.set(Set::vmap(m, addr_key()));
     }
@@ -284,7 +284,7 @@ fn balance_rules(
         .map(|ep| {
             sp.affinity_timeout.map(|t| {
                 let name = affinity_set(&sp.name, ep);
-                let mut s = Set::set(name.clone(), vec![Field::Saddr]);
+                let mut s = Set::plain(name.clone(), vec![Field::Saddr]);
                 s.timeout = Some(t);
                 rs.set(s);
                 name

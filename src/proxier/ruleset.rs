@@ -182,7 +182,7 @@ pub fn plan_transaction(
         }
     }
     for name in stale_sets {
-        let mut s = Set::set(name, vec![]);
+        let mut s = Set::plain(name, vec![]);
         s.map = false;
         tx.delete(s);
     }

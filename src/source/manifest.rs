@@ -234,7 +234,10 @@ metadata: {name: node2}
             "{w:?}"
         );
         assert!(w[1].contains("YAML error"), "{w:?}");
-        assert!(w[2].starts_with("c.yaml:35:") && w[2].contains("invalid Service"), "{w:?}");
+        assert!(
+            w[2].starts_with("c.yaml:35:") && w[2].contains("invalid Service"),
+            "{w:?}"
+        );
     }
 
     #[test]

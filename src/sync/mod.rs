@@ -15,11 +15,10 @@ use crate::proxier::{
 
 /// A failed sync of one family. Nothing of that family's transaction was applied.
 #[derive(Debug, thiserror::Error)]
-#[error("sync of the {family} table failed: {source}")]
+#[error("sync of the {family} table failed: {error}")]
 pub struct SyncError {
     pub family: Family,
-    #[source]
-    pub source: nft::Error,
+    pub error: nft::Error,
 }
 
 /// What a sync did.
@@ -127,7 +126,10 @@ impl<N: Nftables> Syncer<N> {
                 match self.list_existing(family) {
                     Ok(e) => Some(e),
                     Err(source) => {
-                        first_err.get_or_insert(SyncError { family, source });
+                        first_err.get_or_insert(SyncError {
+                            family,
+                            error: source,
+                        });
                         continue;
                     }
                 }
@@ -151,7 +153,10 @@ impl<N: Nftables> Syncer<N> {
                     // The kernel kept the previous ruleset; forget what we thought was there
                     // so the next sync re-asserts everything.
                     self.last.remove(&family);
-                    first_err.get_or_insert(SyncError { family, source });
+                    first_err.get_or_insert(SyncError {
+                        family,
+                        error: source,
+                    });
                 }
             }
         }

@@ -1,0 +1,395 @@
+//! A two-node test cluster in network namespaces:
+//!
+//! ```text
+//!   ext (192.168.50.2, .3; fd00:50::2) ── eth-ext ── node (runs kube-nlproxy) ── node2 (192.168.60.2)
+//!                                                    │  192.168.50.1 / 192.168.60.1      pods 10.244.2.x on lo
+//!                                        pods 10.244.1.x (one namespace each, routed veths)
+//! ```
+//! Pod CIDR 10.244.0.0/16 (fd00:10:244::/48); this node's pods 10.244.1.0/24.
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::ns::{sh, NetNs};
+
+pub const NODE_IP: &str = "192.168.50.1";
+pub const NODE_IP6: &str = "fd00:50::1";
+pub const NODE_TO_NODE2_IP: &str = "192.168.60.1";
+pub const EXT_IP: &str = "192.168.50.2";
+pub const EXT_IP_OTHER: &str = "192.168.50.3";
+pub const EXT_IP6: &str = "fd00:50::2";
+pub const POD_GW: &str = "10.244.1.1";
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:10:244::/48";
+
+/// The namespaces of one test cluster.
+pub struct Cluster {
+    pub node: NetNs,
+    pub ext: NetNs,
+    pub node2: NetNs,
+    pub pods: Vec<NetNs>,
+    pub dir: PathBuf,
+    veths: u32,
+}
+
+/// A pod on this node.
+pub struct Pod<'a> {
+    pub ns: &'a NetNs,
+    pub ip: IpAddr,
+    pub ip6: IpAddr,
+}
+
+fn write_sysctl(ns: &NetNs, key: &str, val: &str) {
+    ns.sh(&format!("echo {val} > /proc/sys/{key}"));
+}
+
+impl Cluster {
+    /// Builds node, node2 and ext. Pods are added with [`add_pod`](Self::add_pod).
+    pub fn new() -> Cluster {
+        crate::ns::require_root();
+        let node = NetNs::new("node");
+        let ext = NetNs::new("ext");
+        let node2 = NetNs::new("node2");
+        let dir = std::env::temp_dir().join(format!("nlp-{}", node.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        for ns in [&node, &node2] {
+            write_sysctl(ns, "net/ipv4/ip_forward", "1");
+            write_sysctl(ns, "net/ipv6/conf/all/forwarding", "1");
+        }
+        for ns in [&node, &ext, &node2] {
+            write_sysctl(ns, "net/ipv6/conf/default/accept_dad", "0");
+        }
+        // node <-> ext
+        sh(&format!(
+            "ip link add eth-ext netns {} type veth peer name eth0 netns {}",
+            node.name, ext.name
+        ));
+        node.ip("link set eth-ext up");
+        node.ip(&format!("addr add {NODE_IP}/24 dev eth-ext"));
+        node.ip(&format!("addr add {NODE_IP6}/64 dev eth-ext nodad"));
+        ext.ip("link set eth0 up");
+        ext.ip(&format!("addr add {EXT_IP}/24 dev eth0"));
+        ext.ip(&format!("addr add {EXT_IP_OTHER}/24 dev eth0"));
+        ext.ip(&format!("addr add {EXT_IP6}/64 dev eth0 nodad"));
+        ext.ip(&format!("route add default via {NODE_IP}"));
+        ext.ip(&format!("-6 route add default via {NODE_IP6}"));
+        // node <-> node2
+        sh(&format!(
+            "ip link add eth-n2 netns {} type veth peer name eth0 netns {}",
+            node.name, node2.name
+        ));
+        node.ip("link set eth-n2 up");
+        node.ip(&format!("addr add {NODE_TO_NODE2_IP}/24 dev eth-n2"));
+        node.ip("addr add fd00:60::1/64 dev eth-n2 nodad");
+        node.ip("route add 10.244.2.0/24 via 192.168.60.2");
+        // Real nodes have a default route; without one, traffic to an unprogrammed ClusterIP
+        // fails routing before the filter hooks see it.
+        node.ip(&format!("route add default via {EXT_IP}"));
+        node.ip(&format!("-6 route add default via {EXT_IP6}"));
+        node.ip("-6 route add fd00:10:244:2::/64 via fd00:60::2");
+        node2.ip("link set eth0 up");
+        node2.ip("addr add 192.168.60.2/24 dev eth0");
+        node2.ip("addr add fd00:60::2/64 dev eth0 nodad");
+        node2.ip("route add default via 192.168.60.1");
+        node2.ip("-6 route add default via fd00:60::1");
+        Cluster {
+            node,
+            ext,
+            node2,
+            pods: Vec::new(),
+            dir,
+            veths: 0,
+        }
+    }
+
+    /// Adds a pod on this node with addresses 10.244.1.N and fd00:10:244:1::N.
+    pub fn add_pod(&mut self, n: u8) -> usize {
+        let pod = NetNs::new("pod");
+        self.veths += 1;
+        let v = format!("vpod{}", self.veths);
+        sh(&format!(
+            "ip link add {v} netns {} type veth peer name eth0 netns {}",
+            self.node.name, pod.name
+        ));
+        let ip = format!("10.244.1.{n}");
+        let ip6 = format!("fd00:10:244:1::{n}");
+        write_sysctl(&pod, "net/ipv6/conf/default/accept_dad", "0");
+        self.node.ip(&format!("link set {v} up"));
+        self.node.ip(&format!("addr add {POD_GW}/32 dev {v}"));
+        self.node
+            .ip(&format!("addr add fd00:10:244:1::1/128 dev {v} nodad"));
+        self.node.ip(&format!("route add {ip}/32 dev {v}"));
+        self.node.ip(&format!("-6 route add {ip6}/128 dev {v}"));
+        pod.ip("link set eth0 up");
+        pod.ip(&format!("addr add {ip}/32 dev eth0"));
+        pod.ip(&format!("addr add {ip6}/128 dev eth0 nodad"));
+        pod.ip(&format!("route add {POD_GW} dev eth0"));
+        pod.ip(&format!("route add default via {POD_GW}"));
+        pod.ip("-6 route add fd00:10:244:1::1 dev eth0");
+        pod.ip("-6 route add default via fd00:10:244:1::1");
+        self.pods.push(pod);
+        self.pods.len() - 1
+    }
+
+    /// Adds an address on node2's loopback to stand for a pod there.
+    pub fn add_remote_pod_ip(&self, ip: &str) {
+        let plen = if ip.contains(':') { 128 } else { 32 };
+        self.node2.ip(&format!("addr add {ip}/{plen} dev lo"));
+    }
+
+    /// Writes the manifests file and returns its path.
+    pub fn write_manifests(&self, yaml: &str) -> PathBuf {
+        let p = self.dir.join("cluster.yaml");
+        let tmp = self.dir.join(".cluster.yaml.tmp");
+        std::fs::write(&tmp, yaml).unwrap();
+        // Replace by rename, as config management tools do.
+        std::fs::rename(&tmp, &p).unwrap();
+        p
+    }
+
+    /// Runs `kube-nlproxy ARGS` in the node namespace and returns (success, stderr).
+    pub fn run_proxy(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.node.name,
+                proxy_bin().to_str().unwrap(),
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("spawn kube-nlproxy");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// One full sync of `yaml` (`--once`), panicking on failure.
+    pub fn sync_once(&self, yaml: &str, extra: &[&str]) {
+        let p = self.write_manifests(yaml);
+        let mut args = vec![
+            "--manifests",
+            p.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+            "--cluster-cidr",
+            CLUSTER_CIDR,
+            "--once",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, err) = self.run_proxy(&args);
+        assert!(ok, "kube-nlproxy --once failed:\n{err}");
+    }
+
+    /// Starts the daemon on `yaml`; it is stopped with SIGTERM when the guard drops.
+    pub fn start_daemon(&self, yaml: &str, extra: &[&str]) -> Daemon {
+        let p = self.write_manifests(yaml);
+        let log = self.dir.join("daemon.log");
+        let f = std::fs::File::create(&log).unwrap();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.node.name,
+                proxy_bin().to_str().unwrap(),
+            ])
+            .args([
+                "--manifests",
+                p.to_str().unwrap(),
+                "--hostname-override",
+                "node1",
+                "--cluster-cidr",
+                CLUSTER_CIDR,
+                "--min-sync-period",
+                "100ms",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .expect("spawn daemon");
+        let d = Daemon { child, log };
+        d.wait_for_log("synced", 1);
+        d
+    }
+
+    /// `nft list table FAMILY kube-nlproxy` in the node namespace.
+    pub fn ruleset(&self, family: &str) -> String {
+        let out = self
+            .node
+            .output("nft", &["list", "table", family, "kube-nlproxy"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until `pred(ruleset)` holds for the ip table.
+    pub fn wait_ruleset(&self, family: &str, what: &str, pred: impl Fn(&str) -> bool) {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if pred(&self.ruleset(family)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("ruleset never showed {what}:\n{}", self.ruleset(family));
+    }
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster::new()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running daemon.
+pub struct Daemon {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    /// Waits until `needle` occurs at least `n` times in the log.
+    pub fn wait_for_log(&self, needle: &str, n: usize) {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(15) {
+            if self.log_text().matches(needle).count() >= n {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "daemon log never showed {n}x {needle:?}:\n{}",
+            self.log_text()
+        );
+    }
+    /// Sends SIGTERM and returns the exit status and how long the exit took.
+    pub fn terminate(&mut self) -> (std::process::ExitStatus, Duration) {
+        // The child is `ip netns exec`, which execs the proxy in place: same pid.
+        // SAFETY: signalling a child process we own.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        let st = self.child.wait().unwrap();
+        (st, t0.elapsed())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.terminate();
+        }
+    }
+}
+
+/// Path of the kube-nlproxy binary built alongside the tests (`KUBE_NLPROXY_BIN` overrides).
+pub fn proxy_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("KUBE_NLPROXY_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("kube-nlproxy"))
+        .unwrap();
+    assert!(
+        p.exists(),
+        "{} not built: run the tests with `cargo test --workspace` (or set KUBE_NLPROXY_BIN)",
+        p.display()
+    );
+    p
+}
+
+/// Socket address helper.
+pub fn sa(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap(), port)
+}
+
+/// YAML builders for manifests.
+pub mod yaml {
+    use std::fmt::Write;
+
+    /// A Service. `ports` are (name, protocol, port, nodePort or 0); `extra` is YAML spliced
+    /// into `spec` (indented two spaces).
+    pub fn service(
+        ns: &str,
+        name: &str,
+        cluster_ips: &[&str],
+        ports: &[(&str, &str, u16, u16)],
+        extra: &str,
+    ) -> String {
+        let mut s = format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  clusterIPs: [{}]\n  ports:\n",
+            cluster_ips.iter().map(|i| format!("\"{i}\"")).collect::<Vec<_>>().join(", ")
+        );
+        for (pn, proto, port, np) in ports {
+            write!(s, "  - {{name: {pn}, protocol: {proto}, port: {port}").unwrap();
+            if *np != 0 {
+                write!(s, ", nodePort: {np}").unwrap();
+            }
+            s.push_str("}\n");
+        }
+        for line in extra.lines() {
+            writeln!(s, "  {line}").unwrap();
+        }
+        s
+    }
+
+    /// An endpoint: (ip, nodeName, ready, serving, terminating).
+    pub type Ep<'a> = (&'a str, &'a str, bool, bool, bool);
+
+    pub fn ready<'a>(ip: &'a str, node: &'a str) -> Ep<'a> {
+        (ip, node, true, true, false)
+    }
+
+    /// An EndpointSlice for `svc` with one port.
+    pub fn slice(
+        ns: &str,
+        svc: &str,
+        slice: &str,
+        family: &str,
+        port: (&str, &str, u16),
+        eps: &[Ep<'_>],
+    ) -> String {
+        let mut s = format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {slice}\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: {family}\nports: [{{name: {}, protocol: {}, port: {}}}]\nendpoints:\n",
+            port.0, port.1, port.2
+        );
+        if eps.is_empty() {
+            s.push_str("  []\n");
+        }
+        for (ip, node, r, sv, t) in eps {
+            writeln!(
+                s,
+                "- {{addresses: [\"{ip}\"], nodeName: {node}, conditions: {{ready: {r}, serving: {sv}, terminating: {t}}}}}"
+            )
+            .unwrap();
+        }
+        s
+    }
+}
+
+/// Appends to a log file (for debugging test failures).
+pub fn note(path: &std::path::Path, msg: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{msg}");
+    }
+}

@@ -1,0 +1,412 @@
+//! Real packets through the rules kube-nlproxy programs: backends in pod namespaces, clients
+//! in pods, on the node and on an external host. Each test builds its own cluster.
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use netlink_tests::backend::{
+    tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
+};
+use netlink_tests::cluster::{
+    sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
+};
+
+/// pod A (10.244.1.2, local endpoint), pod B (10.244.1.3, client), remote endpoint 10.244.2.2.
+fn web_cluster() -> Cluster {
+    let mut c = Cluster::new();
+    c.add_pod(2);
+    c.add_pod(3);
+    c.add_remote_pod_ip("10.244.2.2");
+    c.add_remote_pod_ip("fd00:10:244:2::2");
+    tcp_backend(&c.pods[0], "local", sa("10.244.1.2", 8080));
+    tcp_backend(&c.pods[0], "local6", sa("fd00:10:244:1::2", 8080));
+    tcp_backend(&c.node2, "remote", sa("10.244.2.2", 8080));
+    tcp_backend(&c.node2, "remote6", sa("fd00:10:244:2::2", 8080));
+    c
+}
+
+fn web_yaml(extra_spec: &str) -> String {
+    let mut s = yaml::service(
+        "default",
+        "web",
+        &["10.96.0.10", "fd00:96::10"],
+        &[("http", "TCP", 80, 30080)],
+        &format!("type: NodePort\n{extra_spec}"),
+    );
+    s += &yaml::slice(
+        "default",
+        "web",
+        "web-v4",
+        "IPv4",
+        ("http", "TCP", 8080),
+        &[
+            yaml::ready("10.244.1.2", "node1"),
+            yaml::ready("10.244.2.2", "node2"),
+        ],
+    );
+    s += &yaml::slice(
+        "default",
+        "web",
+        "web-v6",
+        "IPv6",
+        ("http", "TCP", 8080),
+        &[
+            yaml::ready("fd00:10:244:1::2", "node1"),
+            yaml::ready("fd00:10:244:2::2", "node2"),
+        ],
+    );
+    s
+}
+
+fn names(replies: &[Reply]) -> BTreeSet<String> {
+    replies
+        .iter()
+        .map(|r| match r {
+            Reply::Answered { name, .. } => name.clone(),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+fn peer(r: &Reply) -> String {
+    match r {
+        Reply::Answered { peer, .. } => peer.to_string(),
+        other => panic!("expected an answer, got {other:?}"),
+    }
+}
+
+#[test]
+fn cluster_ip_spreads_over_all_endpoints_and_keeps_pod_source() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml(""), &[]);
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 40);
+    assert_eq!(
+        names(&replies),
+        ["local", "remote"].map(String::from).into(),
+        "{replies:?}"
+    );
+    for r in &replies {
+        assert_eq!(peer(r), "10.244.1.3", "pod source address must be kept");
+    }
+}
+
+#[test]
+fn ipv6_cluster_ip_and_node_port() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml(""), &[]);
+    let replies = tcp_probes(&c.pods[1], sa("fd00:96::10", 80), 30);
+    assert_eq!(
+        names(&replies),
+        ["local6", "remote6"].map(String::from).into(),
+        "{replies:?}"
+    );
+    assert!(replies.iter().all(|r| peer(r) == "fd00:10:244:1::3"));
+    let replies = tcp_probes(&c.ext, sa(NODE_IP6, 30080), 30);
+    assert_eq!(
+        names(&replies),
+        ["local6", "remote6"].map(String::from).into(),
+        "{replies:?}"
+    );
+    assert!(
+        replies.iter().all(|r| peer(r) != EXT_IP6),
+        "NodePort traffic is masqueraded"
+    );
+}
+
+#[test]
+fn node_port_from_outside_is_masqueraded() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml(""), &[]);
+    let replies = tcp_probes(&c.ext, sa(NODE_IP, 30080), 40);
+    assert_eq!(
+        names(&replies),
+        ["local", "remote"].map(String::from).into(),
+        "{replies:?}"
+    );
+    for r in &replies {
+        assert_ne!(
+            peer(r),
+            EXT_IP,
+            "external client must be masqueraded: {r:?}"
+        );
+    }
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_client_address_and_uses_local_endpoints() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml("externalTrafficPolicy: Local"), &[]);
+    let replies = tcp_probes(&c.ext, sa(NODE_IP, 30080), 30);
+    assert_eq!(
+        names(&replies),
+        ["local"].map(String::from).into(),
+        "{replies:?}"
+    );
+    assert!(replies.iter().all(|r| peer(r) == EXT_IP), "{replies:?}");
+    // Internal traffic still uses every endpoint.
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 30);
+    assert_eq!(
+        names(&replies),
+        ["local", "remote"].map(String::from).into()
+    );
+}
+
+#[test]
+fn internal_traffic_policy_local_uses_only_local_endpoints() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml("internalTrafficPolicy: Local"), &[]);
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 30);
+    assert_eq!(
+        names(&replies),
+        ["local"].map(String::from).into(),
+        "{replies:?}"
+    );
+}
+
+#[test]
+fn hairpin_pod_reaches_itself_through_its_service() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml("internalTrafficPolicy: Local"), &[]);
+    // pod A is the only local endpoint; it connects to its own Service.
+    let r = tcp_probe(&c.pods[0], sa("10.96.0.10", 80));
+    assert_eq!(r.name(), Some("local"), "{r:?}");
+    assert_eq!(
+        peer(&r),
+        POD_GW,
+        "hairpin traffic is masqueraded to the node's address"
+    );
+}
+
+#[test]
+fn service_without_endpoints_is_refused_at_once() {
+    let c = web_cluster();
+    let mut y = web_yaml("");
+    y += &yaml::service(
+        "default",
+        "empty",
+        &["10.96.0.99"],
+        &[("p", "TCP", 8080, 30099)],
+        "type: NodePort",
+    );
+    c.sync_once(&y, &[]);
+    for (ns, dst) in [
+        (&c.pods[1], sa("10.96.0.99", 8080)),
+        (&c.ext, sa(NODE_IP, 30099)),
+    ] {
+        let t0 = Instant::now();
+        let r = tcp_probe(ns, dst);
+        assert_eq!(r, Reply::Refused, "to {dst}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "refused at once, took {:?}",
+            t0.elapsed()
+        );
+    }
+    // A port of a ClusterIP that no Service uses is refused too.
+    assert_eq!(tcp_probe(&c.pods[1], sa("10.96.0.10", 81)), Reply::Refused);
+}
+
+#[test]
+fn client_ip_affinity_sticks() {
+    let c = web_cluster();
+    c.sync_once(
+        &web_yaml(
+            "sessionAffinity: ClientIP\nsessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+        ),
+        &[],
+    );
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 20);
+    assert_eq!(
+        names(&replies).len(),
+        1,
+        "all connections stick to one endpoint: {replies:?}"
+    );
+    assert!(
+        c.ruleset("ip").contains("timeout 1m"),
+        "{}",
+        c.ruleset("ip")
+    );
+}
+
+#[test]
+fn udp_cluster_ip() {
+    let mut c = Cluster::new();
+    c.add_pod(2);
+    c.add_pod(3);
+    udp_backend(&c.pods[0], "dns", sa("10.244.1.2", 53));
+    let mut y = yaml::service(
+        "kube-system",
+        "dns",
+        &["10.96.0.53"],
+        &[("dns", "UDP", 53, 0)],
+        "",
+    );
+    y += &yaml::slice(
+        "kube-system",
+        "dns",
+        "dns-1",
+        "IPv4",
+        ("dns", "UDP", 53),
+        &[yaml::ready("10.244.1.2", "node1")],
+    );
+    c.sync_once(&y, &[]);
+    let r = udp_probe(&c.pods[1], sa("10.96.0.53", 53));
+    assert_eq!(r.name(), Some("dns"), "{r:?}");
+    assert_eq!(peer(&r), "10.244.1.3");
+}
+
+#[test]
+fn load_balancer_source_ranges_and_external_ips() {
+    let c = web_cluster();
+    let y = web_yaml(&format!(
+        "externalIPs: [192.0.2.10]\nloadBalancerSourceRanges: [{EXT_IP}/32]"
+    ))
+    .replace(
+        "kind: Service\nmetadata: {name: web, namespace: default}\n",
+        "kind: Service\nmetadata: {name: web, namespace: default}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}\n",
+    );
+    c.sync_once(&y, &[]);
+    let lb = sa("198.51.100.7", 80);
+    assert!(
+        tcp_probe_from(&c.ext, EXT_IP.parse().unwrap(), lb)
+            .name()
+            .is_some(),
+        "allowed source is answered"
+    );
+    assert_eq!(
+        tcp_probe_from(&c.ext, EXT_IP_OTHER.parse().unwrap(), lb),
+        Reply::Timeout,
+        "other sources are dropped"
+    );
+    // externalIPs and NodePorts are not subject to the source ranges.
+    assert!(
+        tcp_probe_from(&c.ext, EXT_IP_OTHER.parse().unwrap(), sa("192.0.2.10", 80))
+            .name()
+            .is_some()
+    );
+    assert!(
+        tcp_probe_from(&c.ext, EXT_IP_OTHER.parse().unwrap(), sa(NODE_IP, 30080))
+            .name()
+            .is_some()
+    );
+}
+
+#[test]
+fn services_labelled_for_another_proxy_are_ignored() {
+    let c = web_cluster();
+    let y = web_yaml("").replace(
+        "metadata: {name: web, namespace: default}",
+        "metadata: {name: web, namespace: default, labels: {service.kubernetes.io/service-proxy-name: other}}",
+    );
+    c.sync_once(&y, &[]);
+    assert!(
+        !c.ruleset("ip").contains("10.96.0.10"),
+        "{}",
+        c.ruleset("ip")
+    );
+    assert_ne!(
+        tcp_probe(&c.pods[1], sa("10.96.0.10", 80)).name(),
+        Some("local")
+    );
+}
+
+#[test]
+fn terminating_endpoints_serve_when_none_is_ready() {
+    let c = web_cluster();
+    let mut y = yaml::service(
+        "default",
+        "web",
+        &["10.96.0.10"],
+        &[("http", "TCP", 80, 0)],
+        "",
+    );
+    y += &yaml::slice(
+        "default",
+        "web",
+        "web-v4",
+        "IPv4",
+        ("http", "TCP", 8080),
+        &[
+            ("10.244.1.2", "node1", false, true, true),
+            ("10.244.2.2", "node2", false, false, true),
+        ],
+    );
+    c.sync_once(&y, &[]);
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10);
+    assert_eq!(
+        names(&replies),
+        ["local"].map(String::from).into(),
+        "{replies:?}"
+    );
+}
+
+#[test]
+fn established_connection_survives_endpoint_removal_and_resync() {
+    let c = web_cluster();
+    let mut d = c.start_daemon(&web_yaml(""), &[]);
+    // Open connections until one lands on the remote endpoint.
+    let mut conn = loop {
+        let oc = OpenConn::open(&c.pods[1], sa("10.96.0.10", 80));
+        if oc.greeting.name() == Some("remote") {
+            break oc;
+        }
+    };
+    assert_eq!(conn.echo("one").unwrap(), "one");
+    // Remove the local endpoint; the daemon picks up the rename-replaced file.
+    let y = web_yaml("").replace("- {addresses: [\"10.244.1.2\"], nodeName: node1, conditions: {ready: true, serving: true, terminating: false}}\n", "");
+    c.write_manifests(&y);
+    c.wait_ruleset("ip", "the local endpoint removed", |r| {
+        !r.contains("10.244.1.2:8080")
+    });
+    assert_eq!(
+        conn.echo("two").unwrap(),
+        "two",
+        "established connection must survive"
+    );
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10);
+    assert_eq!(names(&replies), ["remote"].map(String::from).into());
+    // A restart reconciles without breaking it either.
+    let (st, took) = d.terminate();
+    assert!(st.success(), "SIGTERM exits 0: {st:?}\n{}", d.log_text());
+    assert!(took < Duration::from_secs(3), "exit took {took:?}");
+    assert!(
+        c.ruleset("ip").contains("10.244.2.2"),
+        "rules stay in place after exit"
+    );
+    let _d2 = c.start_daemon(&y, &[]);
+    assert_eq!(conn.echo("three").unwrap(), "three");
+}
+
+#[test]
+fn foreign_table_survives_sync_and_cleanup() {
+    let c = web_cluster();
+    c.node
+        .sh("nft add table ip other; nft add chain ip other c; nft add rule ip other c counter");
+    c.sync_once(&web_yaml(""), &[]);
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok, "{err}");
+    let all = c.node.sh("nft list ruleset");
+    assert!(all.contains("table ip other"), "{all}");
+    assert!(
+        !all.contains("kube-nlproxy"),
+        "cleanup removes our tables: {all}"
+    );
+    assert_ne!(
+        tcp_probe(&c.pods[1], sa("10.96.0.10", 80)).name(),
+        Some("local")
+    );
+}
+
+#[test]
+fn cleanup_leaves_a_same_named_table_it_did_not_create() {
+    let c = web_cluster();
+    c.node.sh("nft add table ip kube-nlproxy");
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("not our comment"), "{err}");
+    assert!(c
+        .node
+        .sh("nft list ruleset")
+        .contains("table ip kube-nlproxy"));
+}
