@@ -11,6 +11,7 @@ pub mod fake;
 pub mod lower;
 pub mod netlink;
 pub mod render;
+pub mod trace;
 pub mod transaction;
 
 use std::fmt;
@@ -18,6 +19,7 @@ use std::net::IpAddr;
 
 pub use cidr::Cidr;
 
+pub use fake::FakeNftables;
 pub use transaction::{Object, Op, Transaction};
 
 /// Address family of a table. We use one table per family (`ip`, `ip6`), like upstream,

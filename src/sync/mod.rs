@@ -3,6 +3,8 @@
 //! backend so unit tests run whole syncs against the fake.
 
 pub mod runner;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 

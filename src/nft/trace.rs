@@ -1,0 +1,232 @@
+//! A packet tracer over the [`FakeNftables`] ruleset (after upstream's `tracePacket` test
+//! helper): follows a packet through our chains and reports every possible outcome, taking
+//! both branches at each `numgen`. Pure; used by unit tests to check behaviour, not text.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use super::{CmpOp, Expr, FakeNftables, Family, Field, KeyValue, Verdict};
+
+/// The packet being traced.
+#[derive(Debug, Clone)]
+pub struct Packet {
+    pub saddr: IpAddr,
+    pub daddr: IpAddr,
+    pub proto: u8,
+    pub dport: u16,
+    /// Addresses `fib … type local` treats as local.
+    pub local_addrs: Vec<IpAddr>,
+}
+
+/// Where a packet ends up.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    /// DNATed to `addr:port`; `masquerade` when the masquerade mark was set on the way.
+    Dnat {
+        addr: IpAddr,
+        port: u16,
+        masquerade: bool,
+    },
+    /// Left the chain without a terminal verdict (accepted by the base chain's policy).
+    Pass,
+    Drop,
+    Reject,
+    Accept,
+}
+
+enum Flow {
+    /// Fell off the end of a rule list, or `return`.
+    Continue,
+    Term(Outcome),
+}
+
+struct Tracer<'a> {
+    fake: &'a FakeNftables,
+    family: Family,
+    table: &'a str,
+    pkt: &'a Packet,
+    mark_bit: u32,
+}
+
+impl Tracer<'_> {
+    fn field(&self, f: Field) -> KeyValue {
+        match f {
+            Field::Saddr => KeyValue::Addr(self.pkt.saddr),
+            Field::Daddr => KeyValue::Addr(self.pkt.daddr),
+            Field::L4Proto => KeyValue::Proto(self.pkt.proto),
+            Field::Dport => KeyValue::Port(self.pkt.dport),
+        }
+    }
+
+    fn key(&self, k: &[Field]) -> Vec<KeyValue> {
+        k.iter().map(|f| self.field(*f)).collect()
+    }
+
+    fn chain(&self, name: &str, mark: u32, depth: usize, out: &mut Vec<(u32, Flow)>) {
+        assert!(depth < 32, "chain loop through {name}");
+        let rules = self
+            .fake
+            .rules(self.family, self.table, name)
+            .unwrap_or_else(|| panic!("trace reached missing chain {name}"));
+        self.rules(rules, 0, mark, depth, out);
+    }
+
+    fn rules(
+        &self,
+        rules: &[super::Rule],
+        i: usize,
+        mark: u32,
+        depth: usize,
+        out: &mut Vec<(u32, Flow)>,
+    ) {
+        let Some(rule) = rules.get(i) else {
+            out.push((mark, Flow::Continue));
+            return;
+        };
+        let mut branches = Vec::new();
+        self.exprs(&rule.exprs, mark, depth, &mut branches);
+        for (m, r) in branches {
+            match r {
+                RuleEnd::NoMatch | RuleEnd::Next => self.rules(rules, i + 1, m, depth, out),
+                RuleEnd::Return => out.push((m, Flow::Continue)),
+                RuleEnd::Term(o) => out.push((m, Flow::Term(o))),
+            }
+        }
+    }
+
+    fn verdict(&self, v: &Verdict, mark: u32, depth: usize, out: &mut Vec<(u32, RuleEnd)>) {
+        match v {
+            Verdict::Accept => out.push((mark, RuleEnd::Term(Outcome::Accept))),
+            Verdict::Drop => out.push((mark, RuleEnd::Term(Outcome::Drop))),
+            Verdict::Return => out.push((mark, RuleEnd::Return)),
+            Verdict::Jump(c) => {
+                let mut sub = Vec::new();
+                self.chain(c, mark, depth + 1, &mut sub);
+                for (m, f) in sub {
+                    out.push((
+                        m,
+                        match f {
+                            Flow::Continue => RuleEnd::Next,
+                            Flow::Term(o) => RuleEnd::Term(o),
+                        },
+                    ));
+                }
+            }
+            Verdict::Goto(c) => {
+                let mut sub = Vec::new();
+                self.chain(c, mark, depth + 1, &mut sub);
+                for (m, f) in sub {
+                    out.push((
+                        m,
+                        match f {
+                            Flow::Continue => RuleEnd::Return,
+                            Flow::Term(o) => RuleEnd::Term(o),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+
+    fn exprs(&self, exprs: &[Expr], mark: u32, depth: usize, out: &mut Vec<(u32, RuleEnd)>) {
+        let Some((e, rest)) = exprs.split_first() else {
+            out.push((mark, RuleEnd::Next));
+            return;
+        };
+        let go_on = |ok: bool, out: &mut Vec<(u32, RuleEnd)>| {
+            if ok {
+                self.exprs(rest, mark, depth, out)
+            } else {
+                out.push((mark, RuleEnd::NoMatch))
+            }
+        };
+        match e {
+            Expr::Addr { field, op, value } => {
+                let KeyValue::Addr(a) = self.field(*field) else {
+                    unreachable!()
+                };
+                go_on(value.contains(&a) == (*op == CmpOp::Eq), out)
+            }
+            Expr::L4Proto(p) => go_on(self.pkt.proto == *p, out),
+            Expr::InSet { key, set, negate } => {
+                let found = self
+                    .fake
+                    .lookup(self.family, self.table, set, &self.key(key))
+                    .is_some();
+                go_on(found != *negate, out)
+            }
+            Expr::CtStateNew => go_on(true, out),
+            Expr::CtStatusDnat => go_on(false, out),
+            Expr::FibLocal(f) => {
+                let KeyValue::Addr(a) = self.field(*f) else {
+                    unreachable!()
+                };
+                go_on(self.pkt.local_addrs.contains(&a), out)
+            }
+            Expr::MarkBitClear(b) => go_on(mark & b == 0, out),
+            Expr::NumgenZero(_) => {
+                self.exprs(rest, mark, depth, out);
+                out.push((mark, RuleEnd::NoMatch));
+            }
+            Expr::Vmap { key, map } => {
+                match self
+                    .fake
+                    .lookup(self.family, self.table, map, &self.key(key))
+                {
+                    Some(el) => {
+                        let v = el.verdict.clone().expect("vmap element has a verdict");
+                        self.verdict(&v, mark, depth, out)
+                    }
+                    None => self.exprs(rest, mark, depth, out),
+                }
+            }
+            Expr::MarkOr(b) => self.exprs(rest, mark | b, depth, out),
+            Expr::MarkXor(b) => self.exprs(rest, mark ^ b, depth, out),
+            Expr::Masquerade { .. } => out.push((mark, RuleEnd::Term(Outcome::Accept))),
+            Expr::Dnat { addr, port } => out.push((
+                mark,
+                RuleEnd::Term(Outcome::Dnat {
+                    addr: *addr,
+                    port: *port,
+                    masquerade: mark & self.mark_bit != 0,
+                }),
+            )),
+            Expr::Reject => out.push((mark, RuleEnd::Term(Outcome::Reject))),
+            Expr::UpdateSet { .. } | Expr::Counter => self.exprs(rest, mark, depth, out),
+            Expr::Verdict(v) => self.verdict(v, mark, depth, out),
+        }
+    }
+}
+
+enum RuleEnd {
+    NoMatch,
+    Next,
+    Return,
+    Term(Outcome),
+}
+
+/// Every outcome of sending `pkt` through base chain `chain` of a fake table.
+pub fn trace(
+    fake: &FakeNftables,
+    family: Family,
+    table: &str,
+    chain: &str,
+    mark_bit: u32,
+    pkt: &Packet,
+) -> BTreeSet<Outcome> {
+    let t = Tracer {
+        fake,
+        family,
+        table,
+        pkt,
+        mark_bit,
+    };
+    let mut out = Vec::new();
+    t.chain(chain, 0, 0, &mut out);
+    out.into_iter()
+        .map(|(_, f)| match f {
+            Flow::Continue => Outcome::Pass,
+            Flow::Term(o) => o,
+        })
+        .collect()
+}
