@@ -388,3 +388,105 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
     }
     (state, warnings)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse<T: serde::de::DeserializeOwned>(y: &str) -> T {
+        serde_yaml::from_str(y).unwrap()
+    }
+
+    fn svc(spec: &str) -> Service {
+        parse(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: ns}}\nspec:\n{spec}"
+        ))
+    }
+
+    #[test]
+    fn bad_ports_are_skipped_with_warnings_and_good_ones_kept() {
+        let s = svc(
+            "  clusterIP: 10.0.0.1\n  ports:\n  - {name: a, port: 0}\n  - {name: b, port: 70000}\n  - {name: c, port: 80, protocol: ICMP}\n  - {name: d, port: 81, protocol: UDP}\n",
+        );
+        let mut w = Vec::new();
+        let ports = convert_service(&s, &mut w);
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].name.port, "d");
+        assert_eq!(ports[0].name.protocol, Protocol::Udp);
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert!(
+            w.iter().all(|m| m.starts_with("Service ns/s port")),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn invalid_cluster_ip_skips_the_service() {
+        let s = svc("  clusterIP: 10.0.0.300\n  ports: [{port: 80}]\n");
+        let mut w = Vec::new();
+        assert!(convert_service(&s, &mut w).is_empty());
+        assert!(w[0].contains("invalid ClusterIP"), "{w:?}");
+    }
+
+    #[test]
+    fn headless_external_name_and_other_proxies_produce_nothing() {
+        let mut w = Vec::new();
+        assert!(
+            convert_service(&svc("  clusterIP: None\n  ports: [{port: 80}]\n"), &mut w).is_empty()
+        );
+        assert!(convert_service(
+            &svc("  type: ExternalName\n  externalName: x.example\n"),
+            &mut w
+        )
+        .is_empty());
+        let mut s = svc("  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n");
+        s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
+        assert!(convert_service(&s, &mut w).is_empty());
+        assert!(w.is_empty(), "these are not errors: {w:?}");
+    }
+
+    #[test]
+    fn policies_affinity_and_external_addresses() {
+        let mut s = svc(
+            "  type: LoadBalancer\n  clusterIPs: [10.0.0.1, 'fd00::1']\n  externalTrafficPolicy: Local\n  internalTrafficPolicy: Local\n  sessionAffinity: ClientIP\n  externalIPs: [1.2.3.4, nope]\n  loadBalancerSourceRanges: [1.2.3.0/24]\n  ports: [{port: 80, nodePort: 30080}]\n",
+        );
+        s.status = Some(parse(
+            "loadBalancer: {ingress: [{ip: 5.6.7.8}, {ip: 9.9.9.9, ipMode: Proxy}]}",
+        ));
+        let mut w = Vec::new();
+        let p = &convert_service(&s, &mut w)[0];
+        assert_eq!(p.cluster_ips.len(), 2);
+        assert!(p.external_policy_local && p.internal_policy_local);
+        assert_eq!(p.affinity_timeout, Some(10800));
+        assert_eq!(p.external_ips, vec!["1.2.3.4".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            p.load_balancer_ips,
+            vec!["5.6.7.8".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(p.node_port, Some(30080));
+        assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn slices_join_services_skip_bad_addresses_and_dedupe() {
+        let snap = Snapshot {
+            services: vec![svc("  clusterIP: 10.0.0.1\n  ports: [{name: p, port: 80}]\n")],
+            endpoint_slices: vec![
+                parse(
+                    "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.1.0.1], nodeName: n1}\n- {addresses: ['fd00::9']}\n- {addresses: [10.1.0.2], conditions: {ready: false, serving: true, terminating: true}}\n",
+                ),
+                parse(
+                    "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: b, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.1.0.1], nodeName: n1}\n",
+                ),
+            ],
+            node: None,
+        };
+        let (st, w) = build_state(&snap, "n1");
+        let eps = st.endpoints.values().next().unwrap();
+        assert_eq!(eps.len(), 2, "{eps:?}");
+        assert!(eps[0].is_local && eps[0].ready);
+        assert!(!eps[1].ready && eps[1].serving && eps[1].terminating);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("does not match addressType"), "{w:?}");
+    }
+}

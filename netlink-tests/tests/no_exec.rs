@@ -1,0 +1,115 @@
+//! The daemon execs nothing: run it under strace (a test-time tool) through a full sync, a
+//! daemon start-up with a manifest edit, and a cleanup, and count execve calls.
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+use std::process::Command;
+use std::time::Duration;
+
+use netlink_tests::cluster::proxy_bin;
+use netlink_tests::ns::{require_root, NetNs};
+
+fn execs(trace: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("execve("))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn binary_execs_nothing() {
+    require_root();
+    let ns = NetNs::new("noexec");
+    let dir = std::env::temp_dir().join(format!("nlp-noexec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let manifests = dir.join("cluster.yaml");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
+    std::fs::copy(&example, &manifests).unwrap();
+    let bin = proxy_bin();
+    let runs: [&[&str]; 2] = [
+        &[
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+            "--once",
+        ],
+        &["--cleanup"],
+    ];
+    for (i, args) in runs.iter().enumerate() {
+        let trace = dir.join(format!("trace{i}"));
+        let st = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                "strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=execve",
+                "-o",
+            ])
+            .arg(&trace)
+            .arg(&bin)
+            .args(*args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{args:?}");
+        let e = execs(&trace);
+        assert_eq!(e.len(), 1, "only strace's own exec of the binary: {e:?}");
+        assert!(e[0].contains("kube-nlproxy"), "{e:?}");
+    }
+    // The daemon, including a manifest reload and SIGTERM.
+    let trace = dir.join("trace-daemon");
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=execve",
+            "-o",
+        ])
+        .arg(&trace)
+        .arg(&bin)
+        .args([
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let text = std::fs::read_to_string(&example)
+        .unwrap()
+        .replace("10.96.0.99", "10.96.0.98");
+    std::fs::write(&manifests, text).unwrap();
+    let t0 = std::time::Instant::now();
+    while !ns
+        .sh("nft list table ip kube-nlproxy")
+        .contains("10.96.0.98")
+    {
+        assert!(t0.elapsed() < Duration::from_secs(5), "edit not picked up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Signal the traced daemon itself (strace would only detach on SIGTERM).
+    let kids = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
+    let daemon: i32 = kids
+        .split_whitespace()
+        .next()
+        .expect("daemon pid")
+        .parse()
+        .unwrap();
+    // SAFETY: signalling a process this test started.
+    unsafe { libc::kill(daemon, libc::SIGTERM) };
+    child.wait().unwrap();
+    let e = execs(&trace);
+    assert_eq!(e.len(), 1, "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

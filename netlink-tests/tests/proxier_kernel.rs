@@ -1,0 +1,220 @@
+//! A full proxier sync into the kernel, listed back and compared with the Fake that the unit
+//! tests trust; then partial syncs on both, compared again. Also: a 10k-service sync goes
+//! through in one batch.
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+use std::collections::BTreeMap;
+
+use kube_nlproxy::config::DetectLocal;
+use kube_nlproxy::model::convert::build_state;
+use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use kube_nlproxy::nft::lower::{key_bytes, lower, KExpr};
+use kube_nlproxy::nft::netlink::NetlinkNftables;
+use kube_nlproxy::nft::{FakeNftables, Family, Nftables, Verdict};
+use kube_nlproxy::proxier::{names, LocalDetector, ProxierConfig};
+use kube_nlproxy::source::manifest;
+use kube_nlproxy::sync::Syncer;
+use netlink_tests::ns::{require_root, NetNs};
+
+type Listing = (
+    Vec<String>,
+    BTreeMap<String, Vec<Vec<KExpr>>>,
+    BTreeMap<String, Vec<(Vec<u8>, Option<Verdict>)>>,
+);
+
+fn cfg() -> ProxierConfig {
+    ProxierConfig {
+        local_detector: LocalDetector::Cidrs(vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:10:244::/48".parse().unwrap(),
+        ]),
+        ..Default::default()
+    }
+}
+
+fn kernel_listing(n: &mut NetlinkNftables, family: Family) -> Listing {
+    let t = names::DEFAULT_TABLE;
+    let mut chains = n.list_chains(family, t).unwrap();
+    chains.sort();
+    let mut rules: BTreeMap<String, Vec<Vec<KExpr>>> =
+        chains.iter().map(|c| (c.clone(), vec![])).collect();
+    for r in n.list_rules(family, t).unwrap() {
+        rules.get_mut(&r.chain).unwrap().push(r.exprs);
+    }
+    let mut elems = BTreeMap::new();
+    for s in n.list_sets(family, t).unwrap() {
+        let mut v: Vec<_> = n
+            .list_elements(family, t, &s)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key, e.verdict))
+            .collect();
+        v.sort();
+        elems.insert(s, v);
+    }
+    (chains, rules, elems)
+}
+
+fn fake_listing(f: &mut FakeNftables, family: Family) -> Listing {
+    let t = names::DEFAULT_TABLE;
+    let mut chains = f.list_chains(family, t).unwrap();
+    chains.sort();
+    let rules = chains
+        .iter()
+        .map(|c| {
+            let r = f
+                .rules(family, t, c)
+                .unwrap()
+                .iter()
+                .map(|r| lower(&r.exprs, family))
+                .collect();
+            (c.clone(), r)
+        })
+        .collect();
+    let mut elems = BTreeMap::new();
+    for s in f.list_sets(family, t).unwrap() {
+        let mut v: Vec<_> = f
+            .elements(family, t, &s)
+            .unwrap()
+            .into_iter()
+            .map(|e| (key_bytes(&e.key), e.verdict.clone()))
+            .collect();
+        v.sort();
+        elems.insert(s, v);
+    }
+    (chains, rules, elems)
+}
+
+fn example_state() -> ProxyState {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
+    let (snap, w) = manifest::load(&path, "node1").unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    build_state(&snap, "node1").0
+}
+
+fn compare(kernel: &mut NetlinkNftables, fake: &mut FakeNftables, when: &str) {
+    for family in Family::all() {
+        let k = kernel_listing(kernel, family);
+        let f = fake_listing(fake, family);
+        assert_eq!(k.0, f.0, "{when}: chains differ ({family})");
+        for (c, rules) in &f.1 {
+            assert_eq!(&k.1[c], rules, "{when}: rules of {c} differ ({family})");
+        }
+        assert_eq!(k.2, f.2, "{when}: set elements differ ({family})");
+    }
+}
+
+#[test]
+fn kernel_and_fake_agree_through_full_and_partial_syncs() {
+    require_root();
+    let ns = NetNs::new("pk");
+    ns.run(|| {
+        let mut st = example_state();
+        let mut k = Syncer::new(
+            NetlinkNftables::open().unwrap(),
+            cfg(),
+            DetectLocal::ClusterCidr(vec![]),
+        );
+        let mut f = Syncer::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
+        k.sync(&st).unwrap();
+        f.sync(&st).unwrap();
+        compare(k.backend(), f.backend(), "after the full sync");
+        // Change one endpoint and drop a Service: partial syncs on both.
+        let web = st
+            .services
+            .keys()
+            .find(|s| s.name == "web")
+            .unwrap()
+            .clone();
+        st.endpoints.get_mut(&web).unwrap()[0].ip = "10.244.1.77".parse().unwrap();
+        let shop = st
+            .services
+            .keys()
+            .find(|s| s.name == "shop")
+            .unwrap()
+            .clone();
+        st.services.remove(&shop);
+        st.endpoints.remove(&shop);
+        for _ in 0..2 {
+            assert!(!k.sync(&st).unwrap().full);
+            f.sync(&st).unwrap();
+            compare(k.backend(), f.backend(), "after partial syncs");
+        }
+    });
+}
+
+fn big_state(services: usize, eps: usize) -> ProxyState {
+    let mut st = ProxyState {
+        node: NodeInfo {
+            name: "node1".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for i in 0..services {
+        let name = ServicePortName {
+            namespace: "bench".into(),
+            name: format!("svc-{i}"),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        let cip = std::net::Ipv4Addr::from(0x0a60_0000u32 + i as u32);
+        st.services.insert(
+            name.clone(),
+            ServicePort {
+                name: name.clone(),
+                cluster_ips: vec![cip.into()],
+                port: 80,
+                node_port: None,
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                affinity_timeout: None,
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+            },
+        );
+        let e = (0..eps)
+            .map(|j| Endpoint {
+                ip: std::net::Ipv4Addr::from(0x0af4_0000u32 + (i * eps + j) as u32).into(),
+                port: 8080,
+                is_local: j == 0,
+                ready: true,
+                serving: true,
+                terminating: false,
+                zone_hints: vec![],
+                node_hints: vec![],
+            })
+            .collect();
+        st.endpoints.insert(name, e);
+    }
+    st
+}
+
+#[test]
+fn ten_thousand_services_sync_in_one_batch() {
+    require_root();
+    let ns = NetNs::new("big");
+    let (rules, chains) = ns.run(|| {
+        let st = big_state(10_000, 10);
+        let mut k = Syncer::new(
+            NetlinkNftables::open().unwrap(),
+            cfg(),
+            DetectLocal::ClusterCidr(vec![]),
+        );
+        let stats = k.sync(&st).unwrap();
+        assert!(stats.ops[&Family::Ip] > 100_000, "{:?}", stats.ops);
+        let n = k.backend();
+        (
+            n.list_rules(Family::Ip, names::DEFAULT_TABLE)
+                .unwrap()
+                .len(),
+            n.list_chains(Family::Ip, names::DEFAULT_TABLE)
+                .unwrap()
+                .len(),
+        )
+    });
+    assert!(chains > 10_000, "{chains}");
+    assert!(rules > 110_000, "{rules}");
+}
