@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::conntrack::ctnetlink::NetlinkConntrack;
 use crate::model::convert::build_state;
 use crate::model::ProxyState;
 use crate::nft::netlink::NetlinkNftables;
@@ -76,8 +77,17 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         }
         return Ok(());
     }
+    for w in crate::conntrack::tuning::apply(&cfg.conntrack) {
+        tracing::warn!("{w}");
+    }
     let nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let mut syncer = Syncer::new(nft, cfg.proxier.clone(), cfg.detect_local.clone());
+    if cfg.conntrack_cleanup {
+        match NetlinkConntrack::open() {
+            Ok(ct) => syncer = syncer.with_conntrack(Box::new(ct)),
+            Err(e) => tracing::warn!("conntrack cleanup disabled: cannot open ctnetlink: {e}"),
+        }
+    }
     if cfg.once {
         let stats = syncer.sync(&state)?;
         tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops, "synced once");

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde_yaml::Value;
 
+use crate::conntrack::tuning::ConntrackConfig;
 use crate::nft::Cidr;
 use crate::proxier::{names, LocalDetector, NodePortAddresses, ProxierConfig};
 
@@ -58,6 +59,10 @@ pub struct Flags {
     /// Address of the /metrics server.
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind_address: Option<String>,
+    /// Do not delete stale UDP/SCTP conntrack entries after syncs (for diagnosis only: clients
+    /// of a removed endpoint then keep sending into the void).
+    #[arg(long)]
+    pub no_conntrack_cleanup: bool,
     /// Remove our tables from the kernel and exit.
     #[arg(long)]
     pub cleanup: bool,
@@ -89,6 +94,8 @@ pub struct Config {
     pub cleanup: bool,
     pub once: bool,
     pub dry_run: bool,
+    pub conntrack_cleanup: bool,
+    pub conntrack: ConntrackConfig,
     /// Settings from the file that were not understood, to be logged.
     pub warnings: Vec<String>,
     /// Detect-local mode and the CIDRs it was given (NodeCIDR resolves once the Node is known).
@@ -184,6 +191,7 @@ struct FileConfig {
     table: Option<String>,
     healthz: Option<String>,
     metrics: Option<String>,
+    conntrack: ConntrackConfig,
     warnings: Vec<String>,
 }
 
@@ -224,6 +232,48 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                 Value::Null => {}
                 _ => return Err(field_err(key)),
             },
+            "conntrack" => {
+                let Value::Mapping(n) = val else {
+                    return Err(field_err(key));
+                };
+                let c = &mut fc.conntrack;
+                for (k2, v2) in n {
+                    let name = k2.as_str().unwrap_or("");
+                    let what = format!("{what} field conntrack.{name}");
+                    let dur = |v: &Value| -> Result<Option<Duration>, ConfigError> {
+                        match v {
+                            Value::Null => Ok(None),
+                            v => as_str(v)
+                                .ok_or_else(|| bad(&what, "not a duration"))
+                                .and_then(|s| {
+                                    parse_duration(&s).map(Some).map_err(|e| bad(&what, e))
+                                }),
+                        }
+                    };
+                    let int = |v: &Value| -> Result<Option<u32>, ConfigError> {
+                        match v {
+                            Value::Null => Ok(None),
+                            v => v
+                                .as_u64()
+                                .and_then(|n| u32::try_from(n).ok())
+                                .map(Some)
+                                .ok_or_else(|| bad(&what, "not a non-negative integer")),
+                        }
+                    };
+                    match name {
+                        "maxPerCore" => c.max_per_core = int(v2)?,
+                        "min" => c.min = int(v2)?,
+                        "tcpEstablishedTimeout" => c.tcp_established_timeout = dur(v2)?,
+                        "tcpCloseWaitTimeout" => c.tcp_close_wait_timeout = dur(v2)?,
+                        "tcpBeLiberal" => c.tcp_be_liberal = v2.as_bool().unwrap_or(false),
+                        "udpTimeout" => c.udp_timeout = dur(v2)?,
+                        "udpStreamTimeout" => c.udp_stream_timeout = dur(v2)?,
+                        other => fc.warnings.push(format!(
+                            "config field conntrack.{other} is not supported; ignored"
+                        )),
+                    }
+                }
+            }
             "nftables" => {
                 let Value::Mapping(n) = val else {
                     return Err(field_err(key));
@@ -414,6 +464,8 @@ impl Config {
             cleanup: f.cleanup,
             once: f.once,
             dry_run: f.dry_run,
+            conntrack_cleanup: !f.no_conntrack_cleanup,
+            conntrack: fc.conntrack,
             warnings: fc.warnings,
             detect_local,
         })
@@ -488,7 +540,8 @@ mod tests {
             &p,
             "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
              clusterCIDR: 10.244.0.0/16\nnodePortAddresses: [primary]\n\
-             nftables:\n  masqueradeBit: 10\n  syncPeriod: 10s\nfeatureGates: {}\n",
+             nftables:\n  masqueradeBit: 10\n  syncPeriod: 10s\nfeatureGates: {}\n\
+             conntrack:\n  maxPerCore: 0\n  tcpBeLiberal: true\n  udpTimeout: 30s\n",
         )
         .unwrap();
         let c = Config::from_flags(flags(&[
@@ -507,6 +560,9 @@ mod tests {
             c.proxier.local_detector,
             LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()])
         );
+        assert_eq!(c.conntrack.max_per_core, Some(0));
+        assert!(c.conntrack.tcp_be_liberal);
+        assert_eq!(c.conntrack.udp_timeout, Some(Duration::from_secs(30)));
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].contains("featureGates"));
     }

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod config;
+pub mod conntrack;
 pub mod model;
 pub mod netlink;
 pub mod nft;

@@ -9,6 +9,7 @@ mod tests;
 use std::collections::BTreeMap;
 
 use crate::config::DetectLocal;
+use crate::conntrack::{cleanup as ct_cleanup, Conntrack};
 use crate::model::ProxyState;
 use crate::nft::{self, Family, Nftables, Table, Transaction};
 use crate::proxier::{
@@ -31,6 +32,10 @@ pub struct SyncStats {
     pub ops: BTreeMap<Family, usize>,
     pub rules: usize,
     pub elements: usize,
+    /// Stale conntrack entries deleted after the sync.
+    pub conntrack_deleted: usize,
+    /// Time spent reconciling conntrack.
+    pub conntrack_duration: Option<std::time::Duration>,
 }
 
 /// Keeps our tables in step with the model.
@@ -44,6 +49,7 @@ pub struct Syncer<N: Nftables> {
     need_full: bool,
     last_node_labels: Option<BTreeMap<String, String>>,
     warned_no_podcidr: bool,
+    conntrack: Option<Box<dyn Conntrack + Send>>,
 }
 
 impl<N: Nftables> Syncer<N> {
@@ -58,6 +64,46 @@ impl<N: Nftables> Syncer<N> {
             need_full: true,
             last_node_labels: None,
             warned_no_podcidr: false,
+            conntrack: None,
+        }
+    }
+
+    /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
+    pub fn with_conntrack(mut self, ct: Box<dyn Conntrack + Send>) -> Self {
+        self.conntrack = Some(ct);
+        self
+    }
+
+    /// Deletes conntrack entries that point at endpoints the state no longer serves. A
+    /// failure is logged and retried at the next sync; it never undoes the rules.
+    fn reconcile_conntrack(&mut self, state: &ProxyState, stats: &mut SyncStats) {
+        let Some(ct) = self.conntrack.as_mut() else {
+            return;
+        };
+        let t0 = std::time::Instant::now();
+        for family in &self.families {
+            for proto in ct_cleanup::PROTOCOLS {
+                let dests = ct_cleanup::service_destinations(state, *family, proto);
+                if dests.is_empty() {
+                    continue;
+                }
+                let res = ct
+                    .list(*family, proto.number())
+                    .and_then(|flows| ct.delete(&ct_cleanup::stale_flows(&dests, &flows)));
+                match res {
+                    Ok(n) => stats.conntrack_deleted += n,
+                    Err(e) => {
+                        tracing::warn!(%family, proto = proto.lower(), "conntrack cleanup failed: {e}")
+                    }
+                }
+            }
+        }
+        stats.conntrack_duration = Some(t0.elapsed());
+        if stats.conntrack_deleted > 0 {
+            tracing::info!(
+                deleted = stats.conntrack_deleted,
+                "deleted stale conntrack entries"
+            );
         }
     }
 
@@ -169,6 +215,7 @@ impl<N: Nftables> Syncer<N> {
             }
             None => {
                 self.need_full = false;
+                self.reconcile_conntrack(state, &mut stats);
                 Ok(stats)
             }
         }

@@ -396,3 +396,50 @@ fn affinity_uses_per_endpoint_timeout_sets() {
         [dnat("10.180.0.1", false), dnat("10.180.0.2", false)].into()
     );
 }
+
+#[test]
+fn sctp_and_udp_services_match_their_protocol_only() {
+    let mut s = syncer();
+    let mut svc = service("svc1", "172.30.0.41", |_| {});
+    svc.name.protocol = Protocol::Sctp;
+    s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+        .unwrap();
+    let mut p = pkt("10.180.0.5", "172.30.0.41", 80);
+    p.proto = 132;
+    assert_eq!(nat(&mut s, &p), [dnat("10.180.0.1", false)].into());
+    p.proto = 6;
+    assert_eq!(nat(&mut s, &p), [Outcome::Pass].into());
+}
+
+#[test]
+fn node_port_addresses_restrict_where_node_ports_answer() {
+    let other_local = "10.0.5.5";
+    for (np, answers_on_other) in [
+        (crate::proxier::NodePortAddresses::All, true),
+        (
+            crate::proxier::NodePortAddresses::Cidrs(vec!["192.168.0.0/24".parse().unwrap()]),
+            false,
+        ),
+        (crate::proxier::NodePortAddresses::Primary, false),
+    ] {
+        let cfg = ProxierConfig {
+            nodeport_addresses: np.clone(),
+            ..Default::default()
+        };
+        let mut s = Syncer::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
+        let svc = service("svc1", "172.30.0.41", |s| s.node_port = Some(30080));
+        s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+            .unwrap();
+        let mut p = pkt("203.0.113.9", NODE_IP, 30080);
+        p.local_addrs.push(ip(other_local));
+        assert_eq!(nat(&mut s, &p), [dnat("10.180.0.1", true)].into(), "{np:?}");
+        let mut p = pkt("203.0.113.9", other_local, 30080);
+        p.local_addrs.push(ip(other_local));
+        let want: BTreeSet<Outcome> = if answers_on_other {
+            [dnat("10.180.0.1", true)].into()
+        } else {
+            [Outcome::Pass].into()
+        };
+        assert_eq!(nat(&mut s, &p), want, "{np:?}");
+    }
+}
