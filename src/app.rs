@@ -2,8 +2,12 @@
 //! binary is only flag parsing and exit codes.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::admin::{self, Hooks, Shared};
+use crate::health::ProxyHealth;
+use crate::metrics::Metrics;
 
 use tokio::sync::watch;
 
@@ -99,18 +103,24 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         min_sync_period: cfg.min_sync_period,
         sync_period: cfg.sync_period,
     };
-    runner::run(
-        syncer,
-        rx,
-        timing,
-        |res| {
-            if let Ok(s) = res {
-                tracing::info!(full = s.full, rules = s.rules, elements = s.elements, ops = ?s.ops, "synced");
-            }
-        },
-        shutdown_signal(),
+    let shared = Shared {
+        health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
+        metrics: Arc::new(Metrics::new()),
+    };
+    admin::serve(
+        cfg.healthz_bind_address,
+        "healthz",
+        admin::healthz_router(shared.clone()),
     )
     .await;
+    admin::serve(
+        cfg.metrics_bind_address,
+        "metrics",
+        admin::metrics_router(shared.clone()),
+    )
+    .await;
+    let mut hooks = Hooks::new(shared);
+    runner::run(syncer, rx, timing, &mut hooks, shutdown_signal()).await;
     watcher.abort();
     tracing::info!("shutting down; rules stay in place");
     Ok(())

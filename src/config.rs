@@ -63,6 +63,13 @@ pub struct Flags {
     /// of a removed endpoint then keep sending into the void).
     #[arg(long)]
     pub no_conntrack_cleanup: bool,
+    /// Log format: text or json.
+    #[arg(long, value_name = "FORMAT")]
+    pub logging_format: Option<String>,
+    /// Log verbosity as kube-proxy users know it: 0-1 info, 2-3 debug, 4+ trace (RUST_LOG
+    /// overrides).
+    #[arg(short = 'v', long = "v", value_name = "N")]
+    pub verbosity: Option<u8>,
     /// Remove our tables from the kernel and exit.
     #[arg(long)]
     pub cleanup: bool,
@@ -96,6 +103,9 @@ pub struct Config {
     pub dry_run: bool,
     pub conntrack_cleanup: bool,
     pub conntrack: ConntrackConfig,
+    pub json_logs: bool,
+    /// Default log filter (`info`, `debug`, `trace`).
+    pub log_level: &'static str,
     /// Settings from the file that were not understood, to be logged.
     pub warnings: Vec<String>,
     /// Detect-local mode and the CIDRs it was given (NodeCIDR resolves once the Node is known).
@@ -442,6 +452,16 @@ impl Config {
                 format!("{table:?} is not a valid table name"),
             ));
         }
+        let json_logs = match f.logging_format.as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(o) => {
+                return Err(bad(
+                    "--logging-format",
+                    format!("unknown format {o:?} (text, json)"),
+                ))
+            }
+        };
         let local_detector = match &detect_local {
             DetectLocal::ClusterCidr(c) if !c.is_empty() => LocalDetector::Cidrs(c.clone()),
             _ => LocalDetector::None,
@@ -465,6 +485,12 @@ impl Config {
             once: f.once,
             dry_run: f.dry_run,
             conntrack_cleanup: !f.no_conntrack_cleanup,
+            json_logs,
+            log_level: match f.verbosity.unwrap_or(0) {
+                0 | 1 => "info",
+                2 | 3 => "debug",
+                _ => "trace",
+            },
             conntrack: fc.conntrack,
             warnings: fc.warnings,
             detect_local,

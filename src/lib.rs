@@ -1,9 +1,13 @@
 //! kube-nlproxy: a Kubernetes service proxy that programs the kernel only through netlink.
 #![deny(clippy::disallowed_methods)]
 
+pub mod admin;
 pub mod app;
 pub mod config;
 pub mod conntrack;
+pub mod health;
+pub mod healthcheck;
+pub mod metrics;
 pub mod model;
 pub mod netlink;
 pub mod nft;

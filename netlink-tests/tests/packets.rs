@@ -410,3 +410,92 @@ fn cleanup_leaves_a_same_named_table_it_did_not_create() {
         .sh("nft list ruleset")
         .contains("table ip kube-nlproxy"));
 }
+
+fn http_get(
+    ns: &netlink_tests::ns::NetNs,
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> Option<(u16, String, String)> {
+    let path = path.to_string();
+    ns.run(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut r = String::new();
+        s.read_to_string(&mut r).ok()?;
+        let code = r.split_whitespace().nth(1)?.parse().ok()?;
+        let (head, body) = r.split_once("\r\n\r\n")?;
+        Some((code, head.to_string(), body.to_string()))
+    })
+}
+
+#[test]
+fn health_check_node_port_follows_local_endpoints() {
+    let c = web_cluster();
+    let y = web_yaml("externalTrafficPolicy: Local\nhealthCheckNodePort: 32000");
+    let _d = c.start_daemon(&y, &[]);
+    let hc = sa(NODE_IP, 32000);
+    let t0 = Instant::now();
+    let (code, head, body) = loop {
+        if let Some(r) = http_get(&c.ext, hc, "/healthz") {
+            break r;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "health check port never answered"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        head.to_lowercase()
+            .contains("x-load-balancing-endpoint-weight: 1"),
+        "{head}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["service"]["namespace"], "default");
+    assert_eq!(v["service"]["name"], "web");
+    assert_eq!(v["localEndpoints"], 1);
+    assert_eq!(v["serviceProxyHealthy"], true);
+    // The local endpoint goes away: 503 with zero local endpoints.
+    let y2 = y.replace("- {addresses: [\"10.244.1.2\"], nodeName: node1, conditions: {ready: true, serving: true, terminating: false}}\n", "");
+    c.write_manifests(&y2);
+    let t0 = Instant::now();
+    loop {
+        let (code, head, body) = http_get(&c.ext, hc, "/").expect("still served");
+        if code == 503 {
+            assert!(body.contains("\"localEndpoints\":0"), "{body}");
+            assert!(
+                head.to_lowercase()
+                    .contains("x-load-balancing-endpoint-weight: 0"),
+                "{head}"
+            );
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never 503: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The daemon's own endpoints: /healthz from outside, /metrics on the node's loopback.
+    let (code, _, body) = http_get(&c.ext, sa(NODE_IP, 10256), "/healthz").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let (code, _, m) = http_get(&c.node, sa("127.0.0.1", 10249), "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        m.contains("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+        "{m}"
+    );
+    // The Service is removed: the port stops answering.
+    c.write_manifests("");
+    let t0 = Instant::now();
+    while http_get(&c.ext, hc, "/").is_some() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "health check port still open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

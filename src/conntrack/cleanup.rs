@@ -171,7 +171,10 @@ mod tests {
     fn entries_from_when_there_were_no_endpoints_are_stale() {
         let d = service_destinations(&state(&["10.244.2.2"]), Family::Ip, Protocol::Udp);
         let unnatted = flow("10.96.0.53", 53, "10.96.0.53", 53);
-        assert_eq!(stale_flows(&d, std::slice::from_ref(&unnatted)), vec![unnatted]);
+        assert_eq!(
+            stale_flows(&d, std::slice::from_ref(&unnatted)),
+            vec![unnatted]
+        );
     }
 
     #[test]

@@ -225,6 +225,12 @@ pub fn convert_node(node: Option<&Node>, node_name: &str, warnings: &mut Vec<Str
     };
     let Some(n) = node else { return info };
     info.labels = n.metadata.labels.clone().unwrap_or_default();
+    let tainted = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
+    info.being_deleted = n.metadata.deletion_timestamp.is_some() || tainted;
     if let Some(addrs) = n.status.as_ref().and_then(|s| s.addresses.as_ref()) {
         for kind in ["InternalIP", "ExternalIP"] {
             for a in addrs.iter().filter(|a| a.type_ == kind) {
@@ -253,6 +259,52 @@ pub fn convert_node(node: Option<&Node>, node_name: &str, warnings: &mut Vec<Str
         }
     }
     info
+}
+
+/// Annotation the EndpointSlice controller sets to the time of the change that triggered it.
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// Parses an RFC 3339 UTC timestamp (`2024-01-02T03:04:05Z`, fraction and offset allowed).
+pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b't') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    let mut rest = &s[19..];
+    let mut nanos = 0u32;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(frac.len());
+        let digits = &frac[..n.min(9)];
+        nanos = format!("{digits:0<9}").parse().ok()?;
+        rest = &frac[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 => {
+            let sign = if o.starts_with('-') { -1 } else { 1 };
+            sign * (o[1..3].parse::<i64>().ok()? * 3600 + o[4..6].parse::<i64>().ok()? * 60)
+        }
+        _ => return None,
+    };
+    // Days from civil (Howard Hinnant).
+    let (y2, m2) = if mo <= 2 {
+        (y - 1, mo + 9)
+    } else {
+        (y, mo - 3)
+    };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let doy = (153 * m2 + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs = days * 86400 + h * 3600 + mi * 60 + se - offset;
+    let secs = u64::try_from(secs).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos))
 }
 
 /// Converts one slice to (service port name, endpoint) pairs.
@@ -386,6 +438,29 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
             state.endpoints.insert(spn, m.into_values().collect());
         }
     }
+    for slice in &snap.endpoint_slices {
+        let meta = &slice.metadata;
+        let Some(t) = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
+            .and_then(|v| parse_rfc3339(v))
+        else {
+            continue;
+        };
+        let Some(svc) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
+            continue;
+        };
+        let ns = meta.namespace.as_deref().unwrap_or("default");
+        for spn in state
+            .services
+            .keys()
+            .filter(|k| k.namespace == ns && &k.name == svc)
+        {
+            let slot = state.trigger_times.entry(spn.clone()).or_insert(t);
+            *slot = (*slot).max(t);
+        }
+    }
     (state, warnings)
 }
 
@@ -465,6 +540,21 @@ mod tests {
         );
         assert_eq!(p.node_port, Some(30080));
         assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn rfc3339_timestamps() {
+        let t = parse_rfc3339("2024-02-29T23:59:59Z").unwrap();
+        assert_eq!(
+            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(),
+            1_709_251_199
+        );
+        let f = parse_rfc3339("2024-02-29T23:59:59.5+01:00").unwrap();
+        assert_eq!(
+            f.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis(),
+            1_709_247_599_500
+        );
+        assert!(parse_rfc3339("yesterday").is_none());
     }
 
     #[test]

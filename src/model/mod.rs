@@ -130,6 +130,9 @@ pub struct NodeInfo {
     /// InternalIP/ExternalIP addresses from the Node's status, primary first.
     pub addresses: Vec<IpAddr>,
     pub pod_cidrs: Vec<Cidr>,
+    /// Being deleted, or tainted `ToBeDeletedByClusterAutoscaler`: `/healthz` then reports
+    /// the node as ineligible so load balancers drain it.
+    pub being_deleted: bool,
 }
 
 impl NodeInfo {
@@ -146,4 +149,34 @@ pub struct ProxyState {
     pub services: BTreeMap<ServicePortName, ServicePort>,
     pub endpoints: BTreeMap<ServicePortName, Vec<Endpoint>>,
     pub node: NodeInfo,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` of each service port's slices (the
+    /// latest), for the network programming latency metric.
+    pub trigger_times: BTreeMap<ServicePortName, std::time::SystemTime>,
+}
+
+/// How many service ports changed between two states: (services, endpoint sets). These are
+/// the counts behind the `sync_proxy_rules_*_changes` metrics.
+pub fn count_changes(prev: &ProxyState, next: &ProxyState) -> (usize, usize) {
+    let keys = |a: &BTreeMap<ServicePortName, _>| {
+        a.keys().cloned().collect::<std::collections::BTreeSet<_>>()
+    };
+    let svc_keys: std::collections::BTreeSet<_> = keys(&prev.services)
+        .union(&keys(&next.services))
+        .cloned()
+        .collect();
+    let services = svc_keys
+        .iter()
+        .filter(|k| prev.services.get(*k) != next.services.get(*k))
+        .count();
+    let ep_keys: std::collections::BTreeSet<_> = prev
+        .endpoints
+        .keys()
+        .chain(next.endpoints.keys())
+        .cloned()
+        .collect();
+    let endpoints = ep_keys
+        .iter()
+        .filter(|k| prev.endpoints.get(*k) != next.endpoints.get(*k))
+        .count();
+    (services, endpoints)
 }

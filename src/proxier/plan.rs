@@ -599,3 +599,24 @@ pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) ->
     }
     rs
 }
+
+/// Service ports whose Local policy finds no local endpoint: (internal, external), for the
+/// `sync_proxy_rules_no_local_endpoints_total` gauge.
+pub fn count_no_local_endpoints(state: &ProxyState) -> (usize, usize) {
+    let (mut internal, mut external) = (0, 0);
+    let none = Vec::new();
+    for (spn, sp) in &state.services {
+        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let cat = categorize_endpoints(eps, sp, &state.node.name, state.node.zone());
+        if !cat.has_any || !cat.local.is_empty() {
+            continue;
+        }
+        if sp.internal_policy_local {
+            internal += 1;
+        }
+        if sp.external_policy_local {
+            external += 1;
+        }
+    }
+    (internal, external)
+}

@@ -28,13 +28,27 @@ pub fn retry_delay(t: Timing, failures: u32) -> Duration {
     d.min(t.sync_period)
 }
 
+/// What the loop tells the rest of the daemon (health, metrics, health-check ports).
+pub trait SyncHooks {
+    /// A new state arrived (an update is now queued).
+    fn state_changed(&mut self, _state: &ProxyState) {}
+    /// A sync of `state` finished after `took`.
+    fn synced(
+        &mut self,
+        _state: &ProxyState,
+        _res: &Result<super::SyncStats, super::SyncError>,
+        _took: Duration,
+    ) {
+    }
+}
+
 /// Runs until `shutdown` resolves. `states` carries complete snapshots; `None` until the
 /// sources have delivered their initial state.
 pub async fn run<N: Nftables>(
     mut syncer: Syncer<N>,
     mut states: watch::Receiver<Option<Arc<ProxyState>>>,
     timing: Timing,
-    mut on_sync: impl FnMut(&Result<super::SyncStats, super::SyncError>),
+    hooks: &mut impl SyncHooks,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -47,6 +61,9 @@ pub async fn run<N: Nftables>(
             _ = &mut shutdown => return,
             r = states.changed() => if r.is_err() { return },
         }
+    }
+    if let Some(st) = states.borrow().clone() {
+        hooks.state_changed(&st);
     }
     let mut failures = 0u32;
     let mut last_start: Option<Instant> = None;
@@ -61,8 +78,9 @@ pub async fn run<N: Nftables>(
         let state = states.borrow_and_update().clone();
         let Some(state) = state else { continue };
         last_start = Some(Instant::now());
+        let t0 = std::time::Instant::now();
         let res = syncer.sync(&state);
-        on_sync(&res);
+        hooks.synced(&state, &res, t0.elapsed());
         let next = match &res {
             Ok(_) => {
                 failures = 0;
@@ -81,7 +99,12 @@ pub async fn run<N: Nftables>(
         };
         tokio::select! {
             _ = &mut shutdown => return,
-            r = states.changed() => if r.is_err() { return },
+            r = states.changed() => {
+                if r.is_err() { return }
+                if let Some(st) = states.borrow().clone() {
+                    hooks.state_changed(&st);
+                }
+            }
             _ = sleep_until(next) => {}
         }
     }

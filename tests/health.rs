@@ -1,0 +1,255 @@
+//! Real HTTP against /healthz, /livez and /metrics while a sync loop runs against a backend
+//! that can be made to fail. Needs no root.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube_nlproxy::admin::{self, Hooks, Shared};
+use kube_nlproxy::config::DetectLocal;
+use kube_nlproxy::health::ProxyHealth;
+use kube_nlproxy::metrics::Metrics;
+use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use kube_nlproxy::nft::decode::ListedTable;
+use kube_nlproxy::nft::{Error, FakeNftables, Family, Nftables, Transaction};
+use kube_nlproxy::proxier::ProxierConfig;
+use kube_nlproxy::sync::runner::{run, Timing};
+use kube_nlproxy::sync::Syncer;
+use tokio::sync::watch;
+
+/// The fake kernel, with a switch that makes every transaction fail.
+struct Switchable {
+    fake: FakeNftables,
+    fail: Arc<AtomicBool>,
+}
+
+impl Nftables for Switchable {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), Error> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(Error::Rejected {
+                op: "test".into(),
+                errno: libc_enomem(),
+                reason: None,
+            });
+        }
+        self.fake.apply(tx)
+    }
+    fn list_tables(&mut self, f: Family) -> Result<Vec<ListedTable>, Error> {
+        self.fake.list_tables(f)
+    }
+    fn list_chains(&mut self, f: Family, t: &str) -> Result<Vec<String>, Error> {
+        self.fake.list_chains(f, t)
+    }
+    fn list_sets(&mut self, f: Family, t: &str) -> Result<Vec<String>, Error> {
+        self.fake.list_sets(f, t)
+    }
+}
+
+fn libc_enomem() -> i32 {
+    12
+}
+
+fn state(n_eps: usize, being_deleted: bool) -> ProxyState {
+    let spn = ServicePortName {
+        namespace: "ns".into(),
+        name: "svc".into(),
+        port: "p".into(),
+        protocol: Protocol::Tcp,
+    };
+    let mut st = ProxyState {
+        node: NodeInfo {
+            name: "node1".into(),
+            being_deleted,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    st.services.insert(
+        spn.clone(),
+        ServicePort {
+            name: spn.clone(),
+            cluster_ips: vec!["10.96.0.1".parse().unwrap()],
+            port: 80,
+            node_port: None,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+        },
+    );
+    let eps = (0..n_eps)
+        .map(|i| Endpoint {
+            ip: format!("10.244.0.{}", i + 1).parse().unwrap(),
+            port: 80,
+            is_local: true,
+            ready: true,
+            serving: true,
+            terminating: false,
+            zone_hints: vec![],
+            node_hints: vec![],
+        })
+        .collect();
+    st.endpoints.insert(spn, eps);
+    st
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let code = r.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = r
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+async fn wait_code(addr: SocketAddr, path: &str, want: u16, within: Duration) -> String {
+    let t0 = Instant::now();
+    loop {
+        let (code, body) = tokio::task::spawn_blocking({
+            let p = path.to_string();
+            move || get(addr, &p)
+        })
+        .await
+        .unwrap();
+        if code == want {
+            return body;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{path} stayed {code} (wanted {want}): {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_follows_sync_failures_and_node_eligibility() {
+    let shared = Shared {
+        health: Arc::new(Mutex::new(ProxyHealth::new(Duration::from_secs(2)))),
+        metrics: Arc::new(Metrics::new()),
+    };
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
+        .await
+        .unwrap();
+    let mx = admin::serve(any, "metrics", admin::metrics_router(shared.clone()))
+        .await
+        .unwrap();
+    let fail = Arc::new(AtomicBool::new(false));
+    let backend = Switchable {
+        fake: FakeNftables::new(),
+        fail: fail.clone(),
+    };
+    let syncer = Syncer::new(
+        backend,
+        ProxierConfig::default(),
+        DetectLocal::ClusterCidr(vec![]),
+    );
+    let (tx, rx) = watch::channel(Some(Arc::new(state(1, false))));
+    let timing = Timing {
+        min_sync_period: Duration::from_millis(100),
+        sync_period: Duration::from_secs(1),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let loop_task = tokio::spawn(async move {
+        let mut hooks = Hooks::new(shared);
+        run(syncer, rx, timing, &mut hooks, async {
+            let _ = stop_rx.await;
+        })
+        .await;
+    });
+
+    let body = wait_code(hz, "/healthz", 200, Duration::from_secs(5)).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["healthy"], true);
+    assert_eq!(v["nodeEligible"], true);
+    assert!(v["lastUpdated"].as_str().unwrap().ends_with('Z'), "{v}");
+    assert!(v["currentTime"].as_str().is_some());
+    assert_eq!(v["status"]["IPv4"]["healthy"], true);
+
+    // Syncs start failing: after the timeout (2 s) both endpoints report unhealthy.
+    fail.store(true, Ordering::SeqCst);
+    tx.send(Some(Arc::new(state(2, false)))).unwrap();
+    let body = wait_code(hz, "/healthz", 503, Duration::from_secs(6)).await;
+    assert!(body.contains("\"healthy\":false"), "{body}");
+    wait_code(hz, "/livez", 503, Duration::from_secs(1)).await;
+    let m = tokio::task::spawn_blocking(move || get(mx, "/metrics"))
+        .await
+        .unwrap()
+        .1;
+    assert!(
+        metric(
+            &m,
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+        ) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") >= 1.0,
+        "{m}"
+    );
+
+    // A good sync brings it back.
+    fail.store(false, Ordering::SeqCst);
+    wait_code(hz, "/healthz", 200, Duration::from_secs(6)).await;
+
+    // A node being deleted: /healthz says ineligible, /livez stays healthy.
+    tx.send(Some(Arc::new(state(2, true)))).unwrap();
+    let body = wait_code(hz, "/healthz", 503, Duration::from_secs(3)).await;
+    assert!(body.contains("\"nodeEligible\":false"), "{body}");
+    wait_code(hz, "/livez", 200, Duration::from_secs(1)).await;
+
+    let m = tokio::task::spawn_blocking(move || get(mx, "/metrics"))
+        .await
+        .unwrap()
+        .1;
+    assert!(
+        metric(&m, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 3.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") >= 2.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, "kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 2.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+        0.0
+    );
+    assert!(metric(&m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.7e9);
+    assert!(
+        m.contains("kubeproxy_proxy_healthz_total{code=\"503\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("kubeproxy_proxy_livez_total{code=\"200\"}"),
+        "{m}"
+    );
+    assert!(metric(&m, "process_resident_memory_bytes") > 0.0);
+    let _ = stop_tx.send(());
+    loop_task.await.unwrap();
+}
