@@ -180,8 +180,17 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         .await;
     });
 
-    let body = wait_code(hz, "/healthz", 200, Duration::from_secs(5)).await;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // Healthy while starting up; wait for the first sync to be recorded.
+    let t0 = Instant::now();
+    let v: serde_json::Value = loop {
+        let body = wait_code(hz, "/healthz", 200, Duration::from_secs(5)).await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if v["lastUpdated"] != "" {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "never synced: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(v["healthy"], true);
     assert_eq!(v["nodeEligible"], true);
     assert!(v["lastUpdated"].as_str().unwrap().ends_with('Z'), "{v}");
