@@ -5,6 +5,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod conntrack;
+pub mod fxhash;
 pub mod health;
 pub mod healthcheck;
 pub mod metrics;

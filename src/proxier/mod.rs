@@ -6,7 +6,9 @@ pub mod plan;
 pub mod ruleset;
 
 pub use plan::build_ruleset;
-pub use ruleset::{plan_transaction, Existing, Plan, Ruleset};
+pub use ruleset::{
+    plan_changes, plan_full, plan_transaction, Change, Existing, Fragment, Plan, Ruleset,
+};
 
 use crate::nft::Cidr;
 

@@ -82,6 +82,27 @@ fn service_base(spn: &ServicePortName) -> String {
     )
 }
 
+/// The per-service chain names, hashed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceChains {
+    pub service: String,
+    pub local: String,
+    pub external: String,
+    pub firewall: String,
+}
+
+impl ServiceChains {
+    pub fn new(spn: &ServicePortName) -> Self {
+        let base = hash_and_truncate(&service_base(spn));
+        ServiceChains {
+            service: format!("service-{base}"),
+            local: format!("local-{base}"),
+            external: format!("external-{base}"),
+            firewall: format!("firewall-{base}"),
+        }
+    }
+}
+
 /// Chain for Cluster-policy traffic.
 pub fn service_chain(spn: &ServicePortName) -> String {
     format!("service-{}", hash_and_truncate(&service_base(spn)))

@@ -9,13 +9,16 @@
 use std::net::IpAddr;
 
 use crate::model::topology::categorize_endpoints;
-use crate::model::{Endpoint, ProxyState, ServicePort};
+use std::sync::Arc;
+
+use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
 use crate::nft::{
     Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Set, Table,
     Verdict,
 };
 
 use super::names::*;
+use super::ruleset::Fragment;
 use super::{LocalDetector, NodePortAddresses, ProxierConfig, Ruleset};
 
 const DSTNAT: i32 = -100;
@@ -50,7 +53,7 @@ fn cidrs_of(c: &[Cidr], family: Family) -> Vec<Cidr> {
 }
 
 /// The rules guarding NodePort lookups: which destination addresses count as "this node".
-fn nodeport_guards(cfg: &ProxierConfig, state: &ProxyState, family: Family) -> Vec<Vec<Expr>> {
+fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Vec<Vec<Expr>> {
     let loopback: Cidr = match family {
         Family::Ip => "127.0.0.0/8".parse().expect("static"),
         Family::Ip6 => "::1".parse().expect("static"),
@@ -77,7 +80,7 @@ fn nodeport_guards(cfg: &ProxierConfig, state: &ProxyState, family: Family) -> V
                 ]
             })
             .collect(),
-        NodePortAddresses::Primary => of_family(&state.node.addresses, family)
+        NodePortAddresses::Primary => of_family(&node.addresses, family)
             .into_iter()
             .take(1)
             .map(|ip| {
@@ -91,7 +94,14 @@ fn nodeport_guards(cfg: &ProxierConfig, state: &ProxyState, family: Family) -> V
     }
 }
 
-fn base_chains(rs: &mut Ruleset, cfg: &ProxierConfig, state: &ProxyState, family: Family) {
+/// The static part of the table: base chains, dispatch chains, shared sets and maps.
+pub fn build_base(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Fragment {
+    let mut rs = Fragment::default();
+    base_chains(&mut rs, cfg, node, family);
+    rs
+}
+
+fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: Family) {
     let new = Expr::CtStateNew;
     let b = |name: &str, kind, hook, prio| Chain::base(name, kind, hook, prio);
     let r = |chain: &str, exprs: Vec<Expr>| Rule::new(chain, exprs);
@@ -229,7 +239,7 @@ fn base_chains(rs: &mut Ruleset, cfg: &ProxierConfig, state: &ProxyState, family
             }],
         )],
     );
-    let guards = nodeport_guards(cfg, state, family);
+    let guards = nodeport_guards(cfg, node, family);
     let mut np_check = Vec::new();
     let mut services = vec![r(
         SERVICES,
@@ -271,7 +281,7 @@ fn balance_rules(
     chain: &str,
     sp: &ServicePort,
     eps: &[Endpoint],
-    rs: &mut Ruleset,
+    rs: &mut Fragment,
     rules: &mut Vec<Rule>,
 ) {
     let proto = sp.name.protocol.number();
@@ -346,10 +356,23 @@ fn elem(set: &str, key: Vec<KeyValue>, v: Verdict, comment: &str) -> Element {
     }
 }
 
-fn service_port_rules(
-    rs: &mut Ruleset,
+/// The objects of one service port in one family (empty when it has no ClusterIP there).
+pub fn build_service(
     cfg: &ProxierConfig,
-    state: &ProxyState,
+    node: &NodeInfo,
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    family: Family,
+) -> Fragment {
+    let mut rs = Fragment::default();
+    service_port_rules(&mut rs, cfg, node, sp, endpoints, family);
+    rs
+}
+
+fn service_port_rules(
+    rs: &mut Fragment,
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
     sp: &ServicePort,
     endpoints: &[Endpoint],
     family: Family,
@@ -363,13 +386,16 @@ fn service_port_rules(
         .filter(|e| Family::of(&e.ip) == family)
         .cloned()
         .collect();
-    let cat = categorize_endpoints(&eps, sp, &state.node.name, state.node.zone());
+    let cat = categorize_endpoints(&eps, sp, &node.name, node.zone());
     let spn = &sp.name;
     let comment = spn.to_string();
     let proto = spn.protocol.number();
-    let svc_chain = service_chain(spn);
-    let local = local_chain(spn);
-    let ext_chain = external_chain(spn);
+    let ServiceChains {
+        service: svc_chain,
+        local,
+        external: ext_chain,
+        firewall: fw,
+    } = ServiceChains::new(spn);
     let detector = match &cfg.local_detector {
         LocalDetector::Cidrs(c) => cidrs_of(c, family).first().copied(),
         LocalDetector::None => None,
@@ -544,11 +570,9 @@ fn service_port_rules(
     }
     // loadBalancerSourceRanges: only for LB IPs, and only when ranges are set.
     if !lb_ips.is_empty() && !sp.load_balancer_source_ranges.is_empty() {
-        let fw = firewall_chain(spn);
         let mut allowed = cidrs_of(&sp.load_balancer_source_ranges, family);
         // A node reaching its own LB IP uses the LB IP as source (upstream allowFromNode).
-        let node_allowed = state
-            .node
+        let node_allowed = node
             .addresses
             .iter()
             .any(|a| allowed.iter().any(|c| c.contains(a)));
@@ -584,18 +608,23 @@ fn service_port_rules(
     }
 }
 
-/// Builds the complete ruleset of one family's table.
-pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) -> Ruleset {
-    let mut rs = Ruleset::new(Table {
+/// Our table of `family`, named as configured.
+pub fn table(cfg: &ProxierConfig, family: Family) -> Table {
+    Table {
         family,
         name: cfg.table.clone(),
         comment: Some(TABLE_COMMENT.into()),
-    });
-    base_chains(&mut rs, cfg, state, family);
+    }
+}
+
+/// Builds the complete ruleset of one family's table.
+pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) -> Ruleset {
+    let mut rs = Ruleset::new(table(cfg, family), build_base(cfg, &state.node, family));
     let none = Vec::new();
     for (spn, sp) in &state.services {
         let eps = state.endpoints.get(spn).unwrap_or(&none);
-        service_port_rules(&mut rs, cfg, state, sp, eps, family);
+        let f = build_service(cfg, &state.node, sp, eps, family);
+        rs.set_service(spn, Some(Arc::new(f)));
     }
     rs
 }

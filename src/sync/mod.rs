@@ -12,8 +12,13 @@ use crate::config::DetectLocal;
 use crate::conntrack::{cleanup as ct_cleanup, Conntrack};
 use crate::model::ProxyState;
 use crate::nft::{self, Family, Nftables, Table, Transaction};
+use std::sync::Arc;
+
+use crate::model::{Endpoint, NodeInfo, ServicePort, ServicePortName};
+use crate::proxier::plan::build_service;
 use crate::proxier::{
-    build_ruleset, names, plan_transaction, Existing, LocalDetector, ProxierConfig, Ruleset,
+    build_ruleset, names, plan_changes, plan_full, plan_transaction, Change, Existing, Fragment,
+    LocalDetector, ProxierConfig, Ruleset,
 };
 
 /// A failed sync of one family. Nothing of that family's transaction was applied.
@@ -50,6 +55,10 @@ pub struct Syncer<N: Nftables> {
     last_node_labels: Option<BTreeMap<String, String>>,
     warned_no_podcidr: bool,
     conntrack: Option<Box<dyn Conntrack + Send>>,
+    /// The inputs of the last committed sync, per service port: the change detector.
+    inputs: BTreeMap<ServicePortName, (ServicePort, Vec<Endpoint>)>,
+    last_cfg: Option<ProxierConfig>,
+    last_node: Option<NodeInfo>,
 }
 
 impl<N: Nftables> Syncer<N> {
@@ -65,6 +74,9 @@ impl<N: Nftables> Syncer<N> {
             last_node_labels: None,
             warned_no_podcidr: false,
             conntrack: None,
+            inputs: BTreeMap::new(),
+            last_cfg: None,
+            last_node: None,
         }
     }
 
@@ -160,65 +172,155 @@ impl<N: Nftables> Syncer<N> {
             self.last_node_labels = Some(state.node.labels.clone());
         }
         let cfg = self.effective_config(state);
-        let full = self.need_full;
+        // The base fragment and every service fragment depend on the config and the Node:
+        // when either changes, rebuild everything.
+        if self.last_cfg.as_ref() != Some(&cfg) || self.last_node.as_ref() != Some(&state.node) {
+            self.need_full = true;
+        }
+        let full = self.need_full || self.families.iter().any(|f| !self.last.contains_key(f));
         let mut stats = SyncStats {
             full,
             ..Default::default()
         };
+        let res = if full {
+            self.sync_full(state, &cfg, &mut stats)
+        } else {
+            self.sync_partial(state, &cfg, &mut stats)
+        };
+        match res {
+            Err(e) => {
+                // The kernel kept the previous ruleset; forget what we thought was there so
+                // the next sync re-asserts everything.
+                self.need_full = true;
+                self.last.clear();
+                Err(e)
+            }
+            Ok(()) => {
+                self.need_full = false;
+                self.last_cfg = Some(cfg);
+                self.last_node = Some(state.node.clone());
+                self.inputs = state
+                    .services
+                    .iter()
+                    .map(|(k, sp)| {
+                        (
+                            k.clone(),
+                            (
+                                sp.clone(),
+                                state.endpoints.get(k).cloned().unwrap_or_default(),
+                            ),
+                        )
+                    })
+                    .collect();
+                for rs in self.last.values() {
+                    stats.rules += rs.rule_count();
+                    stats.elements += rs.element_count();
+                }
+                self.reconcile_conntrack(state, &mut stats);
+                Ok(stats)
+            }
+        }
+    }
+
+    fn sync_full(
+        &mut self,
+        state: &ProxyState,
+        cfg: &ProxierConfig,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
         let mut first_err = None;
         for family in self.families.clone() {
-            let rs = build_ruleset(state, &cfg, family);
-            stats.rules += rs.rule_count();
-            stats.elements += rs.element_count();
-            let existing = if full {
-                match self.list_existing(family) {
-                    Ok(e) => Some(e),
-                    Err(source) => {
-                        first_err.get_or_insert(SyncError {
-                            family,
-                            error: source,
-                        });
-                        continue;
-                    }
+            let rs = build_ruleset(state, cfg, family);
+            let existing = match self.list_existing(family) {
+                Ok(e) => e,
+                Err(error) => {
+                    first_err.get_or_insert(SyncError { family, error });
+                    continue;
                 }
-            } else {
-                None
             };
-            let prev = if full { None } else { self.last.get(&family) };
             let pending = self
                 .pending_deletes
                 .get(&family)
                 .cloned()
                 .unwrap_or_default();
-            let plan = plan_transaction(prev, &rs, existing.as_ref(), &pending);
+            let plan = plan_full(&rs, Some(&existing), &pending);
             stats.ops.insert(family, plan.tx.num_ops());
             match self.nft.apply(&plan.tx) {
                 Ok(()) => {
                     self.last.insert(family, rs);
                     self.pending_deletes.insert(family, plan.stale_chains);
                 }
-                Err(source) => {
-                    // The kernel kept the previous ruleset; forget what we thought was there
-                    // so the next sync re-asserts everything.
-                    self.last.remove(&family);
-                    first_err.get_or_insert(SyncError {
-                        family,
-                        error: source,
-                    });
+                Err(error) => {
+                    first_err.get_or_insert(SyncError { family, error });
                 }
             }
         }
-        match first_err {
-            Some(e) => {
-                self.need_full = true;
-                Err(e)
-            }
-            None => {
-                self.need_full = false;
-                self.reconcile_conntrack(state, &mut stats);
-                Ok(stats)
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Rebuilds only the fragments of service ports whose inputs changed. Detecting them is
+    /// one equality check per service port; planning and kernel work follow the change.
+    fn sync_partial(
+        &mut self,
+        state: &ProxyState,
+        cfg: &ProxierConfig,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let none = Vec::new();
+        let mut changed: Vec<&ServicePortName> = Vec::new();
+        for (spn, sp) in &state.services {
+            let eps = state.endpoints.get(spn).unwrap_or(&none);
+            match self.inputs.get(spn) {
+                Some((s, e)) if s == sp && e == eps => {}
+                _ => changed.push(spn),
             }
         }
+        changed.extend(
+            self.inputs
+                .keys()
+                .filter(|k| !state.services.contains_key(*k)),
+        );
+        let mut first_err = None;
+        for family in self.families.clone() {
+            let Some(last) = self.last.get(&family) else {
+                continue;
+            };
+            let changes: Vec<Change> = changed
+                .iter()
+                .map(|spn| {
+                    let new = state.services.get(*spn).map(|sp| {
+                        let eps = state.endpoints.get(*spn).unwrap_or(&none);
+                        build_service(cfg, &state.node, sp, eps, family)
+                    });
+                    Change {
+                        name: (*spn).clone(),
+                        old: last.services.get(*spn).cloned(),
+                        new: new.filter(|f| *f != Fragment::default()).map(Arc::new),
+                    }
+                })
+                .collect();
+            let pending = self
+                .pending_deletes
+                .get(&family)
+                .cloned()
+                .unwrap_or_default();
+            let base = last.base.clone();
+            let plan = plan_changes(last, &base, &changes, &pending);
+            stats.ops.insert(family, plan.tx.num_ops());
+            match self.nft.apply(&plan.tx) {
+                Ok(()) => {
+                    let last = self.last.get_mut(&family).expect("checked above");
+                    for c in changes {
+                        last.set_service(&c.name, c.new);
+                    }
+                    self.pending_deletes.insert(family, plan.stale_chains);
+                }
+                Err(error) => {
+                    first_err.get_or_insert(SyncError { family, error });
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     fn list_existing(&mut self, family: Family) -> Result<Existing, nft::Error> {
