@@ -17,7 +17,7 @@ use crate::model::convert::build_state;
 use crate::model::ProxyState;
 use crate::nft::netlink::NetlinkNftables;
 use crate::nft::render;
-use crate::source::manifest;
+use crate::source::manifest::{self, ManifestCache};
 use crate::sync::runner::{self, Timing};
 use crate::sync::{cleanup, Syncer};
 
@@ -39,11 +39,13 @@ pub enum AppError {
     Cleanup(crate::nft::Error),
 }
 
-fn load_state(path: &Path, node: &str) -> Result<ProxyState, AppError> {
-    let (snap, mut warnings) = manifest::load(path, node).map_err(|error| AppError::Manifests {
-        path: path.to_path_buf(),
-        error,
-    })?;
+fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
+    let (snap, mut warnings) = cache
+        .load(path, node)
+        .map_err(|error| AppError::Manifests {
+            path: path.to_path_buf(),
+            error,
+        })?;
     let (state, w2) = build_state(&snap, node);
     warnings.extend(w2);
     for w in warnings {
@@ -73,7 +75,8 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             "no source of Services: give --manifests PATH (the Kubernetes API source is not in this build yet)".into(),
         ));
     };
-    let state = load_state(&path, &cfg.node_name)?;
+    let mut cache = ManifestCache::new();
+    let state = load_state(&mut cache, &path, &cfg.node_name)?;
     if cfg.dry_run {
         let mut syncer = Syncer::new(DryRun, cfg.proxier.clone(), cfg.detect_local.clone());
         for tx in syncer.plan(&state) {
@@ -98,7 +101,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         return Ok(());
     }
     let (tx, rx) = watch::channel(Some(Arc::new(state)));
-    let watcher = tokio::spawn(watch_manifests(path, cfg.node_name.clone(), tx));
+    let watcher = tokio::spawn(watch_manifests(cache, path, cfg.node_name.clone(), tx));
     let timing = Timing {
         min_sync_period: cfg.min_sync_period,
         sync_period: cfg.sync_period,
@@ -128,7 +131,12 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
 
 /// Polls the manifests and publishes a new state whenever they change. Polling (250 ms)
 /// catches in-place edits and replacement by rename alike, with no inotify dependency.
-async fn watch_manifests(path: PathBuf, node: String, tx: watch::Sender<Option<Arc<ProxyState>>>) {
+async fn watch_manifests(
+    mut cache: ManifestCache,
+    path: PathBuf,
+    node: String,
+    tx: watch::Sender<Option<Arc<ProxyState>>>,
+) {
     let mut fp = manifest::fingerprint(&path);
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -137,7 +145,7 @@ async fn watch_manifests(path: PathBuf, node: String, tx: watch::Sender<Option<A
             continue;
         }
         fp = now;
-        match load_state(&path, &node) {
+        match load_state(&mut cache, &path, &node) {
             Ok(s) => {
                 tracing::info!(path = %path.display(), "manifests changed");
                 let _ = tx.send(Some(Arc::new(s)));

@@ -301,11 +301,13 @@ pub fn proxy_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("kube-nlproxy"))
-        .unwrap();
+    // Test binaries live in target/<profile>/deps, harness binaries in target/<profile>.
+    let dir = exe.parent().unwrap();
+    let p = if dir.ends_with("deps") {
+        dir.parent().unwrap().join("kube-nlproxy")
+    } else {
+        dir.join("kube-nlproxy")
+    };
     assert!(
         p.exists(),
         "{} not built: run the tests with `cargo test --workspace` (or set KUBE_NLPROXY_BIN)",

@@ -4,5 +4,6 @@
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 pub mod backend;
+pub mod baseline;
 pub mod cluster;
 pub mod ns;

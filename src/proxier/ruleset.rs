@@ -42,12 +42,17 @@ pub struct Ruleset {
     pub services: BTreeMap<ServicePortName, Arc<Fragment>>,
     /// Every element with the number of fragments that add it.
     refs: FxHashMap<ElemKey, (usize, Element)>,
+    rules: usize,
 }
 
 impl PartialEq for Ruleset {
     fn eq(&self, o: &Self) -> bool {
         self.table == o.table && self.base == o.base && self.services == o.services
     }
+}
+
+fn rules_in(f: &Fragment) -> usize {
+    f.chains.values().map(|(_, r)| r.len()).sum()
 }
 
 fn key_of(e: &Element) -> ElemKey {
@@ -61,6 +66,7 @@ impl Ruleset {
             base: Arc::new(Fragment::default()),
             services: BTreeMap::new(),
             refs: FxHashMap::default(),
+            rules: 0,
         };
         rs.set_base(Arc::new(base));
         rs
@@ -97,15 +103,19 @@ impl Ruleset {
     pub fn set_base(&mut self, base: Arc<Fragment>) {
         let old = std::mem::replace(&mut self.base, base.clone());
         self.drop_refs(&old);
+        self.rules -= rules_in(&old);
         self.add_refs(&base);
+        self.rules += rules_in(&base);
     }
     /// Sets (or with `None` removes) one service port's fragment.
     pub fn set_service(&mut self, name: &ServicePortName, frag: Option<Arc<Fragment>>) {
         if let Some(old) = self.services.remove(name) {
             self.drop_refs(&old);
+            self.rules -= rules_in(&old);
         }
         if let Some(f) = frag {
             self.add_refs(&f);
+            self.rules += rules_in(&f);
             self.services.insert(name.clone(), f);
         }
     }
@@ -128,7 +138,7 @@ impl Ruleset {
         self.chains().any(|(c, _)| c.name == name)
     }
     pub fn rule_count(&self) -> usize {
-        self.chains().map(|(_, r)| r.len()).sum()
+        self.rules
     }
     pub fn element_count(&self) -> usize {
         self.refs.len()

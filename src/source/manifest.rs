@@ -151,6 +151,87 @@ pub fn load(path: &Path, node_name: &str) -> std::io::Result<(Snapshot, Vec<Stri
     Ok((snap, warnings))
 }
 
+type FileKey = (u64, Option<SystemTime>, u64);
+
+fn file_key(m: &std::fs::Metadata) -> FileKey {
+    use std::os::unix::fs::MetadataExt;
+    (m.len(), m.modified().ok(), m.ino())
+}
+
+/// Parsed manifests, kept per file so a reload re-parses only the files that changed
+/// (a directory with one file per object then reloads in time proportional to the change).
+#[derive(Debug, Default)]
+pub struct ManifestCache {
+    files: std::collections::BTreeMap<PathBuf, (FileKey, Snapshot, Vec<String>)>,
+}
+
+impl ManifestCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Like [`load`], reusing what did not change since the last call.
+    pub fn load(
+        &mut self,
+        path: &Path,
+        node_name: &str,
+    ) -> std::io::Result<(Snapshot, Vec<String>)> {
+        let files = manifest_files(path)?;
+        let mut keep = std::collections::BTreeSet::new();
+        for f in files {
+            let key = match std::fs::metadata(&f) {
+                Ok(m) => file_key(&m),
+                Err(e) => {
+                    self.files.insert(
+                        f.clone(),
+                        (
+                            (0, None, 0),
+                            Snapshot::default(),
+                            vec![format!("{}: {e}; skipped", f.display())],
+                        ),
+                    );
+                    keep.insert(f);
+                    continue;
+                }
+            };
+            keep.insert(f.clone());
+            if self
+                .files
+                .get(&f)
+                .is_some_and(|(k, _, _)| *k == key && key.1.is_some())
+            {
+                continue;
+            }
+            let mut snap = Snapshot::default();
+            let mut warnings = Vec::new();
+            match std::fs::read_to_string(&f) {
+                Ok(text) => parse_manifest(
+                    &text,
+                    &f.display().to_string(),
+                    node_name,
+                    &mut snap,
+                    &mut warnings,
+                ),
+                Err(e) => warnings.push(format!("{}: {e}; skipped", f.display())),
+            }
+            self.files.insert(f, (key, snap, warnings));
+        }
+        self.files.retain(|f, _| keep.contains(f));
+        let mut out = Snapshot::default();
+        let mut warnings = Vec::new();
+        for (_, s, w) in self.files.values() {
+            out.services.extend(s.services.iter().cloned());
+            out.endpoint_slices
+                .extend(s.endpoint_slices.iter().cloned());
+            if s.node.is_some() {
+                out.node = s.node.clone();
+            }
+            warnings.extend(w.iter().cloned());
+        }
+        Ok((out, warnings))
+    }
+}
+
 /// What identifies the current content of the manifests: file names, sizes, mtimes and
 /// inodes (a file replaced by rename gets a new inode).
 pub type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>, u64)>;
@@ -238,6 +319,30 @@ metadata: {name: node2}
             w[2].starts_with("c.yaml:35:") && w[2].contains("invalid Service"),
             "{w:?}"
         );
+    }
+
+    #[test]
+    fn cache_reparses_only_changed_files() {
+        let dir = std::env::temp_dir().join(format!("nlp-mc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let svc = |n: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {n}}}\nspec: {{clusterIP: 10.0.0.1}}\n")
+        };
+        std::fs::write(dir.join("a.yaml"), svc("a")).unwrap();
+        std::fs::write(dir.join("b.yaml"), svc("b")).unwrap();
+        let mut c = ManifestCache::new();
+        let (s, _) = c.load(&dir, "n").unwrap();
+        assert_eq!(s.services.len(), 2);
+        std::fs::write(dir.join("b.yaml"), svc("b2") + "---\n" + &svc("b3")).unwrap();
+        std::fs::remove_file(dir.join("a.yaml")).unwrap();
+        let (s, _) = c.load(&dir, "n").unwrap();
+        let names: Vec<_> = s
+            .services
+            .iter()
+            .map(|s| s.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["b2", "b3"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

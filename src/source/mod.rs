@@ -1,6 +1,7 @@
 //! Where Kubernetes objects come from. Today: YAML manifests (`--manifests`), the standalone
 //! mode used by the quick start and tests. Every source produces [`Snapshot`]s.
 
+pub mod kube;
 pub mod manifest;
 
 pub use crate::model::convert::Snapshot;

@@ -255,6 +255,19 @@ impl<N: Nftables> Syncer<N> {
                 }
             }
         }
+        if first_err.is_none() {
+            let none = Vec::new();
+            self.inputs = state
+                .services
+                .iter()
+                .map(|(k, sp)| {
+                    (
+                        k.clone(),
+                        (sp.clone(), state.endpoints.get(k).unwrap_or(&none).clone()),
+                    )
+                })
+                .collect();
+        }
         first_err.map_or(Ok(()), Err)
     }
 
@@ -267,19 +280,10 @@ impl<N: Nftables> Syncer<N> {
         stats: &mut SyncStats,
     ) -> Result<(), SyncError> {
         let none = Vec::new();
-        let mut changed: Vec<&ServicePortName> = Vec::new();
-        for (spn, sp) in &state.services {
-            let eps = state.endpoints.get(spn).unwrap_or(&none);
-            match self.inputs.get(spn) {
-                Some((s, e)) if s == sp && e == eps => {}
-                _ => changed.push(spn),
-            }
-        }
-        changed.extend(
-            self.inputs
-                .keys()
-                .filter(|k| !state.services.contains_key(*k)),
-        );
+        let changed: Vec<ServicePortName> = changed_service_ports(&self.inputs, state)
+            .into_iter()
+            .cloned()
+            .collect();
         let mut first_err = None;
         for family in self.families.clone() {
             let Some(last) = self.last.get(&family) else {
@@ -288,13 +292,13 @@ impl<N: Nftables> Syncer<N> {
             let changes: Vec<Change> = changed
                 .iter()
                 .map(|spn| {
-                    let new = state.services.get(*spn).map(|sp| {
-                        let eps = state.endpoints.get(*spn).unwrap_or(&none);
+                    let new = state.services.get(spn).map(|sp| {
+                        let eps = state.endpoints.get(spn).unwrap_or(&none);
                         build_service(cfg, &state.node, sp, eps, family)
                     });
                     Change {
-                        name: (*spn).clone(),
-                        old: last.services.get(*spn).cloned(),
+                        name: spn.clone(),
+                        old: last.services.get(spn).cloned(),
                         new: new.filter(|f| *f != Fragment::default()).map(Arc::new),
                     }
                 })
@@ -307,7 +311,10 @@ impl<N: Nftables> Syncer<N> {
             let base = last.base.clone();
             let plan = plan_changes(last, &base, &changes, &pending);
             stats.ops.insert(family, plan.tx.num_ops());
-            match self.nft.apply(&plan.tx) {
+            let t_apply = std::time::Instant::now();
+            let applied = self.nft.apply(&plan.tx);
+            tracing::debug!(%family, ops = plan.tx.num_ops(), apply = ?t_apply.elapsed(), "partial sync applied");
+            match applied {
                 Ok(()) => {
                     let last = self.last.get_mut(&family).expect("checked above");
                     for c in changes {
@@ -317,6 +324,19 @@ impl<N: Nftables> Syncer<N> {
                 }
                 Err(error) => {
                     first_err.get_or_insert(SyncError { family, error });
+                }
+            }
+        }
+        if first_err.is_none() {
+            for spn in changed {
+                match state.services.get(&spn) {
+                    Some(sp) => {
+                        let eps = state.endpoints.get(&spn).unwrap_or(&none).clone();
+                        self.inputs.insert(spn, (sp.clone(), eps));
+                    }
+                    None => {
+                        self.inputs.remove(&spn);
+                    }
                 }
             }
         }
@@ -337,6 +357,41 @@ impl<N: Nftables> Syncer<N> {
                 .collect(),
         })
     }
+}
+
+/// The change detector: service ports whose Service or endpoints differ from `inputs`
+/// (both maps are sorted, so one merged walk, no lookups).
+fn changed_service_ports<'a>(
+    inputs: &'a BTreeMap<ServicePortName, (ServicePort, Vec<Endpoint>)>,
+    state: &'a ProxyState,
+) -> Vec<&'a ServicePortName> {
+    let none = Vec::new();
+    let mut out = Vec::new();
+    let mut old = inputs.iter().peekable();
+    let mut eps = state.endpoints.iter().peekable();
+    for (spn, sp) in &state.services {
+        while old.peek().is_some_and(|(k, _)| *k < spn) {
+            out.push(old.next().expect("peeked").0);
+        }
+        while eps.peek().is_some_and(|(k, _)| *k < spn) {
+            eps.next();
+        }
+        let e = match eps.peek() {
+            Some((k, v)) if *k == spn => v,
+            _ => &none,
+        };
+        match old.peek() {
+            Some((k, (s, oe))) if *k == spn => {
+                if s != sp || oe != e {
+                    out.push(spn);
+                }
+                old.next();
+            }
+            _ => out.push(spn),
+        }
+    }
+    out.extend(old.map(|(k, _)| k));
+    out
 }
 
 /// Deletes our table in each family. A table of that name whose comment is not ours is left

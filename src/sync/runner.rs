@@ -20,6 +20,16 @@ pub struct Timing {
     pub sync_period: Duration,
 }
 
+/// A full sync allocates the whole transaction and its encoding transiently; glibc keeps
+/// freed pages mapped, so hand them back to keep the resident size near the live data.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// How soon to retry after `failures` consecutive failures: doubling from the minimum
 /// period (at least 1 s), capped at the sync period.
 pub fn retry_delay(t: Timing, failures: u32) -> Duration {
@@ -81,6 +91,7 @@ pub async fn run<N: Nftables>(
         let t0 = std::time::Instant::now();
         let res = syncer.sync(&state);
         hooks.synced(&state, &res, t0.elapsed());
+        release_freed_memory();
         let next = match &res {
             Ok(_) => {
                 failures = 0;

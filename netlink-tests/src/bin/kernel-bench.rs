@@ -1,0 +1,565 @@
+//! The kernel benchmark harness (root only, throwaway network namespaces). Measures our
+//! netlink syncs against `nft -f` and `iptables-restore` of equivalent rulesets in the same
+//! run, the data path's connect latency, and the daemon's memory, CPU and cold start.
+//!
+//! `cargo run --release -p netlink-tests --bin kernel-bench -- [--quick]`
+//! Prints one Markdown table (BENCHMARKS.md holds the latest).
+#![allow(clippy::disallowed_methods)] // the baselines are external tools by design
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube_nlproxy::config::DetectLocal;
+use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use kube_nlproxy::nft::netlink::NetlinkNftables;
+use kube_nlproxy::nft::render;
+use kube_nlproxy::proxier::{build_ruleset, plan_full, LocalDetector, ProxierConfig};
+use kube_nlproxy::sync::Syncer;
+use netlink_tests::baseline::{cluster_ip, endpoint_ip, upstream_iptables, upstream_nft};
+use netlink_tests::cluster::proxy_bin;
+use netlink_tests::ns::{require_root, sh, NetNs};
+
+const EPS: usize = 10;
+
+fn cfg() -> ProxierConfig {
+    ProxierConfig {
+        local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+        ..Default::default()
+    }
+}
+
+fn state(services: usize) -> ProxyState {
+    let mut st = ProxyState {
+        node: NodeInfo {
+            name: "node1".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for i in 0..services {
+        let name = ServicePortName {
+            namespace: "ns".into(),
+            name: format!("svc-{i}"),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        st.services.insert(
+            name.clone(),
+            ServicePort {
+                name: name.clone(),
+                cluster_ips: vec![cluster_ip(i).into()],
+                port: 80,
+                node_port: None,
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                affinity_timeout: None,
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+            },
+        );
+        let eps = (0..EPS)
+            .map(|j| Endpoint {
+                ip: endpoint_ip(i, j, EPS).into(),
+                port: 8080,
+                is_local: false,
+                ready: true,
+                serving: true,
+                terminating: false,
+                zone_hints: vec![],
+                node_hints: vec![],
+            })
+            .collect();
+        st.endpoints.insert(name, eps);
+    }
+    st
+}
+
+fn secs(d: Duration) -> String {
+    if d < Duration::from_millis(10) {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    } else if d < Duration::from_secs(1) {
+        format!("{:.0} ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.2} s", d.as_secs_f64())
+    }
+}
+
+/// Times `cmd` (with stdin from `input`) inside `ns`.
+fn timed(ns: &NetNs, cmd: &[&str], input: &str) -> Duration {
+    let path = std::env::temp_dir().join(format!("kbench-{}.in", ns.name));
+    std::fs::write(&path, input).unwrap();
+    let t0 = Instant::now();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .args(cmd)
+        .stdin(std::fs::File::open(&path).unwrap())
+        .output()
+        .unwrap();
+    let d = t0.elapsed();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    d
+}
+
+struct Row {
+    what: String,
+    ours: String,
+    baseline: String,
+    ratio: String,
+    target: String,
+    met: String,
+}
+
+fn row(
+    what: impl Into<String>,
+    ours: impl Into<String>,
+    baseline: impl Into<String>,
+    ratio: impl Into<String>,
+    target: impl Into<String>,
+    met: Option<bool>,
+) -> Row {
+    Row {
+        what: what.into(),
+        ours: ours.into(),
+        baseline: baseline.into(),
+        ratio: ratio.into(),
+        target: target.into(),
+        met: match met {
+            Some(true) => "yes".into(),
+            Some(false) => "**no**".into(),
+            None => "n/a".into(),
+        },
+    }
+}
+
+fn ours_full(n: usize) -> Duration {
+    let ns = NetNs::new("kb");
+    let st = state(n);
+    ns.run(move || {
+        let mut s = Syncer::new(
+            NetlinkNftables::open().unwrap(),
+            cfg(),
+            DetectLocal::ClusterCidr(vec![]),
+        );
+        let t0 = Instant::now();
+        s.sync(&st).unwrap();
+        t0.elapsed()
+    })
+}
+
+fn full_sync_rows(rows: &mut Vec<Row>, sizes: &[usize], upstream_sizes: &[usize]) {
+    for &n in sizes {
+        let ours = ours_full(n);
+        let text = render::transaction(
+            &plan_full(
+                &build_ruleset(&state(n), &cfg(), kube_nlproxy::nft::Family::Ip),
+                None,
+                &[],
+            )
+            .tx,
+        );
+        let nft_ours = timed(&NetNs::new("kb"), &["nft", "-f", "-"], &text);
+        let ipt = timed(
+            &NetNs::new("kb"),
+            &["iptables-restore"],
+            &upstream_iptables(n, EPS),
+        );
+        let label = format!("full sync {}k services × {EPS} endpoints", n / 1000);
+        let r = nft_ours.as_secs_f64() / ours.as_secs_f64();
+        let target_ok = n != 10_000 || (ours <= Duration::from_secs(2) && r >= 1.5);
+        rows.push(row(
+            format!("{label}: ours vs `nft -f` of our ruleset"),
+            secs(ours),
+            secs(nft_ours),
+            format!("{r:.1}×"),
+            if n == 10_000 {
+                "≤ 2 s and ≥ 1.5×".into()
+            } else {
+                "(≥ 1.5×)".to_string()
+            },
+            Some(if n == 10_000 { target_ok } else { r >= 1.5 }),
+        ));
+        rows.push(row(
+            format!("{label}: ours vs `iptables-restore` (upstream iptables layout)"),
+            secs(ours),
+            secs(ipt),
+            format!("{:.1}×", ipt.as_secs_f64() / ours.as_secs_f64()),
+            "(comparison)",
+            None,
+        ));
+        if upstream_sizes.contains(&n) {
+            let up = timed(
+                &NetNs::new("kb"),
+                &["nft", "-f", "-"],
+                &upstream_nft(n, EPS),
+            );
+            let r = up.as_secs_f64() / ours.as_secs_f64();
+            rows.push(row(
+                format!("{label}: ours vs `nft -f` of upstream's nftables layout"),
+                secs(ours),
+                secs(up),
+                format!("{r:.0}×"),
+                if n == 10_000 {
+                    "≥ 50×"
+                } else {
+                    "(comparison)"
+                },
+                if n == 10_000 { Some(r >= 50.0) } else { None },
+            ));
+        }
+        eprintln!("full sync {n}: done");
+    }
+}
+
+fn partial_row(rows: &mut Vec<Row>, n: usize) {
+    let with_ep = |ip: &str| {
+        let mut st = state(n);
+        let k = st.endpoints.keys().nth(n / 2).unwrap().clone();
+        st.endpoints.get_mut(&k).unwrap()[3].ip = ip.parse().unwrap();
+        st
+    };
+    let (x, y) = (with_ep("10.250.0.1"), with_ep("10.250.0.2"));
+    // Ours: alternate between the two states, each round a real one-endpoint change.
+    let ns = NetNs::new("kb");
+    let (x1, y1) = (x.clone(), y.clone());
+    let mut times = ns.run(move || {
+        let mut s = Syncer::new(
+            NetlinkNftables::open().unwrap(),
+            cfg(),
+            DetectLocal::ClusterCidr(vec![]),
+        );
+        s.sync(&x1).unwrap();
+        let mut v = Vec::new();
+        for round in 0..20 {
+            let st = if round % 2 == 0 { &y1 } else { &x1 };
+            let t0 = Instant::now();
+            let stats = s.sync(st).unwrap();
+            v.push(t0.elapsed());
+            assert!(!stats.full);
+        }
+        v
+    });
+    times.sort();
+    let ours = times[times.len() / 2];
+    // Baseline: the same change as nft text, applied with nft -f to a table holding x.
+    let mut f = Syncer::new(
+        kube_nlproxy::nft::FakeNftables::new(),
+        cfg(),
+        DetectLocal::ClusterCidr(vec![]),
+    );
+    f.sync(&x).unwrap();
+    f.sync(&y).unwrap();
+    let text = render::transaction(f.backend().last_transaction.as_ref().unwrap());
+    let ns2 = NetNs::new("kb");
+    ns2.run(move || {
+        let mut s = Syncer::new(
+            NetlinkNftables::open().unwrap(),
+            cfg(),
+            DetectLocal::ClusterCidr(vec![]),
+        );
+        s.sync(&x).unwrap();
+    });
+    let nft = timed(&ns2, &["nft", "-f", "-"], &text);
+    rows.push(row(
+        format!(
+            "one-endpoint change with {}k services present (median of 20)",
+            n / 1000
+        ),
+        secs(ours),
+        format!("{} (`nft -f` of the same change)", secs(nft)),
+        format!("{:.0}×", nft.as_secs_f64() / ours.as_secs_f64()),
+        "≤ 10 ms",
+        Some(ours <= Duration::from_millis(10)),
+    ));
+    eprintln!("partial: done");
+}
+
+/// p50/p99 of TCP connect latency to one ClusterIP with `n` services programmed.
+fn connect_latency(n: usize, connects: usize, iptables: bool) -> (Duration, Duration) {
+    let node = NetNs::new("dp");
+    let pod = NetNs::new("dpp");
+    sh(&format!(
+        "ip link add v0 netns {} type veth peer name v1 netns {}",
+        node.name, pod.name
+    ));
+    node.ip("link set v0 up");
+    node.ip("addr add 192.168.77.1/30 dev v0");
+    node.ip("route add 10.244.0.0/16 via 192.168.77.2");
+    // A node has a default route; output routing happens before DNAT.
+    node.ip("route add default via 192.168.77.2");
+    pod.ip("link set v1 up");
+    pod.ip("addr add 192.168.77.2/30 dev v1");
+    pod.ip("route add default via 192.168.77.1");
+    // Answer on every endpoint address (AnyIP).
+    pod.ip("route add local 10.244.0.0/16 dev lo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    pod.spawn(move || {
+        let l = TcpListener::bind("0.0.0.0:8080").unwrap();
+        tx.send(()).unwrap();
+        for s in l.incoming() {
+            drop(s);
+        }
+    });
+    rx.recv().unwrap();
+    if iptables {
+        timed(&node, &["iptables-restore"], &upstream_iptables(n, EPS));
+    } else {
+        let st = state(n);
+        node.run(move || {
+            let mut s = Syncer::new(
+                NetlinkNftables::open().unwrap(),
+                cfg(),
+                DetectLocal::ClusterCidr(vec![]),
+            );
+            s.sync(&st).unwrap();
+        });
+    }
+    let target = SocketAddr::new(cluster_ip(n / 2).into(), 80);
+    let mut v = node.run(move || {
+        let mut v = Vec::with_capacity(connects);
+        for _ in 0..connects {
+            let t0 = Instant::now();
+            let s = TcpStream::connect_timeout(&target, Duration::from_secs(2)).expect("connect");
+            v.push(t0.elapsed());
+            drop(s);
+        }
+        v
+    });
+    v.sort();
+    (v[v.len() / 2], v[v.len() * 99 / 100])
+}
+
+fn latency_rows(rows: &mut Vec<Row>, sizes: &[usize], connects: usize) {
+    let mut base_p50 = None;
+    for &n in sizes {
+        let (p50, p99) = connect_latency(n, connects, false);
+        let (ip50, ip99) = connect_latency(n, connects, true);
+        let b = *base_p50.get_or_insert(p50);
+        let within = p50.as_secs_f64() <= b.as_secs_f64() * 1.10;
+        let us = |d: Duration| format!("{:.0} µs", d.as_secs_f64() * 1e6);
+        rows.push(row(
+            format!("connect latency p50 / p99, {n} services ({connects} connects)"),
+            format!("{} / {}", us(p50), us(p99)),
+            format!("{} / {} (iptables)", us(ip50), us(ip99)),
+            format!("{:.2}× p50", ip50.as_secs_f64() / p50.as_secs_f64()),
+            if n == *sizes.last().unwrap() {
+                "p50 within 10% of 1 service".into()
+            } else {
+                String::new()
+            },
+            if n == *sizes.last().unwrap() {
+                Some(within)
+            } else {
+                None
+            },
+        ));
+        eprintln!("latency {n}: done");
+    }
+}
+
+fn manifests(n: usize, bump: usize) -> String {
+    let mut s = String::with_capacity(n * 600);
+    for i in 0..n {
+        let cip = cluster_ip(i);
+        writeln!(s, "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: ns}}\nspec: {{clusterIP: {cip}, ports: [{{name: http, port: 80}}]}}").unwrap();
+        let eps: Vec<String> = (0..EPS)
+            .map(|j| {
+                let ip = if i < bump && j == 0 {
+                    Ipv4Addr::from(u32::from(endpoint_ip(i, j, EPS)) ^ 0x0001_0000)
+                } else {
+                    endpoint_ip(i, j, EPS)
+                };
+                format!("{{addresses: [{ip}]}}")
+            })
+            .collect();
+        writeln!(s, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-a, namespace: ns, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{}]", eps.join(", ")).unwrap();
+    }
+    s
+}
+
+fn proc_stat(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, r)| r)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let cpu = (f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0))
+        / 100.0;
+    (rss_kb, cpu)
+}
+
+fn daemon_rows(rows: &mut Vec<Row>, sizes: &[usize], churn_secs: u64) {
+    for &n in sizes {
+        let ns = NetNs::new("kd");
+        let dir = std::env::temp_dir().join(format!("kbench-{}", ns.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cluster.yaml");
+        std::fs::write(&file, manifests(n, 0)).unwrap();
+        let log = dir.join("log");
+        let t0 = Instant::now();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(proxy_bin())
+            .args([
+                "--manifests",
+                file.to_str().unwrap(),
+                "--hostname-override",
+                "node1",
+                "--healthz-bind-address",
+                "127.0.0.1:10256",
+                "--min-sync-period",
+                "1s",
+            ])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let synced = |k: usize| {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches(" synced")
+                .count()
+                >= k
+        };
+        while !synced(1) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "daemon never synced"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let cold = t0.elapsed();
+        std::thread::sleep(Duration::from_millis(300));
+        let (rss, cpu) = proc_stat(child.id());
+        rows.push(row(
+            format!(
+                "daemon cold start to first sync, {}k services from manifests",
+                n / 1000
+            ),
+            secs(cold),
+            "",
+            "",
+            "≤ 2 s",
+            Some(cold <= Duration::from_secs(2)),
+        ));
+        let mib = rss as f64 / 1024.0;
+        rows.push(row(
+            format!(
+                "daemon RSS after full sync, {}k services (CPU {cpu:.2} s so far)",
+                n / 1000
+            ),
+            format!("{mib:.0} MiB"),
+            "",
+            "",
+            if n == 10_000 { "≤ 64 MiB" } else { "" },
+            if n == 10_000 { Some(mib <= 64.0) } else { None },
+        ));
+        if churn_secs > 0 && n == sizes[0] {
+            // 100 endpoint changes per second: ten rewrites a second changing ten slices each.
+            let start = Instant::now();
+            let (_, cpu0) = proc_stat(child.id());
+            let mut k = 0;
+            while start.elapsed() < Duration::from_secs(churn_secs) {
+                k += 1;
+                let text = manifests(n, (k % 100) * 10);
+                let tmp = dir.join(".tmp");
+                std::fs::write(&tmp, text).unwrap();
+                std::fs::rename(&tmp, &file).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let (rss2, cpu1) = proc_stat(child.id());
+            rows.push(row(
+                format!("daemon during {churn_secs} s of 100 endpoint changes/s ({}k services, manifest source)", n / 1000),
+                format!("{:.0} MiB RSS, {:.0}% of a core", rss2 as f64 / 1024.0, (cpu1 - cpu0) * 100.0 / churn_secs as f64),
+                "",
+                "",
+                "",
+                None,
+            ));
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        eprintln!("daemon {n}: done");
+    }
+}
+
+fn main() {
+    require_root();
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let (sizes, upstream, lat, daemon, churn, connects): (
+        Vec<usize>,
+        Vec<usize>,
+        Vec<usize>,
+        Vec<usize>,
+        u64,
+        usize,
+    ) = if quick {
+        (
+            vec![1000, 10_000],
+            vec![1000],
+            vec![1, 1000, 10_000],
+            vec![10_000],
+            10,
+            2000,
+        )
+    } else {
+        (
+            vec![1000, 10_000, 30_000],
+            vec![1000, 10_000],
+            vec![1, 1000, 10_000, 30_000],
+            vec![10_000, 30_000],
+            60,
+            2000,
+        )
+    };
+    let mut rows = Vec::new();
+    if args.iter().any(|a| a == "--partial-only") {
+        partial_row(&mut rows, 10_000);
+    } else {
+        full_sync_rows(&mut rows, &sizes, &upstream);
+        partial_row(&mut rows, 10_000);
+        latency_rows(&mut rows, &lat, connects);
+        daemon_rows(&mut rows, &daemon, churn);
+    }
+    let mut out = String::new();
+    writeln!(
+        out,
+        "| measurement | ours | baseline (same run) | ratio | target | met |"
+    )
+    .unwrap();
+    writeln!(out, "| --- | --- | --- | --- | --- | --- |").unwrap();
+    for r in rows {
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.what, r.ours, r.baseline, r.ratio, r.target, r.met
+        )
+        .unwrap();
+    }
+    print!("{out}");
+    std::io::stdout().flush().unwrap();
+}
