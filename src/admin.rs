@@ -118,6 +118,8 @@ pub async fn serve(
 
 /// Feeds health, metrics and health-check ports from the sync loop.
 pub struct Hooks {
+    /// Where warning events go when the API source is in use.
+    pub warnings: Option<tokio::sync::mpsc::UnboundedSender<crate::source::kube::Warning>>,
     shared: Shared,
     hc: ServiceHealthServers,
     prev: Option<Arc<ProxyState>>,
@@ -127,6 +129,7 @@ pub struct Hooks {
 impl Hooks {
     pub fn new(shared: Shared) -> Self {
         Hooks {
+            warnings: None,
             hc: ServiceHealthServers::new(shared.health.clone()),
             shared,
             prev: None,
@@ -195,7 +198,24 @@ impl SyncHooks for Hooks {
                         })
                         .set(n as i64);
                 }
-                self.hc.sync(plan_health_checks(state));
+                for (port, svc, err) in self.hc.sync(plan_health_checks(state)) {
+                    if let Some(w) = &self.warnings {
+                        let _ = w.send(crate::source::kube::Warning {
+                            reference: k8s_openapi::api::core::v1::ObjectReference {
+                                api_version: Some("v1".into()),
+                                kind: Some("Service".into()),
+                                namespace: Some(svc.namespace.clone()),
+                                name: Some(svc.name.clone()),
+                                ..Default::default()
+                            },
+                            reason: "FailedToStartServiceHealthcheck".into(),
+                            note: format!(
+                                "node {} failed to start healthcheck on port {port}: {err}",
+                                state.node.name
+                            ),
+                        });
+                    }
+                }
             }
             Err(_) => m.observe_sync(true, took, false),
         }

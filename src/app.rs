@@ -17,6 +17,7 @@ use crate::model::convert::build_state;
 use crate::model::ProxyState;
 use crate::nft::netlink::NetlinkNftables;
 use crate::nft::render;
+use crate::source::kube as kube_source;
 use crate::source::manifest::{self, ManifestCache};
 use crate::sync::runner::{self, Timing};
 use crate::sync::{cleanup, Syncer};
@@ -37,6 +38,34 @@ pub enum AppError {
     Sync(#[from] crate::sync::SyncError),
     #[error("cleanup failed: {0}")]
     Cleanup(crate::nft::Error),
+    #[error("cannot configure the Kubernetes client: {0} (give --kubeconfig or --master, or --manifests PATH to run from files)")]
+    Kube(String),
+}
+
+/// The API client: `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,
+/// ~/.kube/config); `--master` overrides the server address either way.
+async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let err = |e: &dyn std::fmt::Display| AppError::Kube(e.to_string());
+    let mut config = match (&cfg.kubeconfig, &cfg.master) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| AppError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| err(&e))?
+        }
+        // Inside a pod keep the service account's token and CA, only the address changes.
+        (None, Some(m)) => match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(_) => kube::Config::new(m.parse().map_err(|e| err(&e))?),
+        },
+        (None, None) => kube::Config::infer().await.map_err(|e| err(&e))?,
+    };
+    if let Some(m) = &cfg.master {
+        config.cluster_url = m.parse().map_err(|e| err(&e))?;
+    }
+    kube::Client::try_from(config).map_err(|e| err(&e))
 }
 
 fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
@@ -70,18 +99,47 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         }
         return Ok(());
     }
-    let Some(path) = cfg.manifests.clone() else {
-        return Err(AppError::Usage(
-            "no source of Services: give --manifests PATH (the Kubernetes API source is not in this build yet)".into(),
-        ));
+    let (tx, mut rx) = watch::channel(None);
+    let mut warnings = None;
+    let watcher = match cfg.manifests.clone() {
+        Some(path) => {
+            let mut cache = ManifestCache::new();
+            let state = load_state(&mut cache, &path, &cfg.node_name)?;
+            tx.send_replace(Some(Arc::new(state)));
+            tokio::spawn(watch_manifests(cache, path, cfg.node_name.clone(), tx))
+        }
+        None => {
+            let client = kube_client(&cfg).await?;
+            if !cfg.dry_run {
+                let (wtx, wrx) = tokio::sync::mpsc::unbounded_channel();
+                tokio::spawn(kube_source::run_events(
+                    client.clone(),
+                    cfg.node_name.clone(),
+                    wrx,
+                ));
+                warnings = Some(wtx);
+            }
+            tokio::spawn(kube_source::run(client, cfg.node_name.clone(), tx))
+        }
     };
-    let mut cache = ManifestCache::new();
-    let state = load_state(&mut cache, &path, &cfg.node_name)?;
+    // The first sync waits until every source delivered its initial state.
+    let state = loop {
+        if let Some(s) = rx.borrow_and_update().clone() {
+            break s;
+        }
+        tokio::select! {
+            r = rx.changed() => if r.is_err() {
+                return Err(AppError::Usage("the source ended before delivering a state".into()));
+            },
+            _ = shutdown_signal() => return Ok(()),
+        }
+    };
     if cfg.dry_run {
         let mut syncer = Syncer::new(DryRun, cfg.proxier.clone(), cfg.detect_local.clone());
         for tx in syncer.plan(&state) {
             print!("{}", render::transaction(&tx));
         }
+        watcher.abort();
         return Ok(());
     }
     for w in crate::conntrack::tuning::apply(&cfg.conntrack) {
@@ -98,10 +156,9 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     if cfg.once {
         let stats = syncer.sync(&state)?;
         tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops, "synced once");
+        watcher.abort();
         return Ok(());
     }
-    let (tx, rx) = watch::channel(Some(Arc::new(state)));
-    let watcher = tokio::spawn(watch_manifests(cache, path, cfg.node_name.clone(), tx));
     let timing = Timing {
         min_sync_period: cfg.min_sync_period,
         sync_period: cfg.sync_period,
@@ -123,6 +180,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     )
     .await;
     let mut hooks = Hooks::new(shared);
+    hooks.warnings = warnings;
     runner::run(syncer, rx, timing, &mut hooks, shutdown_signal()).await;
     watcher.abort();
     tracing::info!("shutting down; rules stay in place");

@@ -23,6 +23,14 @@ pub struct Flags {
     /// Read Services, EndpointSlices and Nodes from this YAML file or directory (watched).
     #[arg(long, value_name = "PATH")]
     pub manifests: Option<PathBuf>,
+    /// kubeconfig file for the API server (default: in-cluster service account, or
+    /// $KUBECONFIG / ~/.kube/config when present).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's address (overrides the kubeconfig). Point it at the real API server:
+    /// the `kubernetes` ClusterIP is programmed by this proxy itself.
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
     /// This node's name (default: the kernel's hostname).
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
@@ -91,6 +99,8 @@ pub enum ProxyMode {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub manifests: Option<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+    pub master: Option<String>,
     pub node_name: String,
     pub mode: ProxyMode,
     pub proxier: ProxierConfig,
@@ -201,6 +211,7 @@ struct FileConfig {
     table: Option<String>,
     healthz: Option<String>,
     metrics: Option<String>,
+    kubeconfig: Option<String>,
     conntrack: ConntrackConfig,
     warnings: Vec<String>,
 }
@@ -242,6 +253,26 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                 Value::Null => {}
                 _ => return Err(field_err(key)),
             },
+            "clientConnection" => {
+                let Value::Mapping(n) = val else {
+                    return Err(field_err(key));
+                };
+                for (k2, v2) in n {
+                    match k2.as_str().unwrap_or("") {
+                        "kubeconfig" => fc.kubeconfig = as_str(v2).filter(|s| !s.is_empty()),
+                        // kube-rs has no client-side rate limiter; the watchers make a handful
+                        // of long-lived requests, so these limits are not needed.
+                        other @ ("qps" | "burst" | "contentType" | "acceptContentTypes") => {
+                            fc.warnings.push(format!(
+                                "config field clientConnection.{other} has no effect here; ignored"
+                            ))
+                        }
+                        other => fc.warnings.push(format!(
+                            "config field clientConnection.{other} is not supported; ignored"
+                        )),
+                    }
+                }
+            }
             "conntrack" => {
                 let Value::Mapping(n) = val else {
                     return Err(field_err(key));
@@ -466,8 +497,16 @@ impl Config {
             DetectLocal::ClusterCidr(c) if !c.is_empty() => LocalDetector::Cidrs(c.clone()),
             _ => LocalDetector::None,
         };
+        let master = f.master.clone();
+        if let Some(m) = &master {
+            if !(m.starts_with("http://") || m.starts_with("https://")) {
+                return Err(bad("--master", format!("{m:?} is not an http(s) URL")));
+            }
+        }
         Ok(Config {
             manifests: f.manifests,
+            kubeconfig: f.kubeconfig.clone().or(fc.kubeconfig.map(PathBuf::from)),
+            master,
             node_name,
             mode,
             proxier: ProxierConfig {

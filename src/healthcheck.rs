@@ -152,8 +152,9 @@ impl ServiceHealthServers {
 
     /// Starts and stops listeners to match `want`. Must run inside the tokio runtime. A
     /// port that cannot be bound is logged (once until it changes) and retried next time;
-    /// the others are unaffected.
-    pub fn sync(&mut self, want: BTreeMap<u16, HcService>) {
+    /// the others are unaffected. Returns the ports that newly failed, for events.
+    pub fn sync(&mut self, want: BTreeMap<u16, HcService>) -> Vec<(u16, HcService, String)> {
+        let mut newly_failed = Vec::new();
         let gone: Vec<u16> = self
             .servers
             .keys()
@@ -187,11 +188,13 @@ impl ServiceHealthServers {
                 Err(e) => {
                     if self.failed.insert(*port) {
                         tracing::error!(port, service = %format!("{}/{}", svc.namespace, svc.name), "FailedToStartServiceHealthcheck: cannot listen: {e}");
+                        newly_failed.push((*port, svc.clone(), e.to_string()));
                     }
                 }
             }
         }
         *self.shared.lock().expect("health check map") = want;
+        newly_failed
     }
 }
 

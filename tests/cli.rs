@@ -34,10 +34,27 @@ fn unknown_flag_exits_2() {
 fn missing_source_is_explained() {
     let out = bin()
         .args(["--hostname-override", "n", "--dry-run"])
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kubeconfig") && err.contains("--manifests"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_master_url_exits_2() {
+    let out = bin()
+        .args(["--hostname-override", "n", "--master", "nope"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--manifests"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--master"));
 }
 
 #[test]

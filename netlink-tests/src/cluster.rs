@@ -219,6 +219,37 @@ impl Cluster {
         d
     }
 
+    /// Starts the daemon with `args` (no manifests: e.g. `--master URL`).
+    pub fn start_daemon_with(&self, args: &[&str]) -> Daemon {
+        let log = self.dir.join("daemon.log");
+        let f = std::fs::File::create(&log).unwrap();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.node.name,
+                proxy_bin().to_str().unwrap(),
+            ])
+            .args([
+                "--hostname-override",
+                "node1",
+                "--cluster-cidr",
+                CLUSTER_CIDR,
+                "--min-sync-period",
+                "100ms",
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .expect("spawn daemon");
+        let d = Daemon { child, log };
+        d.wait_for_log("synced", 1);
+        d
+    }
+
     /// `nft list table FAMILY kube-nlproxy` in the node namespace.
     pub fn ruleset(&self, family: &str) -> String {
         let out = self

@@ -3,6 +3,7 @@
 //! say who answered and whom they saw (`backend`).
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
+pub mod apiserver;
 pub mod backend;
 pub mod baseline;
 pub mod cluster;

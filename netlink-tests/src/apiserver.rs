@@ -1,0 +1,438 @@
+//! A small Kubernetes API server for tests: list and watch of Services, EndpointSlices and
+//! Nodes over real HTTP, the way the API server speaks them — lists carry a resourceVersion,
+//! watches stream `ADDED`/`MODIFIED`/`DELETED`/`BOOKMARK` events as chunked JSON lines from a
+//! given resourceVersion, an expired resourceVersion gets `410 Gone`, and tests can drop
+//! connections, compact history or take the server down. Events posted by the proxy are
+//! recorded. Label selectors of the form `!key` and the field selector `metadata.name=` are
+//! honoured (what kube-nlproxy sends).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+/// The three kinds we serve, by URL collection.
+const KINDS: [(&str, &str, &str); 3] = [
+    ("services", "v1", "Service"),
+    ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
+    ("nodes", "v1", "Node"),
+];
+
+#[derive(Default)]
+struct Store {
+    rv: u64,
+    /// kind → (namespace/name → object)
+    objects: BTreeMap<String, BTreeMap<String, Value>>,
+    /// (rv, kind, type, object)
+    history: Vec<(u64, String, String, Value)>,
+    /// Watches from a resourceVersion older than this get 410.
+    oldest: u64,
+    lists: BTreeMap<String, usize>,
+    watches: BTreeMap<String, usize>,
+    events: Vec<Value>,
+    refuse_watches: bool,
+}
+
+#[derive(Clone)]
+struct Shared {
+    store: Arc<Mutex<Store>>,
+    tx: broadcast::Sender<(u64, String, String, Value)>,
+    /// Bumped to end every open watch stream.
+    drops: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// A handle to a running fake API server.
+pub struct ApiServer {
+    shared: Shared,
+    pub addr: SocketAddr,
+    rt: Option<tokio::runtime::Runtime>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn key(obj: &Value) -> String {
+    let m = &obj["metadata"];
+    format!(
+        "{}/{}",
+        m["namespace"].as_str().unwrap_or(""),
+        m["name"].as_str().unwrap_or("")
+    )
+}
+
+fn kind_of(obj: &Value) -> String {
+    let k = obj["kind"].as_str().expect("object has a kind");
+    KINDS
+        .iter()
+        .find(|(_, _, kk)| *kk == k)
+        .expect("served kind")
+        .0
+        .to_string()
+}
+
+fn matches(obj: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
+    if let Some(sel) = labels {
+        for term in sel.split(',').filter(|t| !t.is_empty()) {
+            if let Some(k) = term.strip_prefix('!') {
+                if obj["metadata"]["labels"].get(k).is_some() {
+                    return false;
+                }
+            }
+        }
+    }
+    if let Some(f) = fields {
+        for term in f.split(',') {
+            if let Some(n) = term.strip_prefix("metadata.name=") {
+                if obj["metadata"]["name"].as_str() != Some(n) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+fn line(ty: &str, obj: &Value) -> Bytes {
+    let mut s = serde_json::to_vec(&json!({"type": ty, "object": obj})).unwrap();
+    s.push(b'\n');
+    Bytes::from(s)
+}
+
+async fn collection(
+    State(sh): State<Shared>,
+    Path(p): Path<Vec<String>>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let coll = p.last().cloned().unwrap_or_default();
+    let Some((_, api, kind)) = KINDS.iter().find(|(c, _, _)| *c == coll) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let labels = q.get("labelSelector").cloned();
+    let fields = q.get("fieldSelector").cloned();
+    if q.get("watch").map(String::as_str) != Some("true") {
+        let mut st = sh.store.lock().unwrap();
+        *st.lists.entry(coll.clone()).or_default() += 1;
+        let items: Vec<Value> = st
+            .objects
+            .get(&coll)
+            .map(|m| {
+                m.values()
+                    .filter(|o| matches(o, labels.as_deref(), fields.as_deref()))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        return axum::Json(json!({
+            "apiVersion": api, "kind": format!("{kind}List"),
+            "metadata": {"resourceVersion": st.rv.to_string()},
+            "items": items,
+        }))
+        .into_response();
+    }
+    let from: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let (backlog, rx, gone) = {
+        let mut st = sh.store.lock().unwrap();
+        if st.refuse_watches {
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+        *st.watches.entry(coll.clone()).or_default() += 1;
+        let gone = from < st.oldest;
+        let backlog: Vec<_> = st
+            .history
+            .iter()
+            .filter(|(rv, k, _, _)| *rv > from && *k == coll)
+            .cloned()
+            .collect();
+        (backlog, sh.tx.subscribe(), gone)
+    };
+    if gone {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("too old resource version: {from}"), "reason": "Expired", "code": 410});
+        let body = Body::from(line("ERROR", &status));
+        return (StatusCode::OK, body).into_response();
+    }
+    let mut drops = sh.drops.subscribe();
+    drops.borrow_and_update();
+    let state = (backlog.into_iter(), rx, drops, coll, labels, fields, from);
+    let s = futures::stream::unfold(
+        state,
+        |(mut backlog, mut rx, mut drops, coll, labels, fields, mut last)| async move {
+            loop {
+                if let Some((rv, _, ty, obj)) = backlog.next() {
+                    last = rv;
+                    if matches(&obj, labels.as_deref(), fields.as_deref()) {
+                        return Some((
+                            Ok::<_, std::io::Error>(line(&ty, &obj)),
+                            (backlog, rx, drops, coll, labels, fields, last),
+                        ));
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    _ = drops.changed() => return None,
+                    ev = rx.recv() => match ev {
+                        Ok((rv, k, ty, obj)) => {
+                            if k != coll || rv <= last { continue; }
+                            last = rv;
+                            if matches(&obj, labels.as_deref(), fields.as_deref()) {
+                                return Some((Ok(line(&ty, &obj)), (backlog, rx, drops, coll, labels, fields, last)));
+                            }
+                            // Filtered out: tell the client how far it has seen.
+                            let bm = json!({"kind": "Bookmark", "metadata": {"resourceVersion": rv.to_string()}});
+                            return Some((Ok(line("BOOKMARK", &bm)), (backlog, rx, drops, coll, labels, fields, last)));
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(_) => return None,
+                    },
+                }
+            }
+        },
+    );
+    Response::builder()
+        .header("content-type", "application/json")
+        .body(Body::from_stream(s))
+        .unwrap()
+}
+
+async fn post_event(State(sh): State<Shared>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    sh.store.lock().unwrap().events.push(v.clone());
+    (StatusCode::CREATED, axum::Json(v)).into_response()
+}
+
+impl ApiServer {
+    /// Starts a server on 127.0.0.1 (in the calling thread's network namespace).
+    pub fn start() -> ApiServer {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, _) = broadcast::channel(4096);
+        let shared = Shared {
+            store: Arc::default(),
+            tx,
+            drops: Arc::new(tokio::sync::watch::channel(0).0),
+        };
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut s = ApiServer {
+            shared,
+            addr,
+            rt: Some(rt),
+            server: None,
+        };
+        s.serve(listener);
+        s
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let app = axum::Router::new()
+            .route(
+                "/api/v1/{c}",
+                get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
+            )
+            .route(
+                "/apis/discovery.k8s.io/v1/{c}",
+                get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
+            )
+            .route(
+                "/apis/events.k8s.io/v1/namespaces/{ns}/events",
+                post(post_event),
+            )
+            .with_state(self.shared.clone());
+        let rt = self.rt.as_ref().unwrap();
+        self.server = Some(rt.spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        }));
+    }
+
+    /// The `--master` URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Creates or replaces an object (ADDED or MODIFIED) and returns its resourceVersion.
+    pub fn apply(&self, mut obj: Value) -> u64 {
+        let coll = kind_of(&obj);
+        let k = key(&obj);
+        let mut st = self.shared.store.lock().unwrap();
+        st.rv += 1;
+        let rv = st.rv;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let existed = st
+            .objects
+            .entry(coll.clone())
+            .or_default()
+            .insert(k, obj.clone())
+            .is_some();
+        let ty = if existed { "MODIFIED" } else { "ADDED" };
+        st.history.push((rv, coll.clone(), ty.into(), obj.clone()));
+        let _ = self.shared.tx.send((rv, coll, ty.into(), obj));
+        rv
+    }
+
+    /// Deletes an object (DELETED event).
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) {
+        let coll = KINDS
+            .iter()
+            .find(|(_, _, k)| *k == kind)
+            .unwrap()
+            .0
+            .to_string();
+        let mut st = self.shared.store.lock().unwrap();
+        let Some(mut obj) = st
+            .objects
+            .get_mut(&coll)
+            .and_then(|m| m.remove(&format!("{namespace}/{name}")))
+        else {
+            return;
+        };
+        st.rv += 1;
+        let rv = st.rv;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        st.history
+            .push((rv, coll.clone(), "DELETED".into(), obj.clone()));
+        let _ = self.shared.tx.send((rv, coll, "DELETED".into(), obj));
+    }
+
+    /// Ends every open watch stream mid-flight (clients must resume).
+    pub fn drop_watches(&self) {
+        self.shared.drops.send_modify(|v| *v += 1);
+    }
+
+    /// Forgets the event history: resuming from an older resourceVersion gets 410 Gone.
+    pub fn compact(&self) {
+        let mut st = self.shared.store.lock().unwrap();
+        st.oldest = st.rv + 1;
+        st.history.clear();
+    }
+
+    /// Refuses (503) new watches until [`allow_watches`](Self::allow_watches).
+    pub fn refuse_watches(&self) {
+        self.shared.store.lock().unwrap().refuse_watches = true;
+    }
+
+    pub fn allow_watches(&self) {
+        self.shared.store.lock().unwrap().refuse_watches = false;
+    }
+
+    /// Takes the server down: the port stops accepting and open streams end.
+    pub fn stop(&mut self) {
+        self.drop_watches();
+        if let Some(h) = self.server.take() {
+            h.abort();
+        }
+    }
+
+    /// Brings it back on the same address.
+    pub fn restart(&mut self) {
+        let rt = self.rt.as_ref().unwrap();
+        let addr = self.addr;
+        // Bind on a runtime worker: those threads live in the namespace the server was
+        // started in, whichever thread calls this.
+        let listener = rt
+            .block_on(rt.spawn(async move {
+                for _ in 0..50 {
+                    if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
+                        return l;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                panic!("cannot rebind {addr}");
+            }))
+            .unwrap();
+        self.serve(listener);
+    }
+
+    /// How many LIST requests each collection has served.
+    pub fn lists(&self, coll: &str) -> usize {
+        self.shared
+            .store
+            .lock()
+            .unwrap()
+            .lists
+            .get(coll)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many WATCH requests each collection has served.
+    pub fn watches(&self, coll: &str) -> usize {
+        self.shared
+            .store
+            .lock()
+            .unwrap()
+            .watches
+            .get(coll)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Events the proxy posted.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared.store.lock().unwrap().events.clone()
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// JSON builders for the objects tests serve.
+pub mod obj {
+    use serde_json::{json, Value};
+
+    pub fn service(ns: &str, name: &str, cluster_ip: &str, port: u16) -> Value {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}})
+    }
+
+    /// An EndpointSlice with ready endpoints `(ip, node, zone hint)`.
+    pub fn slice(
+        ns: &str,
+        svc: &str,
+        name: &str,
+        port: u16,
+        eps: &[(&str, &str, Option<&str>)],
+    ) -> Value {
+        let endpoints: Vec<Value> = eps
+            .iter()
+            .map(|(ip, node, zone)| {
+                let mut e =
+                    json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true}});
+                if let Some(z) = zone {
+                    e["hints"] = json!({"forZones": [{"name": z}]});
+                }
+                e
+            })
+            .collect();
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+               "endpoints": endpoints})
+    }
+
+    pub fn node(name: &str, zone: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
+               "status": {"addresses": [{"type": "InternalIP", "address": "192.168.50.1"}]}})
+    }
+}
