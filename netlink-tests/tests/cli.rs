@@ -1,15 +1,15 @@
 //! The binary's command line: exit codes, error lines, and the `--dry-run` golden output.
-//! Needs no root. (Also makes `cargo test --workspace` build the binary that netlink-tests run.)
+//! Needs no root.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use std::process::Command;
 
 fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_kube-nlproxy"))
+    Command::new(netlink_tests::cluster::proxy_bin())
 }
 
 fn example() -> String {
-    format!("{}/examples/cluster.yaml", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../examples/cluster.yaml", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]
