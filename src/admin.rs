@@ -139,6 +139,10 @@ impl Hooks {
 }
 
 impl SyncHooks for Hooks {
+    fn tampered(&mut self) {
+        self.shared.metrics.nftables_restores.inc();
+    }
+
     fn state_changed(&mut self, state: &ProxyState) {
         let now = SystemTime::now();
         let m = &self.shared.metrics;

@@ -146,6 +146,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         tracing::warn!("{w}");
     }
     let nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    let our_port = nft.port_id();
     let mut syncer = Syncer::new(nft, cfg.proxier.clone(), cfg.detect_local.clone());
     if cfg.conntrack_cleanup {
         match NetlinkConntrack::open() {
@@ -181,7 +182,30 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     .await;
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
-    runner::run(syncer, rx, timing, &mut hooks, shutdown_signal()).await;
+    // Restore our table at once when someone else changes it (nf_tables notifications).
+    let tamper = Arc::new(tokio::sync::Notify::new());
+    {
+        let (tamper, table) = (tamper.clone(), cfg.proxier.table.clone());
+        std::thread::Builder::new()
+            .name("nft-monitor".into())
+            .spawn(move || {
+                if let Err(e) =
+                    crate::nft::monitor::watch(table, || our_port, || tamper.notify_one())
+                {
+                    tracing::error!("nftables change notifications unavailable: {e}");
+                }
+            })
+            .map_err(|e| AppError::Usage(format!("cannot start the notification thread: {e}")))?;
+    }
+    runner::run(
+        syncer,
+        rx,
+        timing,
+        &mut hooks,
+        Some(tamper),
+        shutdown_signal(),
+    )
+    .await;
     watcher.abort();
     tracing::info!("shutting down; rules stay in place");
     Ok(())

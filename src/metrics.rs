@@ -42,6 +42,7 @@ pub struct Metrics {
     pub livez_total: MetricFamily<CodeLabel, Counter>,
     pub nftables_sync_failures: Counter,
     pub nftables_cleanup_failures: Counter,
+    pub nftables_restores: Counter,
     pub conntrack_deleted: Counter,
     pub conntrack_duration: Histogram,
     start: SystemTime,
@@ -82,6 +83,7 @@ impl Metrics {
             livez_total: Default::default(),
             nftables_sync_failures: Default::default(),
             nftables_cleanup_failures: Default::default(),
+            nftables_restores: Default::default(),
             conntrack_deleted: Default::default(),
             conntrack_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             registry: Registry::default(),
@@ -161,6 +163,11 @@ impl Metrics {
             "sync_proxy_rules_nftables_cleanup_failures",
             "Cumulative proxy nftables cleanup failures",
             m.nftables_cleanup_failures.clone(),
+        );
+        r.register(
+            "sync_proxy_rules_nftables_restores",
+            "Full syncs forced because another program changed our nftables table",
+            m.nftables_restores.clone(),
         );
         r.register(
             "conntrack_reconciler_deleted_entries",

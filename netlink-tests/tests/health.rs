@@ -174,7 +174,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let loop_task = tokio::spawn(async move {
         let mut hooks = Hooks::new(shared);
-        run(syncer, rx, timing, &mut hooks, async {
+        run(syncer, rx, timing, &mut hooks, None, async {
             let _ = stop_rx.await;
         })
         .await;

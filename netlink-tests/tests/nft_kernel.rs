@@ -288,3 +288,32 @@ fn large_batch_goes_through() {
     });
     assert_eq!(n, 100_000);
 }
+
+#[test]
+fn corrupted_batch_is_rejected_whole_and_the_ruleset_is_byte_identical() {
+    require_root();
+    let ns = NetNs::new("nftfault");
+    let good = sample(Family::Ip);
+    let table = good.table.clone();
+    ns.run(move || NetlinkNftables::open().unwrap().apply(&good).unwrap());
+    let before = nft_list(&ns, Family::Ip, &table);
+    let mut change = Transaction::new(Family::Ip, &table);
+    change.flush(Chain::regular("svc1"));
+    change.add(Rule::new("svc1", vec![Expr::Verdict(Verdict::Drop)]));
+    change.add(Chain::regular("extra"));
+    let err = ns.run(move || {
+        let mut n = NetlinkNftables::open().unwrap();
+        n.corrupt_next_batch();
+        n.apply(&change).unwrap_err()
+    });
+    assert!(
+        err.to_string().contains("add chain extra"),
+        "the error names the failing operation: {err}"
+    );
+    assert!(err.errno().is_some());
+    assert_eq!(
+        before,
+        nft_list(&ns, Family::Ip, &table),
+        "the previous ruleset stays in force unchanged"
+    );
+}

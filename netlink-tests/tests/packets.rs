@@ -499,3 +499,46 @@ fn health_check_node_port_follows_local_endpoints() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn table_flushed_by_someone_else_is_restored_within_a_second() {
+    let c = web_cluster();
+    let _d = c.start_daemon(&web_yaml(""), &[]);
+    c.node
+        .sh("nft add table ip other; nft add chain ip other c");
+    for how in [
+        "nft flush ruleset",
+        "nft delete table ip kube-nlproxy",
+        "nft flush table ip kube-nlproxy",
+    ] {
+        c.node.sh(how);
+        let t0 = Instant::now();
+        c.wait_ruleset("ip", "our table restored", |r| {
+            r.contains("10.244.2.2:8080")
+        });
+        assert!(
+            t0.elapsed() < Duration::from_millis(1500),
+            "{how}: restored after {:?}",
+            t0.elapsed()
+        );
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10);
+        assert!(
+            replies.iter().all(|r| r.name().is_some()),
+            "{how}: {replies:?}"
+        );
+    }
+    // Changes to other tables are not ours to react to (and never touched).
+    c.node
+        .sh("nft add table ip other2; nft add chain ip other2 c2");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.node.sh("nft list ruleset").contains("table ip other2"));
+    let (code, head, m) = http_get(&c.node, sa("127.0.0.1", 10249), "/metrics").unwrap();
+    assert_eq!(code, 200, "{head}");
+    let restores: f64 = m
+        .lines()
+        .find(|l| l.starts_with("kubeproxy_sync_proxy_rules_nftables_restores_total "))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no restores metric in\n{m}"));
+    assert!(restores >= 3.0, "{m}");
+}

@@ -160,6 +160,21 @@ impl NetlinkSocket {
         Ok(())
     }
 
+    /// This socket's netlink port id (the kernel stamps it on notifications we cause).
+    pub fn port_id(&self) -> u32 {
+        let mut addr = SocketAddr::new(0, 0);
+        match self.sock.get_address(&mut addr) {
+            Ok(()) => addr.port_number(),
+            Err(_) => 0,
+        }
+    }
+
+    /// Receives one datagram as bytes.
+    pub fn recv_raw(&mut self) -> Result<Vec<u8>> {
+        let (buf, _) = self.sock.recv_from_full().map_err(io_err("recv"))?;
+        Ok(buf)
+    }
+
     /// Receives one datagram and splits it into messages.
     pub fn recv(&mut self) -> Result<Vec<OwnedMsg>> {
         let (buf, _) = self.sock.recv_from_full().map_err(io_err("recv"))?;

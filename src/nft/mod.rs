@@ -9,6 +9,7 @@ pub mod decode;
 pub mod encode;
 pub mod fake;
 pub mod lower;
+pub mod monitor;
 pub mod netlink;
 pub mod render;
 pub mod trace;

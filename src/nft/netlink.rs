@@ -11,6 +11,7 @@ use super::{Error, Family, Nftables, Transaction};
 /// nftables over a `NETLINK_NETFILTER` socket.
 pub struct NetlinkNftables {
     sock: NetlinkSocket,
+    corrupt_next: bool,
 }
 
 const NFT_MSG_NEWGEN: u16 = 15;
@@ -19,7 +20,19 @@ impl NetlinkNftables {
     pub fn open() -> Result<Self, Error> {
         Ok(NetlinkNftables {
             sock: NetlinkSocket::open(NETLINK_NETFILTER)?,
+            corrupt_next: false,
         })
+    }
+
+    /// Fault injection for tests: the next batch goes out with its last operation's message
+    /// type made invalid, below the encoder, so the kernel must reject the whole batch.
+    pub fn corrupt_next_batch(&mut self) {
+        self.corrupt_next = true;
+    }
+
+    /// The socket's port id: notifications carrying it are our own changes.
+    pub fn port_id(&self) -> u32 {
+        self.sock.port_id()
     }
 
     fn dump(
@@ -47,7 +60,10 @@ impl Nftables for NetlinkNftables {
             return Ok(());
         }
         let first = self.sock.reserve_seqs(tx.ops.len() as u32 + 2);
-        let batch = encode_transaction(tx, first);
+        let mut batch = encode_transaction(tx, first);
+        if std::mem::take(&mut self.corrupt_next) {
+            corrupt_last_op(&mut batch.bytes);
+        }
         self.sock.send(&batch.bytes)?;
         // The batch is processed inside sendmsg(); any errors are queued before the reply
         // to this GETGEN, so its arrival means the batch is fully accounted for. Messages
@@ -124,6 +140,22 @@ impl Nftables for NetlinkNftables {
         }
         Ok(out)
     }
+}
+
+/// Rewrites the type of the last message before BATCH_END to an unknown nf_tables message.
+fn corrupt_last_op(bytes: &mut [u8]) {
+    let Ok(msgs) = crate::netlink::msg::parse_msgs(bytes) else {
+        return;
+    };
+    if msgs.len() < 3 {
+        return;
+    }
+    let mut off = 0;
+    for m in &msgs[..msgs.len() - 2] {
+        off += (m.payload.len() + 16 + 3) & !3;
+    }
+    let bad = msg_type(0x7f).to_ne_bytes();
+    bytes[off + 4..off + 6].copy_from_slice(&bad);
 }
 
 impl NetlinkNftables {

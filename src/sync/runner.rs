@@ -42,6 +42,8 @@ pub fn retry_delay(t: Timing, failures: u32) -> Duration {
 pub trait SyncHooks {
     /// A new state arrived (an update is now queued).
     fn state_changed(&mut self, _state: &ProxyState) {}
+    /// Someone else changed our table; a full sync restores it.
+    fn tampered(&mut self) {}
     /// A sync of `state` finished after `took`.
     fn synced(
         &mut self,
@@ -59,8 +61,10 @@ pub async fn run<N: Nftables>(
     mut states: watch::Receiver<Option<Arc<ProxyState>>>,
     timing: Timing,
     hooks: &mut impl SyncHooks,
+    tamper: Option<Arc<tokio::sync::Notify>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let tamper = tamper.unwrap_or_default();
     tokio::pin!(shutdown);
     // Wait for the initial state.
     loop {
@@ -115,6 +119,11 @@ pub async fn run<N: Nftables>(
                 if let Some(st) = states.borrow().clone() {
                     hooks.state_changed(&st);
                 }
+            }
+            _ = tamper.notified() => {
+                tracing::warn!("our nftables table was changed by someone else; restoring it");
+                syncer.force_full_sync();
+                hooks.tampered();
             }
             _ = sleep_until(next) => {}
         }

@@ -293,14 +293,14 @@ fn connect_latency(n: usize, connects: usize, iptables: bool) -> (Duration, Dura
     ));
     node.ip("link set v0 up");
     node.ip("addr add 192.168.77.1/30 dev v0");
-    node.ip("route add 10.244.0.0/16 via 192.168.77.2");
+    node.ip("route add 10.240.0.0/12 via 192.168.77.2");
     // A node has a default route; output routing happens before DNAT.
     node.ip("route add default via 192.168.77.2");
     pod.ip("link set v1 up");
     pod.ip("addr add 192.168.77.2/30 dev v1");
     pod.ip("route add default via 192.168.77.1");
     // Answer on every endpoint address (AnyIP).
-    pod.ip("route add local 10.244.0.0/16 dev lo");
+    pod.ip("route add local 10.240.0.0/12 dev lo");
     let (tx, rx) = std::sync::mpsc::channel();
     pod.spawn(move || {
         let l = TcpListener::bind("0.0.0.0:8080").unwrap();
