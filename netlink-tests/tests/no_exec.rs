@@ -113,3 +113,51 @@ fn binary_execs_nothing() {
     assert_eq!(e.len(), 1, "{e:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn runs_with_only_cap_net_admin() {
+    require_root();
+    let ns = NetNs::new("caps");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
+    // Ask for a larger nf_conntrack_max than the host has: outside the host namespace that
+    // knob is read-only, so the daemon must warn and carry on.
+    let cfg = std::env::temp_dir().join(format!("nlp-caps-{}.yaml", std::process::id()));
+    std::fs::write(
+        &cfg,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack:\n  maxPerCore: 4000000\n",
+    )
+    .unwrap();
+    // Root, but every capability except CAP_NET_ADMIN dropped from the bounding set before
+    // exec, so the daemon's permitted and effective sets hold CAP_NET_ADMIN alone.
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            "setpriv",
+            "--bounding-set=-all,+net_admin",
+            "--inh-caps=-all",
+        ])
+        .arg(proxy_bin())
+        .args([
+            "--manifests",
+            example.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+            "--once",
+        ])
+        .args(["--config", cfg.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&cfg);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("synced once"), "{err}");
+    // nf_conntrack_max is global and read-only here: a warning, not a failure.
+    assert!(err.contains("nf_conntrack_max"), "{err}");
+    let listed = ns.sh("nft list table ip kube-nlproxy");
+    assert!(listed.contains("10.96.0.10"), "{listed}");
+    let status = ns.sh("cat /proc/self/status");
+    assert!(status.contains("CapBnd"), "sanity: {status}");
+}

@@ -542,3 +542,77 @@ fn table_flushed_by_someone_else_is_restored_within_a_second() {
         .unwrap_or_else(|| panic!("no restores metric in\n{m}"));
     assert!(restores >= 3.0, "{m}");
 }
+
+fn many_services_yaml(n: usize, skip_odd: bool) -> String {
+    let mut y = web_yaml("");
+    for i in 0..n {
+        if skip_odd && i % 2 == 1 {
+            continue;
+        }
+        let ip = format!("10.97.{}.{}", i / 250, i % 250 + 1);
+        y += &yaml::service("bulk", &format!("s{i}"), &[&ip], &[("p", "TCP", 80, 0)], "");
+        y += &yaml::slice(
+            "bulk",
+            &format!("s{i}"),
+            &format!("s{i}-1"),
+            "IPv4",
+            ("p", "TCP", 8080),
+            &[yaml::ready("10.244.2.2", "node2")],
+        );
+    }
+    y
+}
+
+fn service_ips(ruleset: &str) -> BTreeSet<String> {
+    ruleset
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("elements = {")
+                .or_else(|| Some(l.trim()))
+        })
+        .flat_map(|l| {
+            l.split(',')
+                .map(str::trim)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|e| e.starts_with("10.97.") && e.contains(". tcp . 80"))
+        .collect()
+}
+
+#[test]
+fn sigkill_mid_sync_leaves_old_or_new_and_restart_fixes_it() {
+    let c = web_cluster();
+    let old = many_services_yaml(3000, false);
+    let new = many_services_yaml(3000, true);
+    let mut d = c.start_daemon(&old, &[]);
+    let mut conn = OpenConn::open(&c.pods[1], sa("10.96.0.10", 80));
+    assert!(conn.greeting.name().is_some());
+    let old_ips = service_ips(&c.ruleset("ip"));
+    assert_eq!(old_ips.len(), 3000);
+    // Change the manifests and kill the daemon while it reloads and syncs.
+    c.write_manifests(&new);
+    std::thread::sleep(Duration::from_millis(
+        250 + (std::process::id() % 200) as u64,
+    ));
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGKILL) };
+    let _ = d.child.wait();
+    let mid = service_ips(&c.ruleset("ip"));
+    assert!(
+        mid.len() == 3000 || mid.len() == 1500,
+        "the kernel holds the old or the new ruleset, never a mix: {} services",
+        mid.len()
+    );
+    assert_eq!(conn.echo("during").unwrap(), "during");
+    let _d2 = c.start_daemon(&new, &[]);
+    c.wait_ruleset("ip", "the new ruleset after restart", |r| {
+        service_ips(r).len() == 1500
+    });
+    assert_eq!(
+        conn.echo("after").unwrap(),
+        "after",
+        "the established connection never broke"
+    );
+}
