@@ -365,6 +365,13 @@ fn convert_slice(
                 continue;
             };
             let ip = match parse_ip(addr) {
+                // An IPv4-mapped IPv6 address is no pod address; DNAT to it would misroute.
+                Some(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
+                    warnings.push(format!(
+                        "EndpointSlice {id}: IPv4-mapped address {v6} is not a valid endpoint; skipped"
+                    ));
+                    continue;
+                }
                 Some(ip) if ip.is_ipv4() == want_v4 => ip,
                 Some(ip) => {
                     warnings.push(format!(
@@ -540,6 +547,56 @@ mod tests {
         );
         assert_eq!(p.node_port, Some(30080));
         assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn objects_at_the_limits() {
+        // 100 ports, names at their maximum length, colliding port names across protocols.
+        let ns = "n".repeat(63);
+        let name = "s".repeat(63);
+        let mut ports = String::new();
+        for i in 0..100 {
+            ports += &format!("  - {{name: p{i}, port: {}, protocol: TCP}}\n", 1000 + i);
+        }
+        ports += "  - {name: p0, port: 53, protocol: UDP}\n";
+        let s: Service = parse(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  clusterIP: 10.0.0.1\n  ports:\n{ports}"
+        ));
+        // One slice with 1,000 endpoints, one of them IPv4-mapped IPv6 in an IPv6 slice.
+        let eps: Vec<String> = (0..1000)
+            .map(|i| format!("{{addresses: [10.1.{}.{}]}}", i / 250, i % 250))
+            .collect();
+        let big: EndpointSlice = parse(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: a, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: p0, port: 8080}}]\nendpoints: [{}]\n",
+            eps.join(", ")
+        ));
+        let mapped: EndpointSlice = parse(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: b, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv6\nports: [{{name: p0, port: 8080}}]\nendpoints: [{{addresses: ['::ffff:10.9.9.9']}}]\n"
+        ));
+        let snap = Snapshot {
+            services: vec![s],
+            endpoint_slices: vec![big, mapped],
+            node: None,
+        };
+        let (st, w) = build_state(&snap, "node1");
+        assert_eq!(
+            st.services.len(),
+            101,
+            "100 TCP ports and one UDP port of the same name"
+        );
+        let tcp0 = st
+            .services
+            .keys()
+            .find(|k| k.port == "p0" && k.protocol == Protocol::Tcp)
+            .unwrap();
+        assert_eq!(st.endpoints[tcp0].len(), 1000);
+        assert!(w.iter().any(|m| m.contains("IPv4-mapped")), "{w:?}");
+        // The whole thing plans without trouble, names stay within nft's limits.
+        for f in crate::nft::Family::all() {
+            let rs =
+                crate::proxier::build_ruleset(&st, &crate::proxier::ProxierConfig::default(), f);
+            assert!(rs.chains().all(|(c, _)| c.name.len() < 256));
+        }
     }
 
     #[test]

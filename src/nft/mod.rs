@@ -11,6 +11,8 @@ pub mod fake;
 pub mod lower;
 pub mod monitor;
 pub mod netlink;
+#[cfg(test)]
+mod proptests;
 pub mod render;
 pub mod trace;
 pub mod transaction;
