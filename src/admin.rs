@@ -26,6 +26,8 @@ use crate::sync::{SyncError, SyncStats};
 pub struct Shared {
     pub health: Arc<Mutex<ProxyHealth>>,
     pub metrics: Arc<Metrics>,
+    /// The running configuration, served at `/configz`.
+    pub configz: Arc<serde_json::Value>,
 }
 
 fn health_response(shared: &Shared, live: bool) -> Response {
@@ -76,19 +78,27 @@ pub fn healthz_router(shared: Shared) -> axum::Router {
         )
 }
 
-/// Routes of the metrics server.
+/// Routes of the metrics server: `/metrics` and `/configz`.
 pub fn metrics_router(shared: Shared) -> axum::Router {
-    axum::Router::new().route(
-        "/metrics",
-        get(move || async move {
-            let mut r = shared.metrics.render().into_response();
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            r
-        }),
-    )
+    let configz = shared.configz.clone();
+    axum::Router::new()
+        .route(
+            "/configz",
+            get(move || async move {
+                axum::Json(serde_json::json!({"kubeproxy.config.k8s.io": *configz}))
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || async move {
+                let mut r = shared.metrics.render().into_response();
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                r
+            }),
+        )
 }
 
 /// Serves `router` on `addr` in the background and returns the bound address; a bind

@@ -38,6 +38,8 @@ pub enum AppError {
     Sync(#[from] crate::sync::SyncError),
     #[error("cleanup failed: {0}")]
     Cleanup(crate::nft::Error),
+    #[error("the configuration file changed; exiting so that the new one is used on restart")]
+    ConfigChanged,
     #[error("cannot configure the Kubernetes client: {0} (give --kubeconfig or --master, or --manifests PATH to run from files)")]
     Kube(String),
 }
@@ -142,6 +144,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         watcher.abort();
         return Ok(());
     }
+    set_oom_score_adj(cfg.oom_score_adj);
     for w in crate::conntrack::tuning::apply(&cfg.conntrack) {
         tracing::warn!("{w}");
     }
@@ -167,6 +170,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
         metrics: Arc::new(Metrics::new()),
+        configz: Arc::new(cfg.to_kube_proxy_configuration()),
     };
     admin::serve(
         cfg.healthz_bind_address,
@@ -197,15 +201,21 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             })
             .map_err(|e| AppError::Usage(format!("cannot start the notification thread: {e}")))?;
     }
-    runner::run(
-        syncer,
-        rx,
-        timing,
-        &mut hooks,
-        Some(tamper),
-        shutdown_signal(),
-    )
-    .await;
+    let config_changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = {
+        let (flag, path) = (config_changed.clone(), cfg.config_path.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = watch_config_file(path) => flag.store(true, std::sync::atomic::Ordering::SeqCst),
+            }
+        }
+    };
+    runner::run(syncer, rx, timing, &mut hooks, Some(tamper), stop).await;
+    if config_changed.load(std::sync::atomic::Ordering::SeqCst) {
+        watcher.abort();
+        return Err(AppError::ConfigChanged);
+    }
     watcher.abort();
     tracing::info!("shutting down; rules stay in place");
     Ok(())
@@ -234,6 +244,30 @@ async fn watch_manifests(
             }
             Err(e) => tracing::error!("{e}; keeping the last good state"),
         }
+    }
+}
+
+/// Resolves when the `--config` file changes (never without one).
+async fn watch_config_file(path: Option<PathBuf>) {
+    let Some(path) = path else {
+        return std::future::pending().await;
+    };
+    let read = || std::fs::read(&path).ok();
+    let original = read();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if read() != original {
+            tracing::error!(path = %path.display(), "the configuration file changed");
+            return;
+        }
+    }
+}
+
+/// Writes /proc/self/oom_score_adj; lowering it needs CAP_SYS_RESOURCE, so a failure is a
+/// warning.
+fn set_oom_score_adj(v: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", v.to_string()) {
+        tracing::warn!("cannot set oom_score_adj to {v}: {e}");
     }
 }
 

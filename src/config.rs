@@ -71,6 +71,12 @@ pub struct Flags {
     /// of a removed endpoint then keep sending into the void).
     #[arg(long)]
     pub no_conntrack_cleanup: bool,
+    /// Value written to /proc/self/oom_score_adj at start-up (-1000 to 1000).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub oom_score_adj: Option<i32>,
+    /// Write the effective configuration as a KubeProxyConfiguration file and exit.
+    #[arg(long, value_name = "FILE")]
+    pub write_config_to: Option<PathBuf>,
     /// Log format: text or json.
     #[arg(long, value_name = "FORMAT")]
     pub logging_format: Option<String>,
@@ -114,6 +120,11 @@ pub struct Config {
     pub conntrack_cleanup: bool,
     pub conntrack: ConntrackConfig,
     pub json_logs: bool,
+    pub oom_score_adj: i32,
+    pub write_config_to: Option<PathBuf>,
+    /// The `--config` file, watched: when it changes the daemon exits so that it is
+    /// restarted with the new file (kube-proxy's behaviour).
+    pub config_path: Option<PathBuf>,
     /// Default log filter (`info`, `debug`, `trace`).
     pub log_level: &'static str,
     /// Settings from the file that were not understood, to be logged.
@@ -212,6 +223,7 @@ struct FileConfig {
     healthz: Option<String>,
     metrics: Option<String>,
     kubeconfig: Option<String>,
+    oom_score_adj: Option<i32>,
     conntrack: ConntrackConfig,
     warnings: Vec<String>,
 }
@@ -241,6 +253,13 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
         match key {
             "apiVersion" | "kind" => {}
             "hostnameOverride" => fc.hostname_override = as_str(val),
+            "oomScoreAdj" => {
+                fc.oom_score_adj = Some(
+                    val.as_i64()
+                        .and_then(|v| i32::try_from(v).ok())
+                        .ok_or_else(|| field_err(key))?,
+                )
+            }
             "clusterCIDR" => fc.cluster_cidr = as_str(val),
             "detectLocalMode" => fc.detect_local_mode = as_str(val),
             "mode" => fc.mode = as_str(val),
@@ -503,7 +522,17 @@ impl Config {
                 return Err(bad("--master", format!("{m:?} is not an http(s) URL")));
             }
         }
+        let oom_score_adj = f.oom_score_adj.or(fc.oom_score_adj).unwrap_or(-999);
+        if !(-1000..=1000).contains(&oom_score_adj) {
+            return Err(bad(
+                "--oom-score-adj",
+                format!("{oom_score_adj} is not in -1000..1000"),
+            ));
+        }
         Ok(Config {
+            oom_score_adj,
+            write_config_to: f.write_config_to.clone(),
+            config_path: f.config.clone(),
             manifests: f.manifests,
             kubeconfig: f.kubeconfig.clone().or(fc.kubeconfig.map(PathBuf::from)),
             master,
@@ -537,6 +566,74 @@ impl Config {
     }
 }
 
+/// A duration as Go prints it, in a form [`parse_duration`] reads back.
+pub fn format_duration(d: Duration) -> String {
+    if d.subsec_millis() != 0 {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", d.as_secs())
+    }
+}
+
+impl Config {
+    /// The effective configuration as a KubeProxyConfiguration: what `--write-config-to`
+    /// writes and `/configz` serves. Reading it back with `--config` gives the same Config.
+    pub fn to_kube_proxy_configuration(&self) -> serde_json::Value {
+        use serde_json::json;
+        let cidrs = |c: &[Cidr]| {
+            c.iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let (mode, cluster_cidr) = match &self.detect_local {
+            DetectLocal::ClusterCidr(c) => ("ClusterCIDR", cidrs(c)),
+            DetectLocal::NodeCidr => ("NodeCIDR", String::new()),
+        };
+        let np: Vec<String> = match &self.proxier.nodeport_addresses {
+            NodePortAddresses::All => vec![],
+            NodePortAddresses::Primary => vec!["primary".into()],
+            NodePortAddresses::Cidrs(c) => c.iter().map(|c| c.to_string()).collect(),
+        };
+        let d = |d: Option<Duration>| d.map(format_duration);
+        let c = &self.conntrack;
+        let mut v = json!({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "mode": "nftables",
+            "hostnameOverride": self.node_name,
+            "detectLocalMode": mode,
+            "nodePortAddresses": np,
+            "healthzBindAddress": self.healthz_bind_address.to_string(),
+            "metricsBindAddress": self.metrics_bind_address.to_string(),
+            "oomScoreAdj": self.oom_score_adj,
+            "nftables": {
+                "masqueradeBit": self.proxier.masquerade_bit,
+                "masqueradeAll": self.proxier.masquerade_all,
+                "syncPeriod": format_duration(self.sync_period),
+                "minSyncPeriod": format_duration(self.min_sync_period),
+                "tableName": self.proxier.table,
+            },
+            "conntrack": {
+                "maxPerCore": c.max_per_core,
+                "min": c.min,
+                "tcpEstablishedTimeout": d(c.tcp_established_timeout),
+                "tcpCloseWaitTimeout": d(c.tcp_close_wait_timeout),
+                "tcpBeLiberal": c.tcp_be_liberal,
+                "udpTimeout": d(c.udp_timeout),
+                "udpStreamTimeout": d(c.udp_stream_timeout),
+            },
+        });
+        if !cluster_cidr.is_empty() {
+            v["clusterCIDR"] = json!(cluster_cidr);
+        }
+        if let Some(k) = &self.kubeconfig {
+            v["clientConnection"] = json!({"kubeconfig": k.display().to_string()});
+        }
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +642,43 @@ mod tests {
         let mut v = vec!["kube-nlproxy"];
         v.extend(args);
         Flags::parse_from(v)
+    }
+
+    #[test]
+    fn written_config_round_trips() {
+        let c = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n1",
+            "--cluster-cidr",
+            "10.244.0.0/16,fd00::/48",
+            "--nodeport-addresses",
+            "192.168.0.0/24",
+            "--masquerade-bit",
+            "9",
+            "--min-sync-period",
+            "250ms",
+            "--oom-score-adj",
+            "-500",
+        ]))
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("nlp-rt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        std::fs::write(
+            &p,
+            serde_yaml::to_string(&c.to_kube_proxy_configuration()).unwrap(),
+        )
+        .unwrap();
+        let back = Config::from_flags(flags(&["--config", p.to_str().unwrap()])).unwrap();
+        assert!(back.warnings.is_empty(), "{:?}", back.warnings);
+        assert_eq!(
+            back.to_kube_proxy_configuration(),
+            c.to_kube_proxy_configuration()
+        );
+        assert_eq!(back.proxier, c.proxier);
+        assert_eq!(back.min_sync_period, Duration::from_millis(250));
+        assert_eq!(back.oom_score_adj, -500);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -12,6 +12,14 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if let Some(path) = &cfg.write_config_to {
+        let text = serde_yaml::to_string(&cfg.to_kube_proxy_configuration()).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("kube-nlproxy: cannot write {}: {e}", path.display());
+            return std::process::ExitCode::FAILURE;
+        }
+        return std::process::ExitCode::SUCCESS;
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cfg.log_level));
     let logs = tracing_subscriber::fmt()

@@ -7,4 +7,5 @@ pub mod apiserver;
 pub mod backend;
 pub mod baseline;
 pub mod cluster;
+pub mod listing;
 pub mod ns;

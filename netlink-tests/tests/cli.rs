@@ -88,3 +88,104 @@ fn dry_run_matches_golden_output() {
         "dry-run output changed; rerun with UPDATE_GOLDEN=1 if intended"
     );
 }
+
+#[test]
+fn write_config_to_round_trips_through_config() {
+    let dir = std::env::temp_dir().join(format!("nlp-wc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("a.yaml"), dir.join("b.yaml"));
+    let out = bin()
+        .args([
+            "--hostname-override",
+            "node7",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+            "--masquerade-bit",
+            "12",
+        ])
+        .args([
+            "--sync-period",
+            "45s",
+            "--nodeport-addresses",
+            "primary",
+            "--write-config-to",
+            a.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bin()
+        .args([
+            "--config",
+            a.to_str().unwrap(),
+            "--write-config-to",
+            b.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ta, tb) = (
+        std::fs::read_to_string(&a).unwrap(),
+        std::fs::read_to_string(&b).unwrap(),
+    );
+    assert_eq!(ta, tb);
+    assert!(
+        ta.contains("masqueradeBit: 12")
+            && ta.contains("syncPeriod: 45s")
+            && ta.contains("hostnameOverride: node7"),
+        "{ta}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn config_file_edit_makes_the_daemon_exit_and_oom_score_is_set() {
+    netlink_tests::ns::require_root();
+    let ns = netlink_tests::ns::NetNs::new("cfgchg");
+    let dir = std::env::temp_dir().join(format!("nlp-cc-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("kp.yaml");
+    std::fs::write(&cfg, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 500\n").unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(netlink_tests::cluster::proxy_bin())
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--manifests",
+            &example(),
+            "--hostname-override",
+            "node1",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", child.id()))
+            .unwrap_or_default();
+        // (Raising it needs no privilege; lowering it needs CAP_SYS_RESOURCE.)
+        if adj.trim() == "500" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "oom_score_adj never set: {adj}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::fs::write(&cfg, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 501\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("configuration file changed"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -148,6 +148,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(Duration::from_secs(2)))),
         metrics: Arc::new(Metrics::new()),
+        configz: Arc::new(serde_json::json!({"kind": "KubeProxyConfiguration"})),
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
@@ -259,6 +260,11 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         "{m}"
     );
     assert!(metric(&m, "process_resident_memory_bytes") > 0.0);
+    let (code, body) = tokio::task::spawn_blocking(move || get(mx, "/configz"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("KubeProxyConfiguration"), "{body}");
     let _ = stop_tx.send(());
     loop_task.await.unwrap();
 }

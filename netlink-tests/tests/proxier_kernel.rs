@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use kube_nlproxy::config::DetectLocal;
 use kube_nlproxy::model::convert::build_state;
 use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
-use kube_nlproxy::nft::lower::{key_bytes, lower, KExpr};
+use kube_nlproxy::nft::lower::{key_bytes, lower};
 use kube_nlproxy::nft::netlink::NetlinkNftables;
 use kube_nlproxy::nft::{FakeNftables, Family, Nftables, Verdict};
 use kube_nlproxy::proxier::{names, LocalDetector, ProxierConfig};
@@ -16,43 +16,10 @@ use kube_nlproxy::source::manifest;
 use kube_nlproxy::sync::Syncer;
 use netlink_tests::ns::{require_root, NetNs};
 
-type Listing = (
-    Vec<String>,
-    BTreeMap<String, Vec<Vec<KExpr>>>,
-    BTreeMap<String, Vec<(Vec<u8>, Option<Verdict>)>>,
-);
-
-fn cfg() -> ProxierConfig {
-    ProxierConfig {
-        local_detector: LocalDetector::Cidrs(vec![
-            "10.244.0.0/16".parse().unwrap(),
-            "fd00:10:244::/48".parse().unwrap(),
-        ]),
-        ..Default::default()
-    }
-}
+use netlink_tests::listing::Listing;
 
 fn kernel_listing(n: &mut NetlinkNftables, family: Family) -> Listing {
-    let t = names::DEFAULT_TABLE;
-    let mut chains = n.list_chains(family, t).unwrap();
-    chains.sort();
-    let mut rules: BTreeMap<String, Vec<Vec<KExpr>>> =
-        chains.iter().map(|c| (c.clone(), vec![])).collect();
-    for r in n.list_rules(family, t).unwrap() {
-        rules.get_mut(&r.chain).unwrap().push(r.exprs);
-    }
-    let mut elems = BTreeMap::new();
-    for s in n.list_sets(family, t).unwrap() {
-        let mut v: Vec<_> = n
-            .list_elements(family, t, &s)
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.key, e.verdict))
-            .collect();
-        v.sort();
-        elems.insert(s, v);
-    }
-    (chains, rules, elems)
+    netlink_tests::listing::kernel_listing(n, family, names::DEFAULT_TABLE)
 }
 
 fn fake_listing(f: &mut FakeNftables, family: Family) -> Listing {
