@@ -154,7 +154,7 @@ fn config_file_edit_makes_the_daemon_exit_and_oom_score_is_set() {
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("kp.yaml");
     std::fs::write(&cfg, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 500\n").unwrap();
-    let mut child = Command::new("ip")
+    let child = Command::new("ip")
         .args(["netns", "exec", &ns.name])
         .arg(netlink_tests::cluster::proxy_bin())
         .args([
