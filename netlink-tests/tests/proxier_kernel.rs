@@ -10,13 +10,23 @@ use kube_nlproxy::model::convert::build_state;
 use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 use kube_nlproxy::nft::lower::{key_bytes, lower};
 use kube_nlproxy::nft::netlink::NetlinkNftables;
-use kube_nlproxy::nft::{FakeNftables, Family, Nftables, Verdict};
+use kube_nlproxy::nft::{FakeNftables, Family, Nftables};
 use kube_nlproxy::proxier::{names, LocalDetector, ProxierConfig};
 use kube_nlproxy::source::manifest;
 use kube_nlproxy::sync::Syncer;
 use netlink_tests::ns::{require_root, NetNs};
 
 use netlink_tests::listing::Listing;
+
+fn cfg() -> ProxierConfig {
+    ProxierConfig {
+        local_detector: LocalDetector::Cidrs(vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:10:244::/48".parse().unwrap(),
+        ]),
+        ..Default::default()
+    }
+}
 
 fn kernel_listing(n: &mut NetlinkNftables, family: Family) -> Listing {
     netlink_tests::listing::kernel_listing(n, family, names::DEFAULT_TABLE)
