@@ -37,9 +37,16 @@ pub struct Flags {
     /// Pod CIDRs of the cluster, comma-separated, both families allowed.
     #[arg(long, value_name = "CIDRS")]
     pub cluster_cidr: Option<String>,
-    /// How to tell local pod traffic apart: ClusterCIDR or NodeCIDR.
+    /// How to tell local pod traffic apart: ClusterCIDR, NodeCIDR, BridgeInterface or
+    /// InterfaceNamePrefix.
     #[arg(long, value_name = "MODE")]
     pub detect_local_mode: Option<String>,
+    /// The pods' bridge, for `--detect-local-mode BridgeInterface`.
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+    /// The pods' interface name prefix, for `--detect-local-mode InterfaceNamePrefix`.
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
     /// Addresses that accept NodePorts: comma-separated CIDRs, or `primary`.
     #[arg(long, value_name = "CIDRS")]
     pub nodeport_addresses: Option<String>,
@@ -138,6 +145,8 @@ pub struct Config {
 pub enum DetectLocal {
     ClusterCidr(Vec<Cidr>),
     NodeCidr,
+    BridgeInterface(String),
+    InterfaceNamePrefix(String),
 }
 
 /// A configuration error: one line naming the flag or field.
@@ -224,6 +233,8 @@ struct FileConfig {
     metrics: Option<String>,
     kubeconfig: Option<String>,
     oom_score_adj: Option<i32>,
+    bridge_interface: Option<String>,
+    interface_name_prefix: Option<String>,
     conntrack: ConntrackConfig,
     warnings: Vec<String>,
 }
@@ -272,6 +283,24 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                 Value::Null => {}
                 _ => return Err(field_err(key)),
             },
+            "detectLocal" => {
+                let Value::Mapping(n) = val else {
+                    return Err(field_err(key));
+                };
+                for (k2, v2) in n {
+                    match k2.as_str().unwrap_or("") {
+                        "bridgeInterface" => {
+                            fc.bridge_interface = as_str(v2).filter(|s| !s.is_empty())
+                        }
+                        "interfaceNamePrefix" => {
+                            fc.interface_name_prefix = as_str(v2).filter(|s| !s.is_empty())
+                        }
+                        other => fc.warnings.push(format!(
+                            "config field detectLocal.{other} is not supported; ignored"
+                        )),
+                    }
+                }
+            }
             "clientConnection" => {
                 let Value::Mapping(n) = val else {
                     return Err(field_err(key));
@@ -417,10 +446,24 @@ impl Config {
                 DetectLocal::ClusterCidr(cluster_cidrs.clone())
             }
             Some("NodeCIDR") => DetectLocal::NodeCidr,
+            Some("BridgeInterface") => DetectLocal::BridgeInterface(
+                f.pod_bridge_interface
+                    .clone()
+                    .or(fc.bridge_interface.clone())
+                    .filter(|n| valid_ifname(n))
+                    .ok_or_else(|| bad("--pod-bridge-interface", "BridgeInterface mode needs a valid interface name"))?,
+            ),
+            Some("InterfaceNamePrefix") => DetectLocal::InterfaceNamePrefix(
+                f.pod_interface_name_prefix
+                    .clone()
+                    .or(fc.interface_name_prefix.clone())
+                    .filter(|n| valid_ifname(n))
+                    .ok_or_else(|| bad("--pod-interface-name-prefix", "InterfaceNamePrefix mode needs a valid interface name prefix"))?,
+            ),
             Some(m) => {
                 return Err(bad(
                     "--detect-local-mode",
-                    format!("unknown mode {m:?} (ClusterCIDR, NodeCIDR)"),
+                    format!("unknown mode {m:?} (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)"),
                 ))
             }
         };
@@ -514,6 +557,8 @@ impl Config {
         };
         let local_detector = match &detect_local {
             DetectLocal::ClusterCidr(c) if !c.is_empty() => LocalDetector::Cidrs(c.clone()),
+            DetectLocal::BridgeInterface(b) => LocalDetector::Bridge(b.clone()),
+            DetectLocal::InterfaceNamePrefix(p) => LocalDetector::InterfacePrefix(p.clone()),
             _ => LocalDetector::None,
         };
         let master = f.master.clone();
@@ -566,6 +611,15 @@ impl Config {
     }
 }
 
+/// An interface name: 1 to 15 bytes, no '/', whitespace or NUL.
+fn valid_ifname(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() < 16
+        && !n
+            .chars()
+            .any(|c| c == '/' || c.is_whitespace() || c == '\0')
+}
+
 /// A duration as Go prints it, in a form [`parse_duration`] reads back.
 pub fn format_duration(d: Duration) -> String {
     if d.subsec_millis() != 0 {
@@ -589,6 +643,8 @@ impl Config {
         let (mode, cluster_cidr) = match &self.detect_local {
             DetectLocal::ClusterCidr(c) => ("ClusterCIDR", cidrs(c)),
             DetectLocal::NodeCidr => ("NodeCIDR", String::new()),
+            DetectLocal::BridgeInterface(_) => ("BridgeInterface", String::new()),
+            DetectLocal::InterfaceNamePrefix(_) => ("InterfaceNamePrefix", String::new()),
         };
         let np: Vec<String> = match &self.proxier.nodeport_addresses {
             NodePortAddresses::All => vec![],
@@ -626,6 +682,13 @@ impl Config {
         });
         if !cluster_cidr.is_empty() {
             v["clusterCIDR"] = json!(cluster_cidr);
+        }
+        match &self.detect_local {
+            DetectLocal::BridgeInterface(b) => v["detectLocal"] = json!({"bridgeInterface": b}),
+            DetectLocal::InterfaceNamePrefix(p) => {
+                v["detectLocal"] = json!({"interfaceNamePrefix": p})
+            }
+            _ => {}
         }
         if let Some(k) = &self.kubeconfig {
             v["clientConnection"] = json!({"kubeconfig": k.display().to_string()});

@@ -58,6 +58,22 @@ fn sample(family: Family) -> Transaction {
     ));
     tx.add(Rule::new("reject-chain", vec![Expr::Reject]));
     tx.add(Rule::new(
+        "services",
+        vec![
+            Expr::IifName {
+                name: "veth".into(),
+                prefix: true,
+                op: CmpOp::Neq,
+            },
+            Expr::IifName {
+                name: "cni0".into(),
+                prefix: false,
+                op: CmpOp::Eq,
+            },
+            Expr::Counter,
+        ],
+    ));
+    tx.add(Rule::new(
         "filter-input",
         vec![
             Expr::CtStateNew,

@@ -616,3 +616,66 @@ fn sigkill_mid_sync_leaves_old_or_new_and_restart_fixes_it() {
         "the established connection never broke"
     );
 }
+
+#[test]
+fn detect_local_by_interface_decides_masquerading() {
+    // InterfaceNamePrefix: our pods hang off routed veths named vpodN.
+    let c = web_cluster();
+    c.sync_once(
+        &web_yaml(""),
+        &[
+            "--detect-local-mode",
+            "InterfaceNamePrefix",
+            "--pod-interface-name-prefix",
+            "vpod",
+        ],
+    );
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 80));
+    assert!(r.name().is_some(), "{r:?}");
+    assert_eq!(
+        peer(&r),
+        "10.244.1.3",
+        "traffic from a vpod* interface is a pod's: kept"
+    );
+    let from_ext = tcp_probes(&c.ext, sa("10.96.0.10", 80), 6);
+    assert!(
+        from_ext.iter().all(|r| peer(r) != EXT_IP),
+        "other traffic to a ClusterIP is masqueraded: {from_ext:?}"
+    );
+
+    // BridgeInterface: a pod on a bridge.
+    let pod = netlink_tests::ns::NetNs::new("brpod");
+    c.node.ip("link add br-pods type bridge");
+    c.node.ip("link set br-pods up");
+    c.node.ip("addr add 10.244.3.1/24 dev br-pods");
+    netlink_tests::ns::sh(&format!(
+        "ip link add vbr0 netns {} type veth peer name eth0 netns {}",
+        c.node.name, pod.name
+    ));
+    c.node.ip("link set vbr0 master br-pods");
+    c.node.ip("link set vbr0 up");
+    pod.ip("link set eth0 up");
+    pod.ip("addr add 10.244.3.2/24 dev eth0");
+    pod.ip("route add default via 10.244.3.1");
+    c.sync_once(
+        &web_yaml(""),
+        &[
+            "--detect-local-mode",
+            "BridgeInterface",
+            "--pod-bridge-interface",
+            "br-pods",
+        ],
+    );
+    let r = tcp_probe(&pod, sa("10.96.0.10", 80));
+    assert_eq!(
+        peer(&r),
+        "10.244.3.2",
+        "traffic from the pod bridge is kept: {r:?}"
+    );
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 80));
+    assert_ne!(
+        peer(&r),
+        "10.244.1.3",
+        "a pod not on the bridge counts as outside: {r:?}"
+    );
+}

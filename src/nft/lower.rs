@@ -14,6 +14,7 @@ const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_META_MARK: u32 = 3;
 pub const NFT_META_L4PROTO: u32 = 16;
+pub const NFT_META_IIFNAME: u32 = 6;
 pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_STATUS: u32 = 2;
 /// `NF_CT_STATE_BIT(IP_CT_NEW)`.
@@ -231,6 +232,23 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
                 sreg: r,
                 op: 0,
                 data: vec![*p],
+            });
+        }
+        Expr::IifName { name, prefix, op } => {
+            out.push(KExpr::Meta {
+                key: NFT_META_IIFNAME,
+                dreg: r,
+            });
+            // An exact name compares with its NUL terminator; a prefix compares only its
+            // own bytes (what nft does for `iifname "veth*"`).
+            let mut data = name.as_bytes().to_vec();
+            if !prefix {
+                data.push(0);
+            }
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: if *op == CmpOp::Eq { 0 } else { 1 },
+                data,
             });
         }
         Expr::InSet { key, set, negate } => {

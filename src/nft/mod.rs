@@ -297,6 +297,12 @@ pub enum Expr {
     },
     /// `meta l4proto tcp`.
     L4Proto(u8),
+    /// `iifname "cni0"`, or with `prefix` `iifname "veth*"` (`!=` with `CmpOp::Neq`).
+    IifName {
+        name: String,
+        prefix: bool,
+        op: CmpOp,
+    },
     /// `ip saddr . ip daddr @set` (or `!= @set`).
     InSet {
         key: Vec<Field>,

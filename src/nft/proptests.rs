@@ -52,6 +52,13 @@ fn expr(family: Family) -> impl Strategy<Value = Expr> {
                 value: Cidr::new(addr(b), p).unwrap(),
             }),
         any::<u8>().prop_map(Expr::L4Proto),
+        ("[a-z0-9]{1,15}", any::<bool>(), any::<bool>()).prop_map(|(name, prefix, neq)| {
+            Expr::IifName {
+                name,
+                prefix,
+                op: if neq { CmpOp::Neq } else { CmpOp::Eq },
+            }
+        }),
         (
             proptest::collection::vec(field(), 1..4),
             "[a-z-]{1,20}",

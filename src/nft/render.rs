@@ -60,6 +60,11 @@ pub fn expr(e: &Expr, family: Family) -> String {
             format!("{} {op}{value}", field(*f, family))
         }
         Expr::L4Proto(p) => format!("meta l4proto {}", proto::name(*p)),
+        Expr::IifName { name, prefix, op } => {
+            let op = if *op == CmpOp::Neq { "!= " } else { "" };
+            let star = if *prefix { "*" } else { "" };
+            format!("iifname {op}\"{name}{star}\"")
+        }
         Expr::InSet { key, set, negate } => {
             let op = if *negate { "!= " } else { "" };
             format!("{} {op}@{set}", concat(key, family))

@@ -14,6 +14,8 @@ pub struct Packet {
     pub daddr: IpAddr,
     pub proto: u8,
     pub dport: u16,
+    /// Input interface name (empty for locally generated packets).
+    pub iif: String,
     /// Addresses `fib … type local` treats as local.
     pub local_addrs: Vec<IpAddr>,
 }
@@ -148,6 +150,14 @@ impl Tracer<'_> {
                 go_on(value.contains(&a) == (*op == CmpOp::Eq), out)
             }
             Expr::L4Proto(p) => go_on(self.pkt.proto == *p, out),
+            Expr::IifName { name, prefix, op } => {
+                let m = if *prefix {
+                    self.pkt.iif.starts_with(name.as_str())
+                } else {
+                    self.pkt.iif == *name
+                };
+                go_on(m == (*op == CmpOp::Eq), out)
+            }
             Expr::InSet { key, set, negate } => {
                 let found = self
                     .fake

@@ -21,6 +21,11 @@ pub enum LocalDetector {
     None,
     /// Sources inside these CIDRs are pods (`ClusterCIDR` or `NodeCIDR` mode).
     Cidrs(Vec<Cidr>),
+    /// Packets arriving on this bridge come from pods (`BridgeInterface` mode).
+    Bridge(String),
+    /// Packets arriving on interfaces with this prefix come from pods
+    /// (`InterfaceNamePrefix` mode).
+    InterfacePrefix(String),
 }
 
 /// Which local addresses accept NodePort traffic.

@@ -396,9 +396,26 @@ fn service_port_rules(
         external: ext_chain,
         firewall: fw,
     } = ServiceChains::new(spn);
-    let detector = match &cfg.local_detector {
-        LocalDetector::Cidrs(c) => cidrs_of(c, family).first().copied(),
-        LocalDetector::None => None,
+    // "From a local pod": a source prefix, or an input interface.
+    let from_pod = |op: CmpOp| -> Option<Expr> {
+        match &cfg.local_detector {
+            LocalDetector::Cidrs(c) => cidrs_of(c, family).first().map(|c| Expr::Addr {
+                field: Field::Saddr,
+                op,
+                value: *c,
+            }),
+            LocalDetector::Bridge(name) => Some(Expr::IifName {
+                name: name.clone(),
+                prefix: false,
+                op,
+            }),
+            LocalDetector::InterfacePrefix(p) => Some(Expr::IifName {
+                name: p.clone(),
+                prefix: true,
+                op,
+            }),
+            LocalDetector::None => None,
+        }
     };
 
     for ep in &cat.all_reachable {
@@ -430,19 +447,11 @@ fn service_port_rules(
                 &svc_chain,
                 vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)],
             ));
-        } else if let Some(pods) = detector {
+        } else if let Some(not_pod) = from_pod(CmpOp::Neq) {
             rules.push(
                 Rule::new(
                     &svc_chain,
-                    vec![
-                        to_cluster_ip,
-                        Expr::Addr {
-                            field: Field::Saddr,
-                            op: CmpOp::Neq,
-                            value: pods,
-                        },
-                        jump(MARK_FOR_MASQUERADE),
-                    ],
+                    vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
                 )
                 .with_comment("masquerade traffic from outside the cluster"),
             );
@@ -503,21 +512,11 @@ fn service_port_rules(
     if external_ok {
         let mut rules = Vec::new();
         if sp.external_policy_local {
-            if let Some(pods) = detector {
+            if let Some(pod) = from_pod(CmpOp::Eq) {
                 if has_cluster {
                     rules.push(
-                        Rule::new(
-                            &ext_chain,
-                            vec![
-                                Expr::Addr {
-                                    field: Field::Saddr,
-                                    op: CmpOp::Eq,
-                                    value: pods,
-                                },
-                                goto(&svc_chain),
-                            ],
-                        )
-                        .with_comment("short-circuit pod traffic"),
+                        Rule::new(&ext_chain, vec![pod, goto(&svc_chain)])
+                            .with_comment("short-circuit pod traffic"),
                     );
                 }
             }

@@ -93,6 +93,7 @@ fn pkt(src: &str, dst: &str, dport: u16) -> Packet {
         daddr: ip(dst),
         proto: 6,
         dport,
+        iif: "eth0".into(),
         local_addrs: vec![ip(NODE_IP)],
     }
 }
@@ -441,5 +442,38 @@ fn node_port_addresses_restrict_where_node_ports_answer() {
             [Outcome::Pass].into()
         };
         assert_eq!(nat(&mut s, &p), want, "{np:?}");
+    }
+}
+
+#[test]
+fn interface_based_local_detection_decides_masquerading() {
+    for det in [
+        LocalDetector::Bridge("cni0".into()),
+        LocalDetector::InterfacePrefix("veth".into()),
+    ] {
+        let cfg = ProxierConfig {
+            local_detector: det.clone(),
+            ..Default::default()
+        };
+        let mut s = Syncer::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
+        let svc = service("svc1", "172.30.0.41", |_| {});
+        s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+            .unwrap();
+        let mut p = pkt("10.180.0.5", "172.30.0.41", 80);
+        p.iif = match &det {
+            LocalDetector::Bridge(b) => b.clone(),
+            _ => "veth1234".into(),
+        };
+        assert_eq!(
+            nat(&mut s, &p),
+            [dnat("10.180.0.1", false)].into(),
+            "{det:?}: pod traffic kept"
+        );
+        p.iif = "eth0".into();
+        assert_eq!(
+            nat(&mut s, &p),
+            [dnat("10.180.0.1", true)].into(),
+            "{det:?}: other traffic masqueraded"
+        );
     }
 }
