@@ -128,6 +128,8 @@ pub async fn serve(
 
 /// Feeds health, metrics and health-check ports from the sync loop.
 pub struct Hooks {
+    /// The localhost NodePort forwarder, when enabled.
+    pub localhost: Option<crate::localhost::LocalhostNodePorts>,
     /// Where warning events go when the API source is in use.
     pub warnings: Option<tokio::sync::mpsc::UnboundedSender<crate::source::kube::Warning>>,
     shared: Shared,
@@ -139,6 +141,7 @@ pub struct Hooks {
 impl Hooks {
     pub fn new(shared: Shared) -> Self {
         Hooks {
+            localhost: None,
             warnings: None,
             hc: ServiceHealthServers::new(shared.health.clone()),
             shared,
@@ -211,6 +214,9 @@ impl SyncHooks for Hooks {
                             traffic_policy: policy.into(),
                         })
                         .set(n as i64);
+                }
+                if let Some(l) = self.localhost.as_mut() {
+                    l.sync(crate::localhost::plan_localhost(state));
                 }
                 for (port, svc, err) in self.hc.sync(plan_health_checks(state)) {
                     if let Some(w) = &self.warnings {

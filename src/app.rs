@@ -99,6 +99,9 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         for r in removed {
             tracing::info!("removed {r}");
         }
+        for r in crate::sync::cleanup_upstream(&mut nft).map_err(AppError::Cleanup)? {
+            tracing::info!("removed upstream kube-proxy's {r}");
+        }
         return Ok(());
     }
     let (tx, mut rx) = watch::channel(None);
@@ -186,6 +189,9 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     .await;
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
+    if cfg.localhost_nodeports {
+        hooks.localhost = Some(crate::localhost::LocalhostNodePorts::new());
+    }
     // Restore our table at once when someone else changes it (nf_tables notifications).
     let tamper = Arc::new(tokio::sync::Notify::new());
     {

@@ -74,6 +74,10 @@ pub struct Flags {
     /// Address of the /metrics server.
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind_address: Option<String>,
+    /// Serve NodePorts on 127.0.0.1 too, through a userspace proxy (nftables DNAT cannot
+    /// reach loopback without route_localnet).
+    #[arg(long)]
+    pub localhost_nodeports: bool,
     /// Do not delete stale UDP/SCTP conntrack entries after syncs (for diagnosis only: clients
     /// of a removed endpoint then keep sending into the void).
     #[arg(long)]
@@ -127,6 +131,7 @@ pub struct Config {
     pub conntrack_cleanup: bool,
     pub conntrack: ConntrackConfig,
     pub json_logs: bool,
+    pub localhost_nodeports: bool,
     pub oom_score_adj: i32,
     pub write_config_to: Option<PathBuf>,
     /// The `--config` file, watched: when it changes the daemon exits so that it is
@@ -225,6 +230,7 @@ struct FileConfig {
     nodeport_addresses: Option<Vec<String>>,
     masquerade_all: Option<bool>,
     masquerade_bit: Option<u8>,
+    localhost_nodeports: Option<bool>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
     mode: Option<String>,
@@ -376,6 +382,7 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                         "syncPeriod" => fc.sync_period = as_str(v2),
                         "minSyncPeriod" => fc.min_sync_period = as_str(v2),
                         "tableName" => fc.table = as_str(v2),
+                        "localhostNodePorts" => fc.localhost_nodeports = v2.as_bool(),
                         other => fc.warnings.push(format!(
                             "config field nftables.{other} is not supported; ignored"
                         )),
@@ -599,6 +606,7 @@ impl Config {
             dry_run: f.dry_run,
             conntrack_cleanup: !f.no_conntrack_cleanup,
             json_logs,
+            localhost_nodeports: f.localhost_nodeports || fc.localhost_nodeports.unwrap_or(false),
             log_level: match f.verbosity.unwrap_or(0) {
                 0 | 1 => "info",
                 2 | 3 => "debug",
@@ -669,6 +677,7 @@ impl Config {
                 "syncPeriod": format_duration(self.sync_period),
                 "minSyncPeriod": format_duration(self.min_sync_period),
                 "tableName": self.proxier.table,
+                "localhostNodePorts": self.localhost_nodeports,
             },
             "conntrack": {
                 "maxPerCore": c.max_per_core,

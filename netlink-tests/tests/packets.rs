@@ -399,6 +399,32 @@ fn foreign_table_survives_sync_and_cleanup() {
 }
 
 #[test]
+fn cleanup_also_removes_upstream_kube_proxy_tables() {
+    let c = web_cluster();
+    c.node.sh("nft add table ip kube-proxy; nft add chain ip kube-proxy services; nft add table ip6 kube-proxy; nft add table inet kube-proxy");
+    c.sync_once(&web_yaml(""), &[]);
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("removed upstream kube-proxy's table ip kube-proxy"),
+        "{err}"
+    );
+    assert!(
+        err.contains("removed upstream kube-proxy's table ip6 kube-proxy"),
+        "{err}"
+    );
+    let all = c.node.sh("nft list ruleset");
+    assert!(
+        !all.contains("table ip kube-proxy") && !all.contains("table ip6 kube-proxy"),
+        "{all}"
+    );
+    assert!(
+        all.contains("table inet kube-proxy"),
+        "only upstream's ip and ip6 tables are its: {all}"
+    );
+}
+
+#[test]
 fn cleanup_leaves_a_same_named_table_it_did_not_create() {
     let c = web_cluster();
     c.node.sh("nft add table ip kube-nlproxy");
@@ -678,4 +704,67 @@ fn detect_local_by_interface_decides_masquerading() {
         "10.244.1.3",
         "a pod not on the bridge counts as outside: {r:?}"
     );
+}
+
+#[test]
+fn localhost_node_ports_work_with_the_option_and_not_without() {
+    let mut c = web_cluster();
+    c.add_pod(5);
+    udp_backend(&c.pods[2], "dns", sa("10.244.1.5", 53));
+    let mut y = web_yaml("");
+    y += &yaml::service(
+        "kube-system",
+        "dns",
+        &["10.96.0.53"],
+        &[("dns", "UDP", 53, 30053)],
+        "type: NodePort",
+    );
+    y += &yaml::slice(
+        "kube-system",
+        "dns",
+        "dns-1",
+        "IPv4",
+        ("dns", "UDP", 53),
+        &[yaml::ready("10.244.1.5", "node1")],
+    );
+    {
+        let _d = c.start_daemon(&y, &[]);
+        assert_eq!(
+            tcp_probe(&c.node, sa("127.0.0.1", 30080)),
+            Reply::Refused,
+            "no localhost NodePorts by default"
+        );
+    }
+    let _d = c.start_daemon(&y, &["--localhost-nodeports"]);
+    let t0 = Instant::now();
+    let replies = loop {
+        let r = tcp_probes(&c.node, sa("127.0.0.1", 30080), 20);
+        if r.iter().all(|r| r.name().is_some()) {
+            break r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{r:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        names(&replies),
+        ["local", "remote"].map(String::from).into(),
+        "round-robin over the endpoints"
+    );
+    let r = udp_probe(&c.node, sa("127.0.0.1", 30053));
+    assert_eq!(r.name(), Some("dns"), "{r:?}");
+    // An established connection survives an endpoint change.
+    let mut conn = OpenConn::open(&c.node, sa("127.0.0.1", 30080));
+    let gone = if conn.greeting.name() == Some("local") {
+        "10.244.1.2"
+    } else {
+        "10.244.2.2"
+    };
+    let y2 = y.replace(&format!("- {{addresses: [\"{gone}\"], nodeName: node{}, conditions: {{ready: true, serving: true, terminating: false}}}}\n", if gone == "10.244.1.2" { 1 } else { 2 }), "");
+    assert_ne!(y, y2);
+    c.write_manifests(&y2);
+    c.wait_ruleset("ip", "the endpoint removed", |r| {
+        !r.contains(&format!("{gone}:8080"))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(conn.echo("still").unwrap(), "still");
 }

@@ -418,3 +418,31 @@ pub fn cleanup<N: Nftables>(nft: &mut N, table: &str) -> Result<Vec<String>, nft
     }
     Ok(removed)
 }
+
+/// Upstream kube-proxy's nftables-mode table name.
+pub const UPSTREAM_TABLE: &str = "kube-proxy";
+
+/// Deletes what upstream kube-proxy's nftables mode leaves behind: its `kube-proxy` tables in
+/// the ip and ip6 families (migration). Its iptables rules cannot be removed without the
+/// iptables binaries; see README.
+pub fn cleanup_upstream<N: Nftables>(nft: &mut N) -> Result<Vec<String>, nft::Error> {
+    let mut removed = Vec::new();
+    for family in Family::all() {
+        if !nft
+            .list_tables(family)?
+            .iter()
+            .any(|t| t.name == UPSTREAM_TABLE)
+        {
+            continue;
+        }
+        let mut tx = Transaction::new(family, UPSTREAM_TABLE);
+        tx.delete(Table {
+            family,
+            name: UPSTREAM_TABLE.into(),
+            comment: None,
+        });
+        nft.apply(&tx)?;
+        removed.push(format!("table {family} {UPSTREAM_TABLE}"));
+    }
+    Ok(removed)
+}
