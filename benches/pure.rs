@@ -8,7 +8,8 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use kube_nlproxy::conntrack::cleanup::{service_destinations, stale_flows};
 use kube_nlproxy::conntrack::Flow;
 use kube_nlproxy::model::convert::{build_state, Snapshot};
-use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use kube_nlproxy::model::fixtures::synthetic_state;
+use kube_nlproxy::model::{Protocol, ProxyState};
 use kube_nlproxy::nft::encode::encode_transaction;
 use kube_nlproxy::nft::Family;
 use kube_nlproxy::proxier::plan::build_service;
@@ -16,51 +17,20 @@ use kube_nlproxy::proxier::{build_ruleset, plan_changes, plan_transaction, Chang
 use std::sync::Arc;
 
 fn state(services: usize, eps: usize, proto: Protocol) -> ProxyState {
-    let mut st = ProxyState {
-        node: NodeInfo {
-            name: "node1".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    for i in 0..services {
-        let name = ServicePortName {
-            namespace: "bench".into(),
-            name: format!("svc-{i}"),
-            port: "p".into(),
-            protocol: proto,
-        };
-        st.services.insert(
-            name.clone(),
-            ServicePort {
-                name: name.clone(),
-                cluster_ips: vec![Ipv4Addr::from(0x0a60_0000u32 + i as u32).into()],
-                port: 80,
-                node_port: (i < 2000).then_some(30000 + i as u16),
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                affinity_timeout: None,
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-            },
-        );
-        let e = (0..eps)
-            .map(|j| Endpoint {
-                ip: Ipv4Addr::from(0x0af4_0000u32 + (i * eps + j) as u32).into(),
-                port: 8080,
-                is_local: j == 0,
-                ready: true,
-                serving: true,
-                terminating: false,
-                zone_hints: vec![],
-                node_hints: vec![],
-            })
-            .collect();
-        st.endpoints.insert(name, e);
+    let mut st = synthetic_state(services, eps);
+    let mut out = st.clone();
+    out.services.clear();
+    out.endpoints.clear();
+    for (i, (mut name, mut sp)) in std::mem::take(&mut st.services).into_iter().enumerate() {
+        let e = st.endpoints.remove(&name).unwrap_or_default();
+        name.protocol = proto;
+        sp.name = name.clone();
+        let idx: usize = name.name.trim_start_matches("svc-").parse().unwrap_or(i);
+        sp.node_port = (idx < 2000).then_some(30000 + idx as u16);
+        out.endpoints.insert(name.clone(), e);
+        out.services.insert(name, sp);
     }
-    st
+    out
 }
 
 fn snapshot(services: usize, eps: usize) -> Snapshot {

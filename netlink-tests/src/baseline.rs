@@ -4,15 +4,8 @@
 //! ClusterIP 10.96.0.0 + i, port 80/TCP, and endpoints 10.244.0.0 + i*eps + j, port 8080.
 
 use std::fmt::Write;
-use std::net::Ipv4Addr;
 
-pub fn cluster_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::from(0x0a60_0000u32 + i as u32)
-}
-
-pub fn endpoint_ip(i: usize, j: usize, eps: usize) -> Ipv4Addr {
-    Ipv4Addr::from(0x0af4_0000u32 + (i * eps + j) as u32)
-}
+pub use kube_nlproxy::model::fixtures::{cluster_ip, endpoint_ip};
 
 /// Upstream nftables mode: a chain per service and per endpoint, an anonymous
 /// `numgen random mod N vmap` per service (KEP-3866 layout as of 1.33).

@@ -188,35 +188,9 @@ impl Cluster {
     /// Starts the daemon on `yaml`; it is stopped with SIGTERM when the guard drops.
     pub fn start_daemon(&self, yaml: &str, extra: &[&str]) -> Daemon {
         let p = self.write_manifests(yaml);
-        let log = self.dir.join("daemon.log");
-        let f = std::fs::File::create(&log).unwrap();
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.node.name,
-                proxy_bin().to_str().unwrap(),
-            ])
-            .args([
-                "--manifests",
-                p.to_str().unwrap(),
-                "--hostname-override",
-                "node1",
-                "--cluster-cidr",
-                CLUSTER_CIDR,
-                "--min-sync-period",
-                "100ms",
-            ])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(f)
-            .spawn()
-            .expect("spawn daemon");
-        let d = Daemon { child, log };
-        d.wait_for_log("synced", 1);
-        d
+        let mut args = vec!["--manifests", p.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        self.start_daemon_with(&args)
     }
 
     /// Starts the daemon with `args` (no manifests: e.g. `--master URL`).

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use kube_nlproxy::config::DetectLocal;
 use kube_nlproxy::model::convert::build_state;
-use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use kube_nlproxy::model::ProxyState;
 use kube_nlproxy::nft::lower::{key_bytes, lower};
 use kube_nlproxy::nft::netlink::NetlinkNftables;
 use kube_nlproxy::nft::{FakeNftables, Family, Nftables};
@@ -121,52 +121,7 @@ fn kernel_and_fake_agree_through_full_and_partial_syncs() {
 }
 
 fn big_state(services: usize, eps: usize) -> ProxyState {
-    let mut st = ProxyState {
-        node: NodeInfo {
-            name: "node1".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    for i in 0..services {
-        let name = ServicePortName {
-            namespace: "bench".into(),
-            name: format!("svc-{i}"),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        };
-        let cip = std::net::Ipv4Addr::from(0x0a60_0000u32 + i as u32);
-        st.services.insert(
-            name.clone(),
-            ServicePort {
-                name: name.clone(),
-                cluster_ips: vec![cip.into()],
-                port: 80,
-                node_port: None,
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                affinity_timeout: None,
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-            },
-        );
-        let e = (0..eps)
-            .map(|j| Endpoint {
-                ip: std::net::Ipv4Addr::from(0x0af4_0000u32 + (i * eps + j) as u32).into(),
-                port: 8080,
-                is_local: j == 0,
-                ready: true,
-                serving: true,
-                terminating: false,
-                zone_hints: vec![],
-                node_hints: vec![],
-            })
-            .collect();
-        st.endpoints.insert(name, e);
-    }
-    st
+    kube_nlproxy::model::fixtures::synthetic_state(services, eps)
 }
 
 #[test]

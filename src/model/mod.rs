@@ -2,6 +2,7 @@
 //! their endpoints, with upstream kube-proxy's names. Pure: no sockets, no clocks.
 
 pub mod convert;
+pub mod fixtures;
 pub mod topology;
 
 use std::collections::BTreeMap;

@@ -13,7 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_nlproxy::config::DetectLocal;
-use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use kube_nlproxy::model::fixtures::synthetic_state;
+use kube_nlproxy::model::{Protocol, ProxyState};
 use kube_nlproxy::nft::netlink::NetlinkNftables;
 use kube_nlproxy::nft::render;
 use kube_nlproxy::proxier::{build_ruleset, plan_full, LocalDetector, ProxierConfig};
@@ -32,51 +33,7 @@ fn cfg() -> ProxierConfig {
 }
 
 fn state(services: usize) -> ProxyState {
-    let mut st = ProxyState {
-        node: NodeInfo {
-            name: "node1".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    for i in 0..services {
-        let name = ServicePortName {
-            namespace: "ns".into(),
-            name: format!("svc-{i}"),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        };
-        st.services.insert(
-            name.clone(),
-            ServicePort {
-                name: name.clone(),
-                cluster_ips: vec![cluster_ip(i).into()],
-                port: 80,
-                node_port: None,
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                affinity_timeout: None,
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-            },
-        );
-        let eps = (0..EPS)
-            .map(|j| Endpoint {
-                ip: endpoint_ip(i, j, EPS).into(),
-                port: 8080,
-                is_local: false,
-                ready: true,
-                serving: true,
-                terminating: false,
-                zone_hints: vec![],
-                node_hints: vec![],
-            })
-            .collect();
-        st.endpoints.insert(name, eps);
-    }
-    st
+    synthetic_state(services, EPS)
 }
 
 fn secs(d: Duration) -> String {

@@ -1,0 +1,66 @@
+//! Synthetic clusters for benchmarks and tests: service i has ClusterIP 10.96.0.0 + i, port
+//! 80/TCP named `http`, and `eps` ready endpoints 10.244.0.0 + i·eps + j on port 8080 (none
+//! local). Pure.
+
+use std::net::Ipv4Addr;
+
+use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+
+/// The ClusterIP of synthetic service `i`.
+pub fn cluster_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(0x0a60_0000u32 + i as u32)
+}
+
+/// Endpoint `j` of synthetic service `i`.
+pub fn endpoint_ip(i: usize, j: usize, eps: usize) -> Ipv4Addr {
+    Ipv4Addr::from(0x0af4_0000u32 + (i * eps + j) as u32)
+}
+
+/// A node `node1` with `services` service ports of `eps` endpoints each.
+pub fn synthetic_state(services: usize, eps: usize) -> ProxyState {
+    let mut st = ProxyState {
+        node: NodeInfo {
+            name: "node1".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for i in 0..services {
+        let name = ServicePortName {
+            namespace: "ns".into(),
+            name: format!("svc-{i}"),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        st.services.insert(
+            name.clone(),
+            ServicePort {
+                name: name.clone(),
+                cluster_ips: vec![cluster_ip(i).into()],
+                port: 80,
+                node_port: None,
+                external_ips: vec![],
+                load_balancer_ips: vec![],
+                load_balancer_source_ranges: vec![],
+                affinity_timeout: None,
+                external_policy_local: false,
+                internal_policy_local: false,
+                health_check_node_port: None,
+            },
+        );
+        let e = (0..eps)
+            .map(|j| Endpoint {
+                ip: endpoint_ip(i, j, eps).into(),
+                port: 8080,
+                is_local: false,
+                ready: true,
+                serving: true,
+                terminating: false,
+                zone_hints: vec![],
+                node_hints: vec![],
+            })
+            .collect();
+        st.endpoints.insert(name, e);
+    }
+    st
+}
