@@ -124,7 +124,12 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 ));
                 warnings = Some(wtx);
             }
-            tokio::spawn(kube_source::run(client, cfg.node_name.clone(), tx))
+            tokio::spawn(kube_source::run(
+                client,
+                cfg.node_name.clone(),
+                tx,
+                cfg.config_sync_period,
+            ))
         }
     };
     // The first sync waits until every source delivered its initial state.

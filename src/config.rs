@@ -62,6 +62,9 @@ pub struct Flags {
     /// Shortest interval between syncs; changes arriving faster are batched.
     #[arg(long, value_name = "DURATION")]
     pub min_sync_period: Option<String>,
+    /// How often the watchers' state is re-published (upstream's informer resync period).
+    #[arg(long, value_name = "DURATION")]
+    pub config_sync_period: Option<String>,
     /// Proxy mode: nftables.
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
@@ -123,6 +126,7 @@ pub struct Config {
     pub proxier: ProxierConfig,
     pub sync_period: Duration,
     pub min_sync_period: Duration,
+    pub config_sync_period: Duration,
     pub healthz_bind_address: SocketAddr,
     pub metrics_bind_address: SocketAddr,
     pub cleanup: bool,
@@ -233,6 +237,7 @@ struct FileConfig {
     localhost_nodeports: Option<bool>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
+    config_sync_period: Option<String>,
     mode: Option<String>,
     table: Option<String>,
     healthz: Option<String>,
@@ -280,6 +285,7 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
             "clusterCIDR" => fc.cluster_cidr = as_str(val),
             "detectLocalMode" => fc.detect_local_mode = as_str(val),
             "mode" => fc.mode = as_str(val),
+            "configSyncPeriod" => fc.config_sync_period = as_str(val),
             "healthzBindAddress" => fc.healthz = as_str(val),
             "metricsBindAddress" => fc.metrics = as_str(val),
             "nodePortAddresses" => match val {
@@ -516,6 +522,14 @@ impl Config {
             f.min_sync_period.clone().or(fc.min_sync_period),
             Duration::from_secs(1),
         )?;
+        let config_sync_period = dur(
+            "--config-sync-period",
+            f.config_sync_period.clone().or(fc.config_sync_period),
+            Duration::from_secs(15 * 60),
+        )?;
+        if config_sync_period.is_zero() {
+            return Err(bad("--config-sync-period", "must be greater than 0"));
+        }
         if sync_period.is_zero() {
             return Err(bad("--sync-period", "must be greater than 0"));
         }
@@ -599,6 +613,7 @@ impl Config {
             },
             sync_period,
             min_sync_period,
+            config_sync_period,
             healthz_bind_address,
             metrics_bind_address,
             cleanup: f.cleanup,
@@ -671,6 +686,7 @@ impl Config {
             "healthzBindAddress": self.healthz_bind_address.to_string(),
             "metricsBindAddress": self.metrics_bind_address.to_string(),
             "oomScoreAdj": self.oom_score_adj,
+            "configSyncPeriod": format_duration(self.config_sync_period),
             "nftables": {
                 "masqueradeBit": self.proxier.masquerade_bit,
                 "masqueradeAll": self.proxier.masquerade_all,

@@ -153,3 +153,22 @@ fn api_outage_keeps_rules_and_recovers() {
         answered(&c, "10.96.0.40", 2) == ["local".to_string()].into()
     });
 }
+
+#[test]
+fn config_sync_period_republishes_the_watched_state() {
+    let (c, api) = setup();
+    let d = c.start_daemon_with(&["--master", &api.url(), "--config-sync-period", "1s"]);
+    let before = d.log_text().matches(" synced").count();
+    d.wait_for_log(" synced", before + 2);
+    // Nothing changed, so the resyncs send nothing to the kernel.
+    let text = d.log_text();
+    let last = text
+        .lines()
+        .filter(|l| l.contains(" synced"))
+        .last()
+        .unwrap();
+    assert!(
+        last.contains("Ip: 0") && last.contains("full=false"),
+        "{last}"
+    );
+}

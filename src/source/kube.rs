@@ -195,7 +195,14 @@ pub async fn run_events(
 
 /// Watches the API and publishes states until the streams end (they do not, in practice:
 /// watchers retry forever with backoff).
-pub async fn run(client: Client, node: String, tx: watch::Sender<Option<Arc<ProxyState>>>) {
+/// Every `resync`, the current state is published again (like an informer resync: the
+/// sync that follows finds nothing changed unless the kernel needs it).
+pub async fn run(
+    client: Client,
+    node: String,
+    tx: watch::Sender<Option<Arc<ProxyState>>>,
+    resync: std::time::Duration,
+) {
     let cfg = watcher::Config::default().labels(SELECTOR);
     let svc = watcher(Api::<Service>::all(client.clone()), cfg.clone())
         .default_backoff()
@@ -215,7 +222,21 @@ pub async fn run(client: Client, node: String, tx: watch::Sender<Option<Arc<Prox
     let mut all = stream::select_all([svc, eps, nodes]).ready_chunks(4096);
     let mut stores = Stores::default();
     let mut announced = false;
-    while let Some(batch) = all.next().await {
+    let mut ticker = tokio::time::interval(resync.max(std::time::Duration::from_secs(1)));
+    ticker.tick().await;
+    loop {
+        let batch = tokio::select! {
+            b = all.next() => match b {
+                Some(b) => b,
+                None => return,
+            },
+            _ = ticker.tick() => {
+                if stores.synced() {
+                    tx.send_modify(|_| {});
+                }
+                continue;
+            }
+        };
         let mut changed = false;
         for item in batch {
             match item {
