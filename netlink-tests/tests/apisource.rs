@@ -162,11 +162,7 @@ fn config_sync_period_republishes_the_watched_state() {
     d.wait_for_log(" synced", before + 2);
     // Nothing changed, so the resyncs send nothing to the kernel.
     let text = d.log_text();
-    let last = text
-        .lines()
-        .filter(|l| l.contains(" synced"))
-        .last()
-        .unwrap();
+    let last = text.lines().rfind(|l| l.contains(" synced")).unwrap();
     assert!(
         last.contains("Ip: 0") && last.contains("full=false"),
         "{last}"
