@@ -8,6 +8,7 @@ pub mod conntrack;
 pub mod fxhash;
 pub mod health;
 pub mod healthcheck;
+pub mod ipvs;
 pub mod localhost;
 pub mod metrics;
 pub mod model;
