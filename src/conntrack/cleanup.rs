@@ -76,15 +76,15 @@ pub fn stale_flows(dests: &ServiceDestinations, flows: &[Flow]) -> Vec<Flow> {
         .iter()
         .filter(|f| {
             let reply = (f.reply_src, f.reply_sport);
-            let by_ip = dests
-                .by_ip_port
-                .get(&(f.orig_dst, f.orig_dport))
-                .is_some_and(|eps| !eps.contains(&reply));
-            let by_np = dests
-                .by_node_port
-                .get(&f.orig_dport)
-                .is_some_and(|eps| !eps.contains(&reply));
-            by_ip || by_np
+            // A flow to a service IP and port is judged by that service alone, even when its
+            // port number is also some NodePort.
+            match dests.by_ip_port.get(&(f.orig_dst, f.orig_dport)) {
+                Some(eps) => !eps.contains(&reply),
+                None => dests
+                    .by_node_port
+                    .get(&f.orig_dport)
+                    .is_some_and(|eps| !eps.contains(&reply)),
+            }
         })
         .cloned()
         .collect()
@@ -183,6 +183,35 @@ mod tests {
         let gone = flow("192.168.0.2", 30053, "10.244.1.2", 5353);
         let live = flow("192.168.0.2", 30053, "10.244.2.2", 5353);
         assert_eq!(stale_flows(&d, &[gone.clone(), live]), vec![gone]);
+    }
+
+    #[test]
+    fn a_service_port_equal_to_some_node_port_is_judged_by_its_own_service() {
+        let mut st = state(&["10.244.2.2"]);
+        // A second UDP service whose port happens to equal the first one's NodePort.
+        let mut other = st.services.values().next().unwrap().clone();
+        other.name.name = "other".into();
+        other.cluster_ips = vec!["10.96.0.99".parse().unwrap()];
+        other.port = 30053;
+        other.node_port = None;
+        st.endpoints.insert(
+            other.name.clone(),
+            st.endpoints
+                .values()
+                .next()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let mut e = e.clone();
+                    e.ip = "10.244.9.9".parse().unwrap();
+                    e
+                })
+                .collect(),
+        );
+        st.services.insert(other.name.clone(), other);
+        let d = service_destinations(&st, Family::Ip, Protocol::Udp);
+        let live = flow("10.96.0.99", 30053, "10.244.9.9", 5353);
+        assert!(stale_flows(&d, &[live]).is_empty());
     }
 
     #[test]
