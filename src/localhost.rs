@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::model::topology::categorize_endpoints;
+use crate::model::topology::categorize_family;
 use crate::model::{Protocol, ProxyState};
 
 /// Where one localhost NodePort forwards to.
@@ -32,15 +32,8 @@ pub fn plan_localhost(state: &ProxyState) -> BTreeMap<(Protocol, u16), Forward> 
         if spn.protocol == Protocol::Sctp {
             continue;
         }
-        let eps: Vec<_> = state
-            .endpoints
-            .get(spn)
-            .unwrap_or(&none)
-            .iter()
-            .filter(|e| e.ip.is_ipv4())
-            .cloned()
-            .collect();
-        let cat = categorize_endpoints(&eps, sp, &state.node.name, state.node.zone());
+        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let cat = categorize_family(eps, sp, &state.node, true);
         // Traffic to a NodePort is external traffic: the external policy decides.
         let chosen = if sp.external_policy_local {
             &cat.local

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use crate::model::topology::categorize_endpoints;
+use crate::model::topology::categorize_family;
 use crate::model::{Protocol, ProxyState};
 use crate::nft::Family;
 
@@ -44,15 +44,8 @@ pub fn service_destinations(
         if spn.protocol != proto {
             continue;
         }
-        let eps: Vec<_> = state
-            .endpoints
-            .get(spn)
-            .unwrap_or(&none)
-            .iter()
-            .filter(|e| Family::of(&e.ip) == family)
-            .cloned()
-            .collect();
-        let cat = categorize_endpoints(&eps, sp, &state.node.name, state.node.zone());
+        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let cat = categorize_family(eps, sp, &state.node, family == Family::Ip);
         let serving: Endpoints = cat.all_reachable.iter().map(|e| (e.ip, e.port)).collect();
         for ip in sp
             .cluster_ips

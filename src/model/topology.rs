@@ -2,7 +2,7 @@
 //! `CategorizeEndpoints`): ready endpoints, topology hints, serving+terminating fallback,
 //! and traffic policies. Pure.
 
-use super::{Endpoint, ServicePort};
+use super::{Endpoint, NodeInfo, ServicePort};
 
 /// The endpoints each kind of traffic may use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,6 +56,22 @@ fn available(ep: &Endpoint, mode: TopologyMode, node: &str, zone: Option<&str>) 
         TopologyMode::SameNode => ep.node_hints.iter().any(|n| n == node),
         TopologyMode::SameZone => zone.is_some_and(|z| ep.zone_hints.iter().any(|h| h == z)),
     }
+}
+
+/// [`categorize_endpoints`] over the endpoints of one address family (IPv4 when `v4`), as
+/// each family's rules, conntrack cleanup and localhost forwarding see them.
+pub fn categorize_family(
+    endpoints: &[Endpoint],
+    svc: &ServicePort,
+    node: &NodeInfo,
+    v4: bool,
+) -> CategorizedEndpoints {
+    let eps: Vec<Endpoint> = endpoints
+        .iter()
+        .filter(|e| e.ip.is_ipv4() == v4)
+        .cloned()
+        .collect();
+    categorize_endpoints(&eps, svc, &node.name, node.zone())
 }
 
 /// Splits a service port's endpoints into what cluster and local traffic may use.

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use crate::model::topology::categorize_endpoints;
+use crate::model::topology::{categorize_endpoints, categorize_family};
 use std::sync::Arc;
 
 use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
@@ -381,12 +381,7 @@ fn service_port_rules(
     let Some(cluster_ip) = cluster_ips.first().copied() else {
         return; // not a service of this family
     };
-    let eps: Vec<Endpoint> = endpoints
-        .iter()
-        .filter(|e| Family::of(&e.ip) == family)
-        .cloned()
-        .collect();
-    let cat = categorize_endpoints(&eps, sp, &node.name, node.zone());
+    let cat = categorize_family(endpoints, sp, node, family == Family::Ip);
     let spn = &sp.name;
     let comment = spn.to_string();
     let proto = spn.protocol.number();

@@ -134,21 +134,7 @@ fn manifest_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
 /// Reads every manifest under `path`. An unreadable file is a warning; a missing path is an
 /// error.
 pub fn load(path: &Path, node_name: &str) -> std::io::Result<(Snapshot, Vec<String>)> {
-    let mut snap = Snapshot::default();
-    let mut warnings = Vec::new();
-    for f in manifest_files(path)? {
-        match std::fs::read_to_string(&f) {
-            Ok(text) => parse_manifest(
-                &text,
-                &f.display().to_string(),
-                node_name,
-                &mut snap,
-                &mut warnings,
-            ),
-            Err(e) => warnings.push(format!("{}: {e}; skipped", f.display())),
-        }
-    }
-    Ok((snap, warnings))
+    ManifestCache::new().load(path, node_name)
 }
 
 type FileKey = (u64, Option<SystemTime>, u64);
