@@ -242,28 +242,16 @@ mod tests {
             st.services.insert(
                 spn.clone(),
                 ServicePort {
-                    name: spn.clone(),
-                    cluster_ips: vec!["10.0.0.1".parse().unwrap()],
-                    port: 80,
                     node_port: Some(30000),
-                    external_ips: vec![],
-                    load_balancer_ips: vec![],
-                    load_balancer_source_ranges: vec![],
-                    affinity_timeout: None,
                     external_policy_local: local_policy,
-                    internal_policy_local: false,
                     health_check_node_port: Some(32000),
+                    ..ServicePort::new(spn.clone(), "10.0.0.1".parse().unwrap(), 80)
                 },
             );
             let ep = |ip: &str, local, ready| Endpoint {
-                ip: ip.parse().unwrap(),
-                port: 80,
-                is_local: local,
                 ready,
                 serving: ready,
-                terminating: false,
-                zone_hints: vec![],
-                node_hints: vec![],
+                ..Endpoint::ready(ip.parse().unwrap(), 80, local)
             };
             st.endpoints.insert(
                 spn,

@@ -68,31 +68,10 @@ fn state(n_eps: usize, being_deleted: bool) -> ProxyState {
     };
     st.services.insert(
         spn.clone(),
-        ServicePort {
-            name: spn.clone(),
-            cluster_ips: vec!["10.96.0.1".parse().unwrap()],
-            port: 80,
-            node_port: None,
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            affinity_timeout: None,
-            external_policy_local: false,
-            internal_policy_local: false,
-            health_check_node_port: None,
-        },
+        ServicePort::new(spn.clone(), "10.96.0.1".parse().unwrap(), 80),
     );
     let eps = (0..n_eps)
-        .map(|i| Endpoint {
-            ip: format!("10.244.0.{}", i + 1).parse().unwrap(),
-            port: 80,
-            is_local: true,
-            ready: true,
-            serving: true,
-            terminating: false,
-            zone_hints: vec![],
-            node_hints: vec![],
-        })
+        .map(|i| Endpoint::ready(format!("10.244.0.{}", i + 1).parse().unwrap(), 80, true))
         .collect();
     st.endpoints.insert(spn, eps);
     st

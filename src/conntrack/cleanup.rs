@@ -105,32 +105,14 @@ mod tests {
         st.services.insert(
             spn.clone(),
             ServicePort {
-                name: spn.clone(),
-                cluster_ips: vec!["10.96.0.53".parse().unwrap()],
-                port: 53,
                 node_port: Some(30053),
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                affinity_timeout: None,
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
+                ..ServicePort::new(spn.clone(), "10.96.0.53".parse().unwrap(), 53)
             },
         );
         st.endpoints.insert(
             spn,
             eps.iter()
-                .map(|ip| Endpoint {
-                    ip: ip.parse().unwrap(),
-                    port: 5353,
-                    is_local: true,
-                    ready: true,
-                    serving: true,
-                    terminating: false,
-                    zone_hints: vec![],
-                    node_hints: vec![],
-                })
+                .map(|ip| Endpoint::ready(ip.parse().unwrap(), 5353, true))
                 .collect(),
         );
         st

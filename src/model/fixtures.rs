@@ -34,31 +34,10 @@ pub fn synthetic_state(services: usize, eps: usize) -> ProxyState {
         };
         st.services.insert(
             name.clone(),
-            ServicePort {
-                name: name.clone(),
-                cluster_ips: vec![cluster_ip(i).into()],
-                port: 80,
-                node_port: None,
-                external_ips: vec![],
-                load_balancer_ips: vec![],
-                load_balancer_source_ranges: vec![],
-                affinity_timeout: None,
-                external_policy_local: false,
-                internal_policy_local: false,
-                health_check_node_port: None,
-            },
+            ServicePort::new(name.clone(), cluster_ip(i).into(), 80),
         );
         let e = (0..eps)
-            .map(|j| Endpoint {
-                ip: endpoint_ip(i, j, eps).into(),
-                port: 8080,
-                is_local: false,
-                ready: true,
-                serving: true,
-                terminating: false,
-                zone_hints: vec![],
-                node_hints: vec![],
-            })
+            .map(|j| Endpoint::ready(endpoint_ip(i, j, eps).into(), 8080, false))
             .collect();
         st.endpoints.insert(name, e);
     }

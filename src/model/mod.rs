@@ -85,6 +85,24 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// A ClusterIP service port with Cluster traffic policies and nothing external; callers
+    /// set what else they need.
+    pub fn new(name: ServicePortName, cluster_ip: IpAddr, port: u16) -> ServicePort {
+        ServicePort {
+            name,
+            cluster_ips: vec![cluster_ip],
+            port,
+            node_port: None,
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            affinity_timeout: None,
+            external_policy_local: false,
+            internal_policy_local: false,
+            health_check_node_port: None,
+        }
+    }
+
     /// Reachable from outside the cluster (NodePort, externalIPs or LoadBalancer IPs).
     pub fn externally_accessible(&self) -> bool {
         self.node_port.is_some()
@@ -112,6 +130,22 @@ pub struct Endpoint {
     pub terminating: bool,
     pub zone_hints: Vec<String>,
     pub node_hints: Vec<String>,
+}
+
+impl Endpoint {
+    /// A ready, serving, not terminating endpoint without topology hints.
+    pub fn ready(ip: IpAddr, port: u16, is_local: bool) -> Endpoint {
+        Endpoint {
+            ip,
+            port,
+            is_local,
+            ready: true,
+            serving: true,
+            terminating: false,
+            zone_hints: vec![],
+            node_hints: vec![],
+        }
+    }
 }
 
 impl fmt::Display for Endpoint {

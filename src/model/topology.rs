@@ -151,35 +151,28 @@ mod tests {
 
     fn svc(internal_local: bool, external_local: bool, node_port: bool) -> ServicePort {
         ServicePort {
-            name: ServicePortName {
-                namespace: "ns1".into(),
-                name: "svc1".into(),
-                port: "p80".into(),
-                protocol: Protocol::Tcp,
-            },
-            cluster_ips: vec!["172.30.0.1".parse().unwrap()],
-            port: 80,
             node_port: node_port.then_some(30080),
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            affinity_timeout: None,
             external_policy_local: external_local && node_port,
             internal_policy_local: internal_local,
-            health_check_node_port: None,
+            ..ServicePort::new(
+                ServicePortName {
+                    namespace: "ns1".into(),
+                    name: "svc1".into(),
+                    port: "p80".into(),
+                    protocol: Protocol::Tcp,
+                },
+                "172.30.0.1".parse().unwrap(),
+                80,
+            )
         }
     }
 
     fn ep(last: u8, local: bool, ready: bool, serving: bool, terminating: bool) -> Endpoint {
         Endpoint {
-            ip: format!("10.1.2.{last}").parse().unwrap(),
-            port: 80,
-            is_local: local,
             ready,
             serving,
             terminating,
-            zone_hints: vec![],
-            node_hints: vec![],
+            ..Endpoint::ready(format!("10.1.2.{last}").parse().unwrap(), 80, local)
         }
     }
 

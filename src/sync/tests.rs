@@ -33,34 +33,13 @@ fn spn(ns: &str, name: &str) -> ServicePortName {
 }
 
 fn service(name: &str, cluster_ip: &str, f: impl FnOnce(&mut ServicePort)) -> ServicePort {
-    let mut s = ServicePort {
-        name: spn("ns1", name),
-        cluster_ips: vec![ip(cluster_ip)],
-        port: 80,
-        node_port: None,
-        external_ips: vec![],
-        load_balancer_ips: vec![],
-        load_balancer_source_ranges: vec![],
-        affinity_timeout: None,
-        external_policy_local: false,
-        internal_policy_local: false,
-        health_check_node_port: None,
-    };
+    let mut s = ServicePort::new(spn("ns1", name), ip(cluster_ip), 80);
     f(&mut s);
     s
 }
 
 fn ep(addr: &str, local: bool) -> Endpoint {
-    Endpoint {
-        ip: ip(addr),
-        port: 8080,
-        is_local: local,
-        ready: true,
-        serving: true,
-        terminating: false,
-        zone_hints: vec![],
-        node_hints: vec![],
-    }
+    Endpoint::ready(ip(addr), 8080, local)
 }
 
 fn state(svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
