@@ -352,23 +352,7 @@ mod tests {
 
     fn roundtrip(exprs: Vec<Expr>, family: Family) {
         let kexprs = lower(&exprs, family);
-        let mut w = MsgWriter::new();
-        w.begin_msg(msg_type(NFT_MSG_NEWRULE), 0, 1);
-        w.put_raw(&nfgenmsg(family.nfproto(), 0));
-        w.attr_str(NFTA_RULE_TABLE, "t");
-        w.attr_str(NFTA_RULE_CHAIN, "c");
-        w.nest_start(NFTA_RULE_EXPRESSIONS);
-        for k in &kexprs {
-            w.nest_start(NFTA_LIST_ELEM);
-            w.attr_str(NFTA_EXPR_NAME, k.name());
-            w.nest_start(NFTA_EXPR_DATA);
-            encode_kexpr(&mut w, k);
-            w.nest_end();
-            w.nest_end();
-        }
-        w.nest_end();
-        w.end_msg();
-        let b = w.into_bytes();
+        let b = rule_message(family, &kexprs);
         let m = parse_msgs(&b).unwrap();
         let r = decode_rule(&m[0]).unwrap();
         assert_eq!(r.exprs, kexprs);

@@ -289,19 +289,37 @@ fn chain_attrs(w: &mut MsgWriter, table: &str, c: &Chain) {
 fn rule_attrs(w: &mut MsgWriter, table: &str, family: Family, r: &Rule) {
     w.attr_str(NFTA_RULE_TABLE, table);
     w.attr_str(NFTA_RULE_CHAIN, &r.chain);
+    expressions_attr(w, &lower(&r.exprs, family));
+    if let Some(c) = &r.comment {
+        w.attr(NFTA_RULE_USERDATA, &udata_comment(UDATA_COMMENT, c));
+    }
+}
+
+/// `NFTA_RULE_EXPRESSIONS`: one `NFTA_LIST_ELEM` (name + data) per kernel expression.
+pub fn expressions_attr(w: &mut MsgWriter, kexprs: &[KExpr]) {
     w.nest_start(NFTA_RULE_EXPRESSIONS);
-    for k in lower(&r.exprs, family) {
+    for k in kexprs {
         w.nest_start(NFTA_LIST_ELEM);
         w.attr_str(NFTA_EXPR_NAME, k.name());
         w.nest_start(NFTA_EXPR_DATA);
-        encode_kexpr(w, &k);
+        encode_kexpr(w, k);
         w.nest_end();
         w.nest_end();
     }
     w.nest_end();
-    if let Some(c) = &r.comment {
-        w.attr(NFTA_RULE_USERDATA, &udata_comment(UDATA_COMMENT, c));
-    }
+}
+
+/// A bare `NEWRULE` message in table "t", chain "c" holding `kexprs` (for codec tests).
+#[cfg(test)]
+pub fn rule_message(family: Family, kexprs: &[KExpr]) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    w.begin_msg(msg_type(NFT_MSG_NEWRULE), 0, 1);
+    w.put_raw(&nfgenmsg(family.nfproto(), 0));
+    w.attr_str(NFTA_RULE_TABLE, "t");
+    w.attr_str(NFTA_RULE_CHAIN, "c");
+    expressions_attr(&mut w, kexprs);
+    w.end_msg();
+    w.into_bytes()
 }
 
 fn set_attrs(w: &mut MsgWriter, table: &str, family: Family, s: &Set, set_id: u32) {

@@ -3,12 +3,9 @@
 
 use proptest::prelude::*;
 
-use crate::netlink::msg::{parse_error, parse_msgs, Attrs, MsgWriter, RawMsg};
+use crate::netlink::msg::{parse_error, parse_msgs, Attrs, RawMsg};
 use crate::nft::decode::{decode_chain, decode_elements, decode_rule, decode_set, decode_table};
-use crate::nft::encode::{
-    encode_kexpr, msg_type, nfgenmsg, NFTA_EXPR_DATA, NFTA_EXPR_NAME, NFTA_LIST_ELEM,
-    NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS, NFTA_RULE_TABLE, NFT_MSG_NEWRULE,
-};
+use crate::nft::encode::rule_message;
 use crate::nft::lower::lower;
 use crate::nft::{Cidr, CmpOp, Expr, Family, Field, Verdict};
 
@@ -112,23 +109,7 @@ proptest! {
     fn expressions_round_trip(v4 in any::<bool>(), exprs in proptest::collection::vec(expr(Family::Ip), 1..12), exprs6 in proptest::collection::vec(expr(Family::Ip6), 1..12)) {
         let (family, exprs) = if v4 { (Family::Ip, exprs) } else { (Family::Ip6, exprs6) };
         let k = lower(&exprs, family);
-        let mut w = MsgWriter::new();
-        w.begin_msg(msg_type(NFT_MSG_NEWRULE), 0, 1);
-        w.put_raw(&nfgenmsg(family.nfproto(), 0));
-        w.attr_str(NFTA_RULE_TABLE, "t");
-        w.attr_str(NFTA_RULE_CHAIN, "c");
-        w.nest_start(NFTA_RULE_EXPRESSIONS);
-        for e in &k {
-            w.nest_start(NFTA_LIST_ELEM);
-            w.attr_str(NFTA_EXPR_NAME, e.name());
-            w.nest_start(NFTA_EXPR_DATA);
-            encode_kexpr(&mut w, e);
-            w.nest_end();
-            w.nest_end();
-        }
-        w.nest_end();
-        w.end_msg();
-        let b = w.into_bytes();
+        let b = rule_message(family, &k);
         let m = parse_msgs(&b).unwrap();
         prop_assert_eq!(decode_rule(&m[0]).unwrap().exprs, k);
     }
