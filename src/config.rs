@@ -770,6 +770,32 @@ mod tests {
     }
 
     #[test]
+    fn verbosity_and_log_format() {
+        let lvl = |v: &str| {
+            Config::from_flags(flags(&["--hostname-override", "n", "-v", v]))
+                .unwrap()
+                .log_level
+        };
+        assert_eq!((lvl("0"), lvl("2"), lvl("4")), ("info", "debug", "trace"));
+        let c = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--logging-format",
+            "json",
+        ]))
+        .unwrap();
+        assert!(c.json_logs);
+        let e = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--logging-format",
+            "xml",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("--logging-format"), "{e}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));

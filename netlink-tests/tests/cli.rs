@@ -189,3 +189,41 @@ fn config_file_edit_makes_the_daemon_exit_and_oom_score_is_set() {
     assert!(err.contains("configuration file changed"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn json_logs_are_json() {
+    let dir = std::env::temp_dir().join(format!("nlp-json-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+    )
+    .unwrap();
+    let out = bin()
+        .args([
+            "--manifests",
+            bad.to_str().unwrap(),
+            "--hostname-override",
+            "n",
+            "--dry-run",
+            "--logging-format",
+            "json",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("ConfigMap"))
+        .unwrap_or_else(|| panic!("no warning: {err}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(v["level"], "WARN");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -146,7 +146,14 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         ProxierConfig::default(),
         DetectLocal::ClusterCidr(vec![]),
     );
-    let (tx, rx) = watch::channel(Some(Arc::new(state(1, false))));
+    // The first state carries an EndpointSlice change time 3 s ago: once synced it is
+    // observed as network programming latency.
+    let mut first = state(1, false);
+    let spn = first.services.keys().next().unwrap().clone();
+    first
+        .trigger_times
+        .insert(spn, std::time::SystemTime::now() - Duration::from_secs(3));
+    let (tx, rx) = watch::channel(Some(Arc::new(first)));
     let timing = Timing {
         min_sync_period: Duration::from_millis(100),
         sync_period: Duration::from_secs(1),
@@ -239,6 +246,12 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         "{m}"
     );
     assert!(metric(&m, "process_resident_memory_bytes") > 0.0);
+    assert_eq!(
+        metric(&m, "kubeproxy_network_programming_duration_seconds_count"),
+        1.0,
+        "observed once per trigger time"
+    );
+    assert!(metric(&m, "kubeproxy_network_programming_duration_seconds_sum") >= 3.0);
     let (code, body) = tokio::task::spawn_blocking(move || get(mx, "/configz"))
         .await
         .unwrap();

@@ -17,6 +17,24 @@ fn execs(trace: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// `ip netns exec NS strace -f -qq -e trace=execve -o TRACE` (program and arguments follow).
+fn traced(ns: &NetNs, trace: &std::path::Path) -> Command {
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        &ns.name,
+        "strace",
+        "-f",
+        "-qq",
+        "-e",
+        "trace=execve",
+        "-o",
+    ])
+    .arg(trace);
+    c
+}
+
 #[test]
 fn binary_execs_nothing() {
     require_root();
@@ -39,23 +57,7 @@ fn binary_execs_nothing() {
     ];
     for (i, args) in runs.iter().enumerate() {
         let trace = dir.join(format!("trace{i}"));
-        let st = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &ns.name,
-                "strace",
-                "-f",
-                "-qq",
-                "-e",
-                "trace=execve",
-                "-o",
-            ])
-            .arg(&trace)
-            .arg(&bin)
-            .args(*args)
-            .status()
-            .unwrap();
+        let st = traced(&ns, &trace).arg(&bin).args(*args).status().unwrap();
         assert!(st.success(), "{args:?}");
         let e = execs(&trace);
         assert_eq!(e.len(), 1, "only strace's own exec of the binary: {e:?}");
@@ -63,19 +65,7 @@ fn binary_execs_nothing() {
     }
     // The daemon, including a manifest reload and SIGTERM.
     let trace = dir.join("trace-daemon");
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns.name,
-            "strace",
-            "-f",
-            "-qq",
-            "-e",
-            "trace=execve",
-            "-o",
-        ])
-        .arg(&trace)
+    let mut child = traced(&ns, &trace)
         .arg(&bin)
         .args([
             "--manifests",

@@ -456,3 +456,34 @@ fn interface_based_local_detection_decides_masquerading() {
         );
     }
 }
+
+#[test]
+fn node_cidr_detection_uses_the_nodes_pod_cidrs() {
+    let mut s = Syncer::new(
+        FakeNftables::new(),
+        ProxierConfig::default(),
+        DetectLocal::NodeCidr,
+    );
+    let mut st = state(vec![(
+        service("svc1", "172.30.0.41", |_| {}),
+        vec![ep("10.180.0.1", true)],
+    )]);
+    st.node.pod_cidrs = vec!["10.180.0.0/24".parse().unwrap()];
+    s.sync(&st).unwrap();
+    assert_eq!(
+        nat(&mut s, &pkt("10.180.0.5", "172.30.0.41", 80)),
+        [dnat("10.180.0.1", false)].into()
+    );
+    assert_eq!(
+        nat(&mut s, &pkt("10.181.0.5", "172.30.0.41", 80)),
+        [dnat("10.180.0.1", true)].into(),
+        "another node's pod is outside this node's CIDR"
+    );
+    // No podCIDRs on the Node: no detection, nothing is masqueraded for ClusterIPs.
+    st.node.pod_cidrs.clear();
+    s.sync(&st).unwrap();
+    assert_eq!(
+        nat(&mut s, &pkt("203.0.113.9", "172.30.0.41", 80)),
+        [dnat("10.180.0.1", false)].into()
+    );
+}
