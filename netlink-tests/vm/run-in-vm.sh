@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Runs one command inside a throwaway QEMU guest booting Debian's stock kernel
+# (linux-image-amd64), which ships ip_vs*, dummy and the nf_tables modules that the
+# development and CI machines' kernels lack. The guest's exit status becomes ours.
+#
+#   run-in-vm.sh --setup                         # download + build the cached guest only
+#   run-in-vm.sh [--share DIR]... [--env NAME=VAL]... [--timeout S] [--mem MB] -- CMD ARGS...
+#
+# --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
+# guest's working directory is $PWD when it lies inside a share. The guest has busybox,
+# dash as /bin/sh, iproute2's ip, nft, ipvsadm and glibc (so -gnu Rust binaries reached
+# through a share run as they are). Test oracles only: nothing here is used by src/.
+#
+# Needs: qemu-system-x86 busybox-static cpio (apt), and apt access to Debian's archive
+# the first time (cache: $KNP_VM_CACHE, default /var/tmp/kube-nlproxy-vm, ~160 MB).
+# Exit status: the command's; 124 timeout; 125 the guest died without a status (console
+# log on stderr); 126 harness error.
+set -euo pipefail
+
+CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
+MEM=1024 TIMEOUT=900 SETUP_ONLY=0
+SHARES=() ENVS=()
+STAMP=3
+
+die() { echo "run-in-vm: $*" >&2; exit 126; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --share) SHARES+=("$(realpath "$2")"); shift 2;;
+    --env) ENVS+=("$2"); shift 2;;
+    --mem) MEM=$2; shift 2;;
+    --timeout) TIMEOUT=$2; shift 2;;
+    --setup) SETUP_ONLY=1; shift;;
+    --) shift; break;;
+    *) die "unknown option $1";;
+  esac
+done
+
+# Loaded in this order (their dependencies first, resolved from modules.dep).
+MODULES="crc32c_generic virtio_pci 9pnet_virtio 9p dummy veth
+ nfnetlink nf_conntrack nf_conntrack_netlink nf_nat nf_tables nft_ct nft_nat nft_chain_nat
+ nft_masq nft_redir nft_numgen nft_hash nft_fib_inet nft_fib_ipv4 nft_fib_ipv6
+ nft_reject_inet nft_reject_ipv4 nft_reject_ipv6
+ ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh ip_vs_lc ip_vs_wlc ip_vs_sed ip_vs_nq ip_vs_mh"
+ORACLE_PKGS="ipvsadm libnl-3-200 libnl-genl-3-200 libpopt0"
+
+# Maps a host path onto the guest's merged-/usr layout.
+guest_path() { case "$1" in /lib/*|/lib64/*|/bin/*|/sbin/*) echo "/usr$1";; *) echo "$1";; esac; }
+
+# copy_with_libs ROOT FILE [LD_LIBRARY_PATH [PREFIX]]: FILE (minus PREFIX) and its libraries.
+copy_with_libs() {
+  local root=$1 f=$2 llp=${3:-} pfx=${4:-} d lib
+  d=$(guest_path "${f#"$pfx"}"); mkdir -p "$root$(dirname "$d")"; cp -L "$f" "$root$d"
+  LD_LIBRARY_PATH=$llp ldd "$f" >/dev/null 2>&1 || return 0
+  for lib in $(LD_LIBRARY_PATH=$llp ldd "$f" | awk '/=> \//{print $3} /^[ \t]*\//{print $1}'); do
+    d=$(guest_path "${lib#"$pfx"}"); [ -e "$root$d" ] && continue
+    mkdir -p "$root$(dirname "$d")"; cp -L "$lib" "$root$d"
+  done
+}
+
+setup() {
+  for t in qemu-system-x86_64 dpkg-deb apt-get cpio ldd busybox xz flock timeout; do
+    command -v $t >/dev/null || die "missing host tool '$t' (apt-get install qemu-system-x86 busybox-static cpio)"
+  done
+  local bb; bb=$(command -v busybox)
+  ldd "$bb" >/dev/null 2>&1 && die "$bb is dynamically linked; install busybox-static"
+  local pkg
+  resolve() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
+  pkg=$(resolve); [ -n "$pkg" ] || { apt-get update >&2; pkg=$(resolve); }
+  [ -n "$pkg" ] || die "cannot resolve linux-image-amd64 from the apt index"
+  mkdir -p "$CACHE/debs"
+  ( cd "$CACHE/debs"
+    ls "${pkg}"_*.deb >/dev/null 2>&1 || apt-get download "$pkg" || { apt-get update && apt-get download "$pkg"; } \
+      || die "apt-get download $pkg failed"
+    for p in $ORACLE_PKGS; do ls "${p}"_*.deb >/dev/null 2>&1 || apt-get download "$p" || die "apt-get download $p failed"; done
+  ) >&2
+  local K="$CACHE/kroot" T="$CACHE/toolroot" R="$CACHE/initrd"
+  rm -rf "$K" "$T" "$R"; mkdir -p "$K" "$T"
+  dpkg-deb -x "$CACHE/debs/${pkg}"_*.deb "$K"
+  for d in "$CACHE"/debs/*.deb; do case "$d" in */linux-image-*) ;; *) dpkg-deb -x "$d" "$T";; esac; done
+  local kver; kver=$(ls "$K/lib/modules")
+  # TCG decompresses a bzImage slowly (~3.5 s per boot): boot the ELF vmlinux through PVH.
+  local off
+  off=$(LC_ALL=C grep -abo $'\xfd7zXZ\x00' "$K/boot/vmlinuz-$kver" | head -1 | cut -d: -f1 || true)
+  rm -f "$CACHE/vmlinux"
+  if [ -n "$off" ] && grep -q '^CONFIG_PVH=y' "$K/boot/config-$kver"; then
+    tail -c +$((off+1)) "$K/boot/vmlinuz-$kver" | xz -dc > "$CACHE/vmlinux" 2>/dev/null || true
+    [ "$(head -c4 "$CACHE/vmlinux" | od -An -tx1 | tr -d ' ')" = 7f454c46 ] || rm -f "$CACHE/vmlinux"
+  fi
+  cp "$K/boot/vmlinuz-$kver" "$CACHE/vmlinuz"
+  local M="$K/lib/modules/$kver"
+  busybox depmod -b "$K" "$kver"
+  mkdir -p "$R"/{usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,usr/lib64,proc,sys,dev,tmp,run/netns,etc,root,harness}
+  ln -s usr/bin "$R/bin"; ln -s usr/sbin "$R/sbin"; ln -s usr/lib "$R/lib"; ln -s usr/lib64 "$R/lib64"
+  # Post-order walk of modules.dep: every module after its dependencies.
+  awk -v want="$MODULES" '
+    function base(p, b) { b=p; sub(/.*\//,"",b); sub(/\.ko(\.[a-z]+)?$/,"",b); gsub(/-/,"_",b); return b }
+    function visit(p, n, i, ds) { if (p in seen) return; seen[p]=1
+      n=split(deps[p], ds, " "); for (i=n; i>=1; i--) visit(ds[i]); print p }
+    { p=$1; sub(/:$/,"",p); d=""; for (i=2;i<=NF;i++) d=d " " $i; deps[p]=d; path[base(p)]=p }
+    END { n=split(want, w, /[ \n]+/); for (i=1;i<=n;i++) if (w[i] != "") {
+            if (!(w[i] in path)) { print "run-in-vm: no module " w[i] > "/dev/stderr"; exit 1 }
+            visit(path[w[i]]) } }' "$M/modules.dep" > "$R/etc/modules.order"
+  local GM="$R/usr/lib/modules/$kver" m
+  while read -r m; do mkdir -p "$GM/$(dirname "$m")"; cp "$M/$m" "$GM/$m"; done < "$R/etc/modules.order"
+  cp "$M/modules.dep" "$M/modules.alias" "$M/modules.builtin" "$GM/" 2>/dev/null || true
+  cp "$bb" "$R/usr/bin/busybox"
+  local a
+  for a in $(busybox --list-full); do a=$(guest_path "/$a"); [ -e "$R$a" ] || ln -s /usr/bin/busybox "$R$a"; done
+  # busybox ash prefers its own applets (its ip has no dummy links): dash is /bin/sh.
+  for a in dash bash ip nft; do
+    local f; f=$(command -v $a) || die "host tool $a missing (apt-get install dash bash iproute2 nftables)"
+    f=$(realpath "$f"); rm -f "$R/usr/bin/$a" "$R/usr/sbin/$a"; copy_with_libs "$R" "$f"
+    [ -e "$R/usr/sbin/$a" ] || ln -sf "$(guest_path "$f")" "$R/usr/sbin/$a"
+  done
+  ln -sf dash "$R/usr/bin/sh"
+  rm -f "$R/usr/sbin/ipvsadm"
+  local ipvsadm; ipvsadm=$(ls "$T"/usr/sbin/ipvsadm "$T"/sbin/ipvsadm 2>/dev/null | head -1 || true)
+  [ -n "$ipvsadm" ] || die "ipvsadm not found in its package"
+  copy_with_libs "$R" "$ipvsadm" "$T/usr/lib/x86_64-linux-gnu:$T/lib/x86_64-linux-gnu" "$T"
+  for a in libgcc_s.so.1 libm.so.6 libc.so.6; do cp -L "/lib/x86_64-linux-gnu/$a" "$R/usr/lib/x86_64-linux-gnu/"; done
+  echo "root:x:0:0:root:/root:/bin/sh" > "$R/etc/passwd"; echo "root:x:0:" > "$R/etc/group"
+  printf '127.0.0.1 localhost\n::1 localhost\n' > "$R/etc/hosts"
+  cat > "$R/init" <<'INIT'
+#!/bin/sh
+export PATH=/usr/sbin:/usr/bin HOME=/root
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts; chmod 1777 /tmp
+exec </dev/console >/dev/console 2>&1
+stty -onlcr 2>/dev/null
+. /harness/config
+while read -r m; do insmod "/lib/modules/$(uname -r)/$m" || echo "run-in-vm: insmod $m failed"; done < /etc/modules.order
+ip link set lo up
+i=0
+for p in $KNP_SHARES; do
+  mkdir -p "$p"
+  mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,access=any "share$i" "$p" || echo "run-in-vm: cannot mount $p"
+  i=$((i+1))
+done
+cd "$KNP_CWD" 2>/dev/null || cd /
+echo "@@START-$KNP_TOKEN@@"
+/bin/sh /harness/cmd.sh
+echo "@@EXIT-$KNP_TOKEN=$?@@"
+cd /; sync
+for p in $KNP_SHARES; do umount "$p" 2>/dev/null; done
+poweroff -f
+INIT
+  chmod 755 "$R/init"
+  ( cd "$R" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet ) > "$CACHE/base.cpio"
+  rm -rf "$K" "$T" "$R"
+  echo "$STAMP $pkg $kver" > "$CACHE/stamp"
+  echo "run-in-vm: guest ready: $pkg ($kver)" >&2
+}
+
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"; flock 9
+[ "$(cut -d' ' -f1 "$CACHE/stamp" 2>/dev/null)" = "$STAMP" ] || setup
+flock -u 9
+[ "$SETUP_ONLY" = 1 ] && exit 0
+[ $# -gt 0 ] || die "no command given"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/knp-vm.XXXXXX")
+QPID=""
+trap '[ -n "$QPID" ] && kill "$QPID" 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+mkdir -p "$WORK/o/harness"
+q() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }
+{
+  for v in RUST_BACKTRACE RUST_LOG NO_COLOR; do [ -n "${!v:-}" ] && echo "export $v=$(q "${!v}")"; done
+  for e in "${ENVS[@]}"; do echo "export ${e%%=*}=$(q "${e#*=}")"; done
+  printf 'exec'; for a in "$@"; do printf ' %s' "$(q "$a")"; done; echo
+} > "$WORK/o/harness/cmd.sh"
+CWD=/
+for s in "${SHARES[@]}"; do case "$PWD/" in "$s"/*) CWD=$PWD;; esac; done
+TOKEN=$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')
+{ echo "KNP_TOKEN=$TOKEN"; echo "KNP_CWD=$(q "$CWD")"; echo "KNP_SHARES=$(q "${SHARES[*]}")"; } > "$WORK/o/harness/config"
+( cd "$WORK/o" && find . -mindepth 1 | cpio -o -H newc -R 0:0 --quiet ) > "$WORK/overlay.cpio"
+cat "$CACHE/base.cpio" "$WORK/overlay.cpio" > "$WORK/initrd.cpio"
+
+accel=(-accel tcg,thread=multi -cpu max)
+if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then accel=(-accel kvm -cpu host); fi
+KERNEL=$CACHE/vmlinux; [ -f "$KERNEL" ] || KERNEL=$CACHE/vmlinuz
+args=(qemu-system-x86_64 -nodefaults -no-user-config -display none -vga none -no-reboot
+  "${accel[@]}" -m "$MEM" -smp 1 -M pc -chardev stdio,id=con,signal=off -serial chardev:con
+  -kernel "$KERNEL" -initrd "$WORK/initrd.cpio"
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic rdinit=/init mitigations=off tsc=reliable no_timer_check 8250.nr_uarts=1 random.trust_cpu=on")
+for i in "${!SHARES[@]}"; do args+=(-virtfs "local,path=${SHARES[$i]},mount_tag=share$i,security_model=none,id=fs$i"); done
+
+mkfifo "$WORK/out"
+timeout -k 5 "$TIMEOUT" "${args[@]}" < /dev/null > "$WORK/out" 2> "$WORK/qemu.err" &
+QPID=$!
+status="" started=0
+while IFS= read -r line || [ -n "$line" ]; do
+  line=${line%$'\r'}
+  printf '%s\n' "$line" >> "$WORK/console.log"
+  case "$line" in
+    *"@@START-$TOKEN@@"*) started=1; continue;;
+    *"@@EXIT-$TOKEN="*@@*) pre=${line%%"@@EXIT-$TOKEN="*}; [ -n "$pre" ] && printf '%s\n' "$pre"
+      status=${line##*"@@EXIT-$TOKEN="}; status=${status%%@@*}; continue;;
+  esac
+  [ "$started" = 1 ] && [ -z "$status" ] && printf '%s\n' "$line"
+done < "$WORK/out"
+qrc=0; wait "$QPID" || qrc=$?
+QPID=""
+[ -n "$status" ] && exit "$status"
+rc=125; [ "$qrc" = 124 ] || [ "$qrc" = 137 ] && { echo "run-in-vm: guest timed out after ${TIMEOUT}s" >&2; rc=124; }
+echo "run-in-vm: the guest reported no exit status (qemu rc=$qrc); console log:" >&2
+cat "$WORK/console.log" "$WORK/qemu.err" >&2
+exit $rc
