@@ -15,5 +15,6 @@ pub mod model;
 pub mod netlink;
 pub mod nft;
 pub mod proxier;
+pub mod rtnl;
 pub mod source;
 pub mod sync;

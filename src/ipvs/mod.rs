@@ -1,10 +1,16 @@
-//! IPVS over generic netlink (the foundation of the IPVS mode, not yet wired into the
-//! daemon): typed virtual and real servers and a pure codec for the `IPVS` genl family
-//! (`linux/ip_vs.h`). Built on our netlink message writer/reader rather than
-//! netlink-packet-ipvs, which depends on an incompatible netlink-packet-core generation and
-//! panics on unknown attributes; here unknown attributes are skipped.
+//! The IPVS mode: virtual and real servers over generic netlink (`codec`, `netlink`), the
+//! pure plan from the model (`plan`), the companion nftables table (`table`), and the
+//! reconciler that applies plans with graceful termination (`reconciler`). Our own codec
+//! rather than netlink-packet-ipvs, which depends on an incompatible netlink-packet-core
+//! generation and panics on unknown attributes; here unknown attributes are skipped.
 
 pub mod codec;
+pub mod fake;
+pub mod netlink;
+pub mod plan;
+pub mod reconciler;
+pub mod sysctl;
+pub mod table;
 
 use std::net::IpAddr;
 
@@ -18,6 +24,34 @@ pub struct VirtualServer {
     pub scheduler: String,
     /// Persistence (ClientIP affinity) timeout in seconds; 0 = none.
     pub persistence: u32,
+}
+
+impl VirtualServer {
+    pub fn key(&self) -> VsKey {
+        VsKey {
+            addr: self.addr,
+            port: self.port,
+            protocol: self.protocol,
+        }
+    }
+}
+
+/// What identifies a virtual server in the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VsKey {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub protocol: u8,
+}
+
+impl std::fmt::Display for VsKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = crate::nft::proto::name(self.protocol);
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{p} {a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "{p} [{a}]:{}", self.port),
+        }
+    }
 }
 
 /// Forwarding method of a real server.
@@ -41,10 +75,63 @@ pub struct RealServer {
     pub inactive_conns: u32,
 }
 
+impl RealServer {
+    /// A masquerading real server of weight 1, as every endpoint is.
+    pub fn masq(addr: IpAddr, port: u16) -> RealServer {
+        RealServer {
+            addr,
+            port,
+            weight: 1,
+            forward: Forward::Masquerade,
+            active_conns: 0,
+            inactive_conns: 0,
+        }
+    }
+}
+
 /// IPVS connection timeouts in seconds (0 = leave as is).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Timeouts {
     pub tcp: u32,
     pub tcp_fin: u32,
     pub udp: u32,
+}
+
+/// An IPVS failure, naming what was attempted.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("IPVS is not available in this kernel: the generic netlink family \"IPVS\" does not exist (load the ip_vs module, or use --proxy-mode nftables)")]
+    Unavailable,
+    #[error("{op}: {source}")]
+    Netlink {
+        op: String,
+        #[source]
+        source: crate::netlink::Error,
+    },
+    #[error("malformed IPVS reply to {op}: {reason}")]
+    Decode { op: String, reason: String },
+}
+
+impl Error {
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Netlink { source, .. } => source.errno(),
+            _ => None,
+        }
+    }
+}
+
+/// What the IPVS mode needs from the kernel's IPVS.
+pub trait Ipvs {
+    fn services(&mut self) -> Result<Vec<VirtualServer>, Error>;
+    fn dests(&mut self, vs: &VirtualServer) -> Result<Vec<RealServer>, Error>;
+    fn add_service(&mut self, vs: &VirtualServer) -> Result<(), Error>;
+    /// Changes scheduler or persistence of an existing virtual server.
+    fn update_service(&mut self, vs: &VirtualServer) -> Result<(), Error>;
+    fn delete_service(&mut self, vs: &VirtualServer) -> Result<(), Error>;
+    fn add_dest(&mut self, vs: &VirtualServer, rs: &RealServer) -> Result<(), Error>;
+    /// Changes the weight of an existing real server.
+    fn update_dest(&mut self, vs: &VirtualServer, rs: &RealServer) -> Result<(), Error>;
+    fn delete_dest(&mut self, vs: &VirtualServer, rs: &RealServer) -> Result<(), Error>;
+    fn set_timeouts(&mut self, t: Timeouts) -> Result<(), Error>;
 }

@@ -21,12 +21,50 @@ use crate::proxier::{
     LocalDetector, ProxierConfig, Ruleset,
 };
 
-/// A failed sync of one family. Nothing of that family's transaction was applied.
+/// A failed sync.
 #[derive(Debug, thiserror::Error)]
-#[error("sync of the {family} table failed: {error}")]
-pub struct SyncError {
-    pub family: Family,
-    pub error: nft::Error,
+pub enum SyncError {
+    /// Nothing of that family's transaction was applied.
+    #[error("sync of the {family} table failed: {error}")]
+    Nft { family: Family, error: nft::Error },
+    /// An IPVS or rtnetlink request failed; the other changes of the sync were made.
+    #[error("IPVS sync: {0}")]
+    Ipvs(String),
+}
+
+/// What the sync loop drives: the nftables [`Syncer`] or the IPVS reconciler.
+pub trait Backend {
+    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError>;
+    /// The next sync re-reads the kernel and re-asserts everything.
+    fn force_full_sync(&mut self);
+    /// Work remains that needs a sync soon (chains to delete, real servers draining).
+    fn has_pending_work(&self) -> bool;
+}
+
+impl<N: Nftables> Backend for Syncer<N> {
+    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+        Syncer::sync(self, state)
+    }
+    fn force_full_sync(&mut self) {
+        Syncer::force_full_sync(self)
+    }
+    fn has_pending_work(&self) -> bool {
+        self.has_pending_deletes()
+    }
+}
+
+impl<I: crate::ipvs::Ipvs, L: crate::rtnl::Links, N: Nftables> Backend
+    for crate::ipvs::reconciler::IpvsReconciler<I, L, N>
+{
+    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+        crate::ipvs::reconciler::IpvsReconciler::sync(self, state)
+    }
+    fn force_full_sync(&mut self) {
+        crate::ipvs::reconciler::IpvsReconciler::force_full_sync(self)
+    }
+    fn has_pending_work(&self) -> bool {
+        crate::ipvs::reconciler::IpvsReconciler::has_pending_work(self)
+    }
 }
 
 /// What a sync did.
@@ -41,6 +79,10 @@ pub struct SyncStats {
     pub conntrack_deleted: usize,
     /// Time spent reconciling conntrack.
     pub conntrack_duration: Option<std::time::Duration>,
+    /// IPVS mode: virtual server, real server and address changes made.
+    pub ipvs_changes: usize,
+    /// IPVS mode: virtual servers in place after the sync.
+    pub virtual_servers: usize,
 }
 
 /// Keeps our tables in step with the model.
@@ -234,7 +276,7 @@ impl<N: Nftables> Syncer<N> {
             let existing = match self.list_existing(family) {
                 Ok(e) => e,
                 Err(error) => {
-                    first_err.get_or_insert(SyncError { family, error });
+                    first_err.get_or_insert(SyncError::Nft { family, error });
                     continue;
                 }
             };
@@ -251,7 +293,7 @@ impl<N: Nftables> Syncer<N> {
                     self.pending_deletes.insert(family, plan.stale_chains);
                 }
                 Err(error) => {
-                    first_err.get_or_insert(SyncError { family, error });
+                    first_err.get_or_insert(SyncError::Nft { family, error });
                 }
             }
         }
@@ -323,7 +365,7 @@ impl<N: Nftables> Syncer<N> {
                     self.pending_deletes.insert(family, plan.stale_chains);
                 }
                 Err(error) => {
-                    first_err.get_or_insert(SyncError { family, error });
+                    first_err.get_or_insert(SyncError::Nft { family, error });
                 }
             }
         }

@@ -9,9 +9,7 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::model::ProxyState;
-use crate::nft::Nftables;
-
-use super::Syncer;
+use super::Backend;
 
 /// Timing of the sync loop.
 #[derive(Debug, Clone, Copy)]
@@ -56,8 +54,8 @@ pub trait SyncHooks {
 
 /// Runs until `shutdown` resolves. `states` carries complete snapshots; `None` until the
 /// sources have delivered their initial state.
-pub async fn run<N: Nftables>(
-    mut syncer: Syncer<N>,
+pub async fn run<B: Backend>(
+    mut syncer: B,
     mut states: watch::Receiver<Option<Arc<ProxyState>>>,
     timing: Timing,
     hooks: &mut impl SyncHooks,
@@ -99,7 +97,7 @@ pub async fn run<N: Nftables>(
         let next = match &res {
             Ok(_) => {
                 failures = 0;
-                if syncer.has_pending_deletes() {
+                if syncer.has_pending_work() {
                     Instant::now() + Duration::from_secs(1)
                 } else {
                     Instant::now() + timing.sync_period
@@ -121,7 +119,7 @@ pub async fn run<N: Nftables>(
                 }
             }
             _ = tamper.notified() => {
-                tracing::warn!("our nftables table was changed by someone else; restoring it");
+                tracing::warn!("our kernel state was changed by someone else; restoring it");
                 syncer.force_full_sync();
                 hooks.tampered();
             }

@@ -1,0 +1,437 @@
+//! The IPVS mode's companion nftables table, replacing upstream's iptables chains and
+//! ipsets: IPVS does the load balancing; this table marks what must be masqueraded, rejects
+//! traffic to services without endpoints, enforces LoadBalancer source ranges and
+//! masquerades hairpin traffic. Built as a [`Ruleset`] (a base fragment plus one fragment per
+//! service port) so syncs send only what changed, through the same typed layer as the
+//! nftables mode. Pure.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::model::{ProxyState, ServicePortName};
+use crate::nft::{
+    Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Set, Table,
+    Verdict,
+};
+use crate::proxier::names::firewall_chain;
+use crate::proxier::{Fragment, LocalDetector, ProxierConfig, Ruleset};
+
+use super::plan::{IpvsPlan, VsKind};
+
+/// Default name of the companion table (the nftables mode's is `kube-nlproxy`).
+pub const DEFAULT_TABLE: &str = "kube-nlproxy-ipvs";
+
+const FILTER_INPUT: &str = "filter-input";
+const FILTER_OUTPUT: &str = "filter-output";
+const NAT_PREROUTING: &str = "nat-prerouting";
+const NAT_OUTPUT: &str = "nat-output";
+const NAT_POSTROUTING: &str = "nat-postrouting";
+const SERVICE_CHECKS: &str = "service-checks";
+const SERVICES: &str = "services";
+const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+const REJECT_CHAIN: &str = "reject-chain";
+
+pub const CLUSTER_IPS: &str = "cluster-ips";
+pub const EXTERNAL_IPS: &str = "external-ips";
+pub const NODEPORTS: &str = "nodeports";
+pub const HAIRPIN: &str = "hairpin";
+pub const FIREWALL_IPS: &str = "firewall-ips";
+pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
+pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
+
+/// Before IPVS: its LOCAL_OUT hook runs at -99 and LOCAL_IN at 98, so filtering at -110
+/// sees every new connection first.
+const PRE_IPVS: i32 = -110;
+const DSTNAT: i32 = -100;
+const SRCNAT: i32 = 100;
+
+fn addr_key() -> Vec<Field> {
+    vec![Field::Daddr, Field::L4Proto, Field::Dport]
+}
+fn port_key() -> Vec<Field> {
+    vec![Field::L4Proto, Field::Dport]
+}
+fn jump(c: &str) -> Expr {
+    Expr::Verdict(Verdict::Jump(c.into()))
+}
+fn in_set(key: Vec<Field>, set: &str) -> Expr {
+    Expr::InSet {
+        key,
+        set: set.into(),
+        negate: false,
+    }
+}
+
+fn nodeport_guard(family: Family) -> Vec<Expr> {
+    let loopback: Cidr = match family {
+        Family::Ip => "127.0.0.0/8".parse().expect("static"),
+        Family::Ip6 => "::1".parse().expect("static"),
+    };
+    vec![
+        Expr::FibLocal(Field::Daddr),
+        Expr::Addr {
+            field: Field::Daddr,
+            op: CmpOp::Neq,
+            value: loopback,
+        },
+    ]
+}
+
+/// "Not from a pod on this node", per the local traffic detector (`None`: cannot tell).
+fn not_from_pod(cfg: &ProxierConfig, family: Family) -> Option<Expr> {
+    match &cfg.local_detector {
+        LocalDetector::Cidrs(c) => c
+            .iter()
+            .find(|c| c.is_ipv4() == (family == Family::Ip))
+            .map(|c| Expr::Addr {
+                field: Field::Saddr,
+                op: CmpOp::Neq,
+                value: *c,
+            }),
+        LocalDetector::Bridge(name) => Some(Expr::IifName {
+            name: name.clone(),
+            prefix: false,
+            op: CmpOp::Neq,
+        }),
+        LocalDetector::InterfacePrefix(p) => Some(Expr::IifName {
+            name: p.clone(),
+            prefix: true,
+            op: CmpOp::Neq,
+        }),
+        LocalDetector::None => None,
+    }
+}
+
+/// The static part: base chains, dispatch chains, sets and maps.
+pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
+    use ChainType::{Filter, Nat};
+    let mut f = Fragment::default();
+    let r = |chain: &str, exprs: Vec<Expr>| Rule::new(chain, exprs);
+    for (name, hook) in [(FILTER_INPUT, Hook::Input), (FILTER_OUTPUT, Hook::Output)] {
+        f.chain(
+            Chain::base(name, Filter, hook, PRE_IPVS),
+            vec![r(name, vec![Expr::CtStateNew, jump(SERVICE_CHECKS)])],
+        );
+    }
+    let mut np = nodeport_guard(family);
+    np.push(Expr::Vmap {
+        key: port_key(),
+        map: NO_ENDPOINT_NODEPORTS.into(),
+    });
+    f.chain(
+        Chain::regular(SERVICE_CHECKS),
+        vec![
+            r(
+                SERVICE_CHECKS,
+                vec![Expr::Vmap {
+                    key: addr_key(),
+                    map: FIREWALL_IPS.into(),
+                }],
+            ),
+            r(
+                SERVICE_CHECKS,
+                vec![Expr::Vmap {
+                    key: addr_key(),
+                    map: NO_ENDPOINT_SERVICES.into(),
+                }],
+            ),
+            r(SERVICE_CHECKS, np),
+        ],
+    );
+    for (name, hook) in [(NAT_PREROUTING, Hook::Prerouting), (NAT_OUTPUT, Hook::Output)] {
+        f.chain(
+            Chain::base(name, Nat, hook, DSTNAT),
+            vec![r(name, vec![jump(SERVICES)])],
+        );
+    }
+    let mut services = Vec::new();
+    let to_cluster_ip = in_set(addr_key(), CLUSTER_IPS);
+    if cfg.masquerade_all {
+        services.push(r(SERVICES, vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)]));
+    } else if let Some(not_pod) = not_from_pod(cfg, family) {
+        services.push(
+            r(
+                SERVICES,
+                vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
+            )
+            .with_comment("masquerade ClusterIP traffic from outside the cluster"),
+        );
+    }
+    services.push(r(
+        SERVICES,
+        vec![in_set(addr_key(), EXTERNAL_IPS), jump(MARK_FOR_MASQUERADE)],
+    ));
+    let mut np = nodeport_guard(family);
+    np.push(in_set(port_key(), NODEPORTS));
+    np.push(jump(MARK_FOR_MASQUERADE));
+    services.push(r(SERVICES, np));
+    f.chain(Chain::regular(SERVICES), services);
+    let mark = cfg.masquerade_mark();
+    f.chain(
+        Chain::regular(MARK_FOR_MASQUERADE),
+        vec![r(MARK_FOR_MASQUERADE, vec![Expr::MarkOr(mark)])],
+    );
+    f.chain(
+        Chain::base(NAT_POSTROUTING, Nat, Hook::Postrouting, SRCNAT),
+        vec![
+            r(
+                NAT_POSTROUTING,
+                vec![
+                    in_set(
+                        vec![Field::Saddr, Field::Daddr, Field::L4Proto, Field::Dport],
+                        HAIRPIN,
+                    ),
+                    Expr::Masquerade { fully_random: true },
+                ],
+            )
+            .with_comment("hairpin: a pod reaching itself through a service"),
+            r(
+                NAT_POSTROUTING,
+                vec![Expr::MarkBitClear(mark), Expr::Verdict(Verdict::Return)],
+            ),
+            r(NAT_POSTROUTING, vec![Expr::MarkXor(mark)]),
+            r(NAT_POSTROUTING, vec![Expr::Masquerade { fully_random: true }]),
+        ],
+    );
+    f.chain(
+        Chain::regular(REJECT_CHAIN),
+        vec![r(REJECT_CHAIN, vec![Expr::Reject])],
+    );
+    f.set(Set::plain(CLUSTER_IPS, addr_key()));
+    f.set(Set::plain(EXTERNAL_IPS, addr_key()));
+    f.set(Set::plain(NODEPORTS, port_key()));
+    f.set(Set::plain(
+        HAIRPIN,
+        vec![Field::Saddr, Field::Daddr, Field::L4Proto, Field::Dport],
+    ));
+    for m in [FIREWALL_IPS, NO_ENDPOINT_SERVICES] {
+        f.set(Set::vmap(m, addr_key()));
+    }
+    f.set(Set::vmap(NO_ENDPOINT_NODEPORTS, port_key()));
+    f
+}
+
+fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &str) -> Element {
+    Element {
+        set: set.into(),
+        key,
+        verdict,
+        comment: Some(c.into()),
+    }
+}
+
+/// The per-service-port fragments of one family, from the plan.
+pub fn build_services(
+    state: &ProxyState,
+    plan: &IpvsPlan,
+    family: Family,
+) -> BTreeMap<ServicePortName, Fragment> {
+    let mut out: BTreeMap<ServicePortName, Fragment> = BTreeMap::new();
+    let v4 = family == Family::Ip;
+    for d in plan.services.values().filter(|d| d.vs.addr.is_ipv4() == v4) {
+        let Some(sp) = state.services.get(&d.service) else {
+            continue;
+        };
+        let f = out.entry(d.service.clone()).or_default();
+        let comment = d.service.to_string();
+        let proto = KeyValue::Proto(d.vs.protocol);
+        let addr_k = vec![KeyValue::Addr(d.vs.addr), proto, KeyValue::Port(d.vs.port)];
+        match d.kind {
+            VsKind::ClusterIp => f.element(element(CLUSTER_IPS, addr_k.clone(), None, &comment)),
+            VsKind::ExternalIp | VsKind::LoadBalancer if !sp.external_policy_local => {
+                f.element(element(EXTERNAL_IPS, addr_k.clone(), None, &comment))
+            }
+            VsKind::NodePort if !sp.external_policy_local => f.element(element(
+                NODEPORTS,
+                vec![proto, KeyValue::Port(d.vs.port)],
+                None,
+                &comment,
+            )),
+            _ => {}
+        }
+        for (ip, port) in d.dests.keys() {
+            f.element(element(
+                HAIRPIN,
+                vec![
+                    KeyValue::Addr(*ip),
+                    KeyValue::Addr(*ip),
+                    proto,
+                    KeyValue::Port(*port),
+                ],
+                None,
+                &comment,
+            ));
+        }
+        if d.dests.is_empty() {
+            // None anywhere: reject; only the traffic policy excludes them: drop (upstream).
+            let any = state.endpoints.get(&d.service).is_some_and(|eps| {
+                eps.iter()
+                    .any(|e| e.ip.is_ipv4() == v4 && (e.ready || (e.serving && e.terminating)))
+            });
+            let v = if any {
+                Verdict::Drop
+            } else {
+                Verdict::Goto(REJECT_CHAIN.into())
+            };
+            if d.kind == VsKind::NodePort {
+                f.element(element(
+                    NO_ENDPOINT_NODEPORTS,
+                    vec![proto, KeyValue::Port(d.vs.port)],
+                    Some(v),
+                    &comment,
+                ));
+            } else {
+                f.element(element(NO_ENDPOINT_SERVICES, addr_k.clone(), Some(v), &comment));
+            }
+        }
+        let ranges: Vec<Cidr> = sp
+            .load_balancer_source_ranges
+            .iter()
+            .copied()
+            .filter(|c| c.is_ipv4() == v4)
+            .collect();
+        if d.kind == VsKind::LoadBalancer && !sp.load_balancer_source_ranges.is_empty() {
+            let chain = firewall_chain(&d.service);
+            let mut rules: Vec<Rule> = ranges
+                .iter()
+                .map(|c| {
+                    Rule::new(
+                        &chain,
+                        vec![
+                            Expr::Addr {
+                                field: Field::Saddr,
+                                op: CmpOp::Eq,
+                                value: *c,
+                            },
+                            Expr::Verdict(Verdict::Return),
+                        ],
+                    )
+                })
+                .collect();
+            rules.push(
+                Rule::new(&chain, vec![Expr::Verdict(Verdict::Drop)])
+                    .with_comment("not in loadBalancerSourceRanges"),
+            );
+            f.chain(Chain::regular(&chain), rules);
+            f.element(element(
+                FIREWALL_IPS,
+                addr_k,
+                Some(Verdict::Jump(chain)),
+                &comment,
+            ));
+        }
+    }
+    out
+}
+
+/// The whole companion table of one family.
+pub fn build_ruleset(
+    state: &ProxyState,
+    plan: &IpvsPlan,
+    cfg: &ProxierConfig,
+    family: Family,
+) -> Ruleset {
+    let table = Table {
+        family,
+        name: cfg.table.clone(),
+        comment: Some(crate::proxier::names::TABLE_COMMENT.into()),
+    };
+    let mut rs = Ruleset::new(table, build_base(cfg, family));
+    for (name, frag) in build_services(state, plan, family) {
+        rs.set_service(&name, Some(Arc::new(frag)));
+    }
+    rs
+}
+
+/// Whether `addr` belongs to this table's family.
+pub fn of_family(addr: &IpAddr, family: Family) -> bool {
+    addr.is_ipv4() == (family == Family::Ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipvs::plan::{build_plan, IpvsConfig};
+    use crate::model::{Endpoint, Protocol, ServicePort};
+    use crate::nft::fake::FakeNftables;
+    use crate::nft::Nftables;
+    use crate::proxier::plan_transaction;
+
+    fn spn(name: &str) -> ServicePortName {
+        ServicePortName {
+            namespace: "ns".into(),
+            name: name.into(),
+            port: "p".into(),
+            protocol: Protocol::Tcp,
+        }
+    }
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn cfg() -> ProxierConfig {
+        ProxierConfig {
+            table: DEFAULT_TABLE.into(),
+            local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+            ..Default::default()
+        }
+    }
+
+    fn sample() -> ProxyState {
+        let mut st = ProxyState::default();
+        st.node.name = "node1".into();
+        let mut web = ServicePort::new(spn("web"), ip("10.96.0.10"), 80);
+        web.node_port = Some(30080);
+        web.load_balancer_ips = vec![ip("198.51.100.9")];
+        web.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+        st.endpoints.insert(
+            web.name.clone(),
+            vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)],
+        );
+        st.services.insert(web.name.clone(), web);
+        let empty = ServicePort::new(spn("empty"), ip("10.96.0.11"), 53);
+        st.services.insert(empty.name.clone(), empty);
+        st
+    }
+
+    #[test]
+    fn the_kernel_accepts_what_we_build() {
+        // The fake checks references (sets, chains, key types) as the kernel would.
+        let st = sample();
+        let plan = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]);
+        let rs = build_ruleset(&st, &plan, &cfg(), Family::Ip);
+        let mut nft = FakeNftables::default();
+        nft.apply(&plan_transaction(None, &rs, None, &[]).tx).unwrap();
+        let dump = nft.dump(Family::Ip, DEFAULT_TABLE);
+        for needle in [
+            "10.96.0.10 . tcp . 80",
+            "tcp . 30080",
+            "198.51.100.9 . tcp . 80",
+            "10.244.1.2 . 10.244.1.2 . tcp . 8080",
+            "no-endpoint-services { 10.96.0.11 . tcp . 53 comment \"ns/empty:p\" : goto reject-chain }",
+            "ip saddr 203.0.113.0/24 return",
+        ] {
+            assert!(dump.contains(needle), "missing {needle:?} in\n{dump}");
+        }
+    }
+
+    #[test]
+    fn an_endpoint_change_touches_only_its_elements() {
+        let st = sample();
+        let plan = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]);
+        let before = build_ruleset(&st, &plan, &cfg(), Family::Ip);
+        let mut st2 = st.clone();
+        st2.endpoints.insert(
+            spn("empty"),
+            vec![Endpoint::ready(ip("10.244.1.3"), 5353, true)],
+        );
+        let plan2 = build_plan(&st2, &IpvsConfig::default(), &[ip("192.168.50.1")]);
+        let after = build_ruleset(&st2, &plan2, &cfg(), Family::Ip);
+        let tx = plan_transaction(Some(&before), &after, None, &[]).tx;
+        let text = crate::nft::render::transaction(&tx);
+        assert_eq!(tx.ops.len(), 2, "{text}");
+        assert!(text.contains("delete element ip kube-nlproxy-ipvs no-endpoint-services"));
+        assert!(text.contains("add element ip kube-nlproxy-ipvs hairpin"));
+    }
+}
