@@ -12,15 +12,19 @@ use crate::metrics::Metrics;
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::config::ProxyMode;
 use crate::conntrack::ctnetlink::NetlinkConntrack;
+use crate::ipvs::netlink::NetlinkIpvs;
+use crate::ipvs::reconciler::IpvsReconciler;
 use crate::model::convert::build_state;
 use crate::model::ProxyState;
 use crate::nft::netlink::NetlinkNftables;
 use crate::nft::render;
+use crate::rtnl::{Links, NetlinkLinks};
 use crate::source::kube as kube_source;
 use crate::source::manifest::{self, ManifestCache};
 use crate::sync::runner::{self, Timing};
-use crate::sync::{cleanup, Syncer};
+use crate::sync::{cleanup, Backend, Syncer};
 
 /// A failure that ends the daemon.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +44,8 @@ pub enum AppError {
     Cleanup(crate::nft::Error),
     #[error("the configuration file changed; exiting so that the new one is used on restart")]
     ConfigChanged,
+    #[error("IPVS mode: {0}")]
+    Ipvs(String),
     #[error("cannot configure the Kubernetes client: {0} (give --kubeconfig or --master, or --manifests PATH to run from files)")]
     Kube(String),
 }
@@ -91,18 +97,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         tracing::warn!("{w}");
     }
     if cfg.cleanup {
-        let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
-        let removed = cleanup(&mut nft, &cfg.proxier.table).map_err(AppError::Cleanup)?;
-        if removed.is_empty() {
-            tracing::info!("nothing to clean up");
-        }
-        for r in removed {
-            tracing::info!("removed {r}");
-        }
-        for r in crate::sync::cleanup_upstream(&mut nft).map_err(AppError::Cleanup)? {
-            tracing::info!("removed upstream kube-proxy's {r}");
-        }
-        return Ok(());
+        return cleanup_everything(&cfg);
     }
     let (tx, mut rx) = watch::channel(None);
     let mut warnings = None;
@@ -145,9 +140,14 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         }
     };
     if cfg.dry_run {
-        let mut syncer = Syncer::new(DryRun, cfg.proxier.clone(), cfg.detect_local.clone());
-        for tx in syncer.plan(&state) {
-            print!("{}", render::transaction(&tx));
+        match cfg.mode {
+            ProxyMode::Nftables => {
+                let mut syncer = Syncer::new(DryRun, cfg.proxier.clone(), cfg.detect_local.clone());
+                for tx in syncer.plan(&state) {
+                    print!("{}", render::transaction(&tx));
+                }
+            }
+            ProxyMode::Ipvs => print!("{}", ipvs_dry_run(&cfg, &state)?),
         }
         watcher.abort();
         return Ok(());
@@ -157,18 +157,70 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         tracing::warn!("{w}");
     }
     let nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
-    let our_port = nft.port_id();
-    let mut syncer = Syncer::new(nft, cfg.proxier.clone(), cfg.detect_local.clone());
-    if cfg.conntrack_cleanup {
+    let nft_port = nft.port_id();
+    let conntrack = if cfg.conntrack_cleanup {
         match NetlinkConntrack::open() {
-            Ok(ct) => syncer = syncer.with_conntrack(Box::new(ct)),
-            Err(e) => tracing::warn!("conntrack cleanup disabled: cannot open ctnetlink: {e}"),
+            Ok(ct) => Some(Box::new(ct) as Box<dyn crate::conntrack::Conntrack + Send>),
+            Err(e) => {
+                tracing::warn!("conntrack cleanup disabled: cannot open ctnetlink: {e}");
+                None
+            }
         }
-    }
+    } else {
+        None
+    };
+    let res = match cfg.mode {
+        ProxyMode::Nftables => {
+            remove_ipvs_leftovers(&cfg);
+            let mut syncer = Syncer::new(nft, cfg.proxier.clone(), cfg.detect_local.clone());
+            if let Some(ct) = conntrack {
+                syncer = syncer.with_conntrack(ct);
+            }
+            drive(&cfg, syncer, rx, state, nft_port, None, warnings).await
+        }
+        ProxyMode::Ipvs => {
+            for w in crate::ipvs::sysctl::apply(&cfg.ipvs).map_err(AppError::Ipvs)? {
+                tracing::warn!("{w}");
+            }
+            let ipvs = NetlinkIpvs::open().map_err(|e| AppError::Ipvs(e.to_string()))?;
+            let links = NetlinkLinks::open().map_err(|e| AppError::Ipvs(e.to_string()))?;
+            let links_port = links.port_id();
+            remove_nftables_mode_table(&cfg);
+            let mut rec = IpvsReconciler::new(
+                ipvs,
+                links,
+                nft,
+                cfg.ipvs.clone(),
+                cfg.proxier.clone(),
+                cfg.detect_local.clone(),
+            )
+            .with_full_every(cfg.sync_period);
+            if let Some(ct) = conntrack {
+                rec = rec.with_conntrack(ct);
+            }
+            let link = (cfg.ipvs.dummy_link.clone(), links_port);
+            drive(&cfg, rec, rx, state, nft_port, Some(link), warnings).await
+        }
+    };
+    watcher.abort();
+    res
+}
+
+/// Runs the sync loop over `backend` with health, metrics, health-check ports and change
+/// notifications, until a signal or a config file change.
+async fn drive<B: Backend>(
+    cfg: &Config,
+    mut backend: B,
+    rx: watch::Receiver<Option<Arc<ProxyState>>>,
+    state: Arc<ProxyState>,
+    nft_port: u32,
+    link: Option<(String, u32)>,
+    warnings: Option<tokio::sync::mpsc::UnboundedSender<kube_source::Warning>>,
+) -> Result<(), AppError> {
     if cfg.once {
-        let stats = syncer.sync(&state)?;
-        tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops, "synced once");
-        watcher.abort();
+        let stats = backend.sync(&state)?;
+        tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops,
+            virtual_servers = stats.virtual_servers, "synced once");
         return Ok(());
     }
     let timing = Timing {
@@ -197,20 +249,39 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     if cfg.localhost_nodeports {
         hooks.localhost = Some(crate::localhost::LocalhostNodePorts::new());
     }
-    // Restore our table at once when someone else changes it (nf_tables notifications).
+    // Restore our state at once when someone else changes it (nf_tables and rtnetlink
+    // notifications).
     let tamper = Arc::new(tokio::sync::Notify::new());
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map(|_| ())
+            .map_err(|e| AppError::Usage(format!("cannot start the notification thread: {e}")))
+    };
     {
         let (tamper, table) = (tamper.clone(), cfg.proxier.table.clone());
-        std::thread::Builder::new()
-            .name("nft-monitor".into())
-            .spawn(move || {
+        spawn(
+            "nft-monitor",
+            Box::new(move || {
                 if let Err(e) =
-                    crate::nft::monitor::watch(table, || our_port, || tamper.notify_one())
+                    crate::nft::monitor::watch(table, || nft_port, || tamper.notify_one())
                 {
                     tracing::error!("nftables change notifications unavailable: {e}");
                 }
-            })
-            .map_err(|e| AppError::Usage(format!("cannot start the notification thread: {e}")))?;
+            }),
+        )?;
+    }
+    if let Some((name, port)) = link {
+        let tamper = tamper.clone();
+        spawn(
+            "link-monitor",
+            Box::new(move || {
+                if let Err(e) = crate::rtnl::watch(name, || port, || tamper.notify_one()) {
+                    tracing::error!("link change notifications unavailable: {e}");
+                }
+            }),
+        )?;
     }
     let config_changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = {
@@ -222,14 +293,144 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             }
         }
     };
-    runner::run(syncer, rx, timing, &mut hooks, Some(tamper), stop).await;
+    runner::run(backend, rx, timing, &mut hooks, Some(tamper), stop).await;
     if config_changed.load(std::sync::atomic::Ordering::SeqCst) {
-        watcher.abort();
         return Err(AppError::ConfigChanged);
     }
-    watcher.abort();
     tracing::info!("shutting down; rules stay in place");
     Ok(())
+}
+
+/// `--cleanup`: removes what either mode created (our tables, our IPVS virtual servers and
+/// the dummy link) and upstream kube-proxy's nftables tables.
+fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
+    let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    let mut removed = Vec::new();
+    let mut tables = vec![cfg.proxier.table.clone()];
+    for t in [
+        crate::proxier::names::DEFAULT_TABLE,
+        crate::ipvs::table::DEFAULT_TABLE,
+    ] {
+        if !tables.iter().any(|x| x == t) {
+            tables.push(t.into());
+        }
+    }
+    for t in &tables {
+        removed.extend(cleanup(&mut nft, t).map_err(AppError::Cleanup)?);
+    }
+    match NetlinkIpvs::open() {
+        Ok(ipvs) => {
+            let links = NetlinkLinks::open().map_err(|e| AppError::Ipvs(e.to_string()))?;
+            let mut rec = IpvsReconciler::new(
+                ipvs,
+                links,
+                nft,
+                cfg.ipvs.clone(),
+                cfg.proxier.clone(),
+                cfg.detect_local.clone(),
+            );
+            removed.extend(rec.cleanup().map_err(|e| AppError::Ipvs(e.to_string()))?);
+            nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+        }
+        Err(crate::ipvs::Error::Unavailable) => {
+            tracing::debug!("no IPVS in this kernel: nothing of the IPVS mode to clean up")
+        }
+        Err(e) => return Err(AppError::Ipvs(e.to_string())),
+    }
+    if removed.is_empty() {
+        tracing::info!("nothing to clean up");
+    }
+    for r in removed {
+        tracing::info!("removed {r}");
+    }
+    for r in crate::sync::cleanup_upstream(&mut nft).map_err(AppError::Cleanup)? {
+        tracing::info!("removed upstream kube-proxy's {r}");
+    }
+    Ok(())
+}
+
+/// In nftables mode: what an earlier IPVS-mode run left (its table, virtual servers on the
+/// dummy link, the link) would take ClusterIP traffic first; remove it, as upstream does
+/// when switching modes. Failures are warnings: the nftables mode works regardless.
+fn remove_ipvs_leftovers(cfg: &Config) {
+    let Ok(mut links) = NetlinkLinks::open() else {
+        return;
+    };
+    let has_link = matches!(links.link(&cfg.ipvs.dummy_link), Ok(Some(_)));
+    if let Ok(mut nft) = NetlinkNftables::open() {
+        match cleanup(&mut nft, crate::ipvs::table::DEFAULT_TABLE) {
+            Ok(r) => r
+                .into_iter()
+                .for_each(|r| tracing::info!("removed IPVS-mode {r}")),
+            Err(e) => tracing::warn!("cannot remove the IPVS mode's table: {e}"),
+        }
+    }
+    if !has_link {
+        return;
+    }
+    let (Ok(ipvs), Ok(nft)) = (NetlinkIpvs::open(), NetlinkNftables::open()) else {
+        return;
+    };
+    let mut rec = IpvsReconciler::new(
+        ipvs,
+        links,
+        nft,
+        cfg.ipvs.clone(),
+        cfg.proxier.clone(),
+        cfg.detect_local.clone(),
+    );
+    match rec.cleanup() {
+        Ok(r) => r
+            .into_iter()
+            .for_each(|r| tracing::info!("removed IPVS-mode {r}")),
+        Err(e) => tracing::warn!("cannot remove the IPVS mode's leftovers: {e}"),
+    }
+}
+
+/// In IPVS mode: the nftables mode's table would DNAT service traffic before IPVS sees it.
+fn remove_nftables_mode_table(cfg: &Config) {
+    if cfg.proxier.table == crate::proxier::names::DEFAULT_TABLE {
+        return;
+    }
+    if let Ok(mut nft) = NetlinkNftables::open() {
+        match cleanup(&mut nft, crate::proxier::names::DEFAULT_TABLE) {
+            Ok(r) => r
+                .into_iter()
+                .for_each(|r| tracing::info!("removed nftables-mode {r}")),
+            Err(e) => tracing::warn!("cannot remove the nftables mode's table: {e}"),
+        }
+    }
+}
+
+/// `--dry-run` in IPVS mode: the virtual servers and the companion table, touching nothing.
+fn ipvs_dry_run(cfg: &Config, state: &ProxyState) -> Result<String, AppError> {
+    use crate::rtnl::Links;
+    let mut links = NetlinkLinks::open().map_err(|e| AppError::Ipvs(e.to_string()))?;
+    let index = links
+        .link(&cfg.ipvs.dummy_link)
+        .map_err(|e| AppError::Ipvs(e.to_string()))?
+        .map(|l| l.index);
+    let local: Vec<std::net::IpAddr> = links
+        .addresses()
+        .map_err(|e| AppError::Ipvs(e.to_string()))?
+        .into_iter()
+        .filter(|a| Some(a.index) != index)
+        .map(|a| a.addr)
+        .collect();
+    let node_addrs = crate::ipvs::plan::nodeport_addresses(
+        &local,
+        &cfg.proxier.nodeport_addresses,
+        &state.node.addresses,
+    );
+    let plan = crate::ipvs::plan::build_plan(state, &cfg.ipvs, &node_addrs);
+    let mut out = crate::ipvs::plan::render(&plan);
+    for family in crate::nft::Family::all() {
+        let rs = crate::ipvs::table::build_ruleset(state, &plan, &cfg.proxier, family);
+        out.push_str(&render::transaction(
+            &crate::proxier::plan_transaction(None, &rs, None, &[]).tx,
+        ));
+    }
+    Ok(out)
 }
 
 /// Polls the manifests and publishes a new state whenever they change. Polling (250 ms)

@@ -65,9 +65,33 @@ pub struct Flags {
     /// How often the watchers' state is re-published (upstream's informer resync period).
     #[arg(long, value_name = "DURATION")]
     pub config_sync_period: Option<String>,
-    /// Proxy mode: nftables.
+    /// Proxy mode: nftables or ipvs.
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
+    /// IPVS mode: scheduler of every virtual server (rr, wrr, lc, wlc, sh, mh, …).
+    #[arg(long, value_name = "NAME")]
+    pub ipvs_scheduler: Option<String>,
+    /// IPVS mode: longest interval between syncs (overrides --sync-period).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_sync_period: Option<String>,
+    /// IPVS mode: shortest interval between syncs (overrides --min-sync-period).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_min_sync_period: Option<String>,
+    /// IPVS mode: virtual servers in these CIDRs are never deleted by us (comma-separated).
+    #[arg(long, value_name = "CIDRS")]
+    pub ipvs_exclude_cidrs: Option<String>,
+    /// IPVS mode: set arp_ignore=1 and arp_announce=2 so only real interfaces answer ARP.
+    #[arg(long)]
+    pub ipvs_strict_arp: bool,
+    /// IPVS mode: idle timeout of TCP connections (0: leave the kernel's).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_tcp_timeout: Option<String>,
+    /// IPVS mode: timeout of TCP connections after FIN (0: leave the kernel's).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_tcpfin_timeout: Option<String>,
+    /// IPVS mode: timeout of UDP flows (0: leave the kernel's).
+    #[arg(long, value_name = "DURATION")]
+    pub ipvs_udp_timeout: Option<String>,
     /// Name of our nftables table in the ip and ip6 families.
     #[arg(long, value_name = "NAME")]
     pub nftables_table: Option<String>,
@@ -113,6 +137,16 @@ pub struct Flags {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProxyMode {
     Nftables,
+    Ipvs,
+}
+
+impl ProxyMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Ipvs => "ipvs",
+        }
+    }
 }
 
 /// The effective, validated configuration.
@@ -124,6 +158,8 @@ pub struct Config {
     pub node_name: String,
     pub mode: ProxyMode,
     pub proxier: ProxierConfig,
+    /// IPVS mode settings (used with `ProxyMode::Ipvs`).
+    pub ipvs: crate::ipvs::plan::IpvsConfig,
     pub sync_period: Duration,
     pub min_sync_period: Duration,
     pub config_sync_period: Duration,
@@ -247,7 +283,21 @@ struct FileConfig {
     bridge_interface: Option<String>,
     interface_name_prefix: Option<String>,
     conntrack: ConntrackConfig,
+    ipvs: FileIpvs,
     warnings: Vec<String>,
+}
+
+/// The `ipvs` section of a KubeProxyConfiguration.
+#[derive(Debug, Default)]
+struct FileIpvs {
+    scheduler: Option<String>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    exclude_cidrs: Option<Vec<String>>,
+    strict_arp: Option<bool>,
+    tcp_timeout: Option<String>,
+    tcp_fin_timeout: Option<String>,
+    udp_timeout: Option<String>,
 }
 
 fn as_str(v: &Value) -> Option<String> {
@@ -375,6 +425,33 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                     }
                 }
             }
+            "ipvs" => {
+                let Value::Mapping(n) = val else {
+                    return Err(field_err(key));
+                };
+                let i = &mut fc.ipvs;
+                for (k2, v2) in n {
+                    match k2.as_str().unwrap_or("") {
+                        "scheduler" => i.scheduler = as_str(v2).filter(|s| !s.is_empty()),
+                        "syncPeriod" => i.sync_period = as_str(v2),
+                        "minSyncPeriod" => i.min_sync_period = as_str(v2),
+                        "excludeCIDRs" => match v2 {
+                            Value::Sequence(s) => {
+                                i.exclude_cidrs = Some(s.iter().filter_map(as_str).collect())
+                            }
+                            Value::Null => {}
+                            _ => return Err(field_err("ipvs.excludeCIDRs")),
+                        },
+                        "strictARP" => i.strict_arp = v2.as_bool(),
+                        "tcpTimeout" => i.tcp_timeout = as_str(v2),
+                        "tcpFinTimeout" => i.tcp_fin_timeout = as_str(v2),
+                        "udpTimeout" => i.udp_timeout = as_str(v2),
+                        other => fc.warnings.push(format!(
+                            "config field ipvs.{other} is not supported; ignored"
+                        )),
+                    }
+                }
+            }
             "nftables" => {
                 let Value::Mapping(n) = val else {
                     return Err(field_err(key));
@@ -420,18 +497,13 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        let mode = match f.proxy_mode.clone().or(fc.mode).as_deref() {
+        let mode = match f.proxy_mode.clone().or(fc.mode.clone()).as_deref() {
             None | Some("") | Some("nftables") => ProxyMode::Nftables,
-            Some("ipvs") => {
-                return Err(bad(
-                    "--proxy-mode",
-                    "ipvs mode is not available in this build yet; use nftables",
-                ))
-            }
+            Some("ipvs") => ProxyMode::Ipvs,
             Some(m) => {
                 return Err(bad(
                     "--proxy-mode",
-                    format!("unknown mode {m:?} (nftables)"),
+                    format!("unknown mode {m:?} (nftables, ipvs)"),
                 ))
             }
         };
@@ -512,16 +584,32 @@ impl Config {
                     None => Ok(default),
                 }
             };
-        let sync_period = dur(
-            "--sync-period",
-            f.sync_period.clone().or(fc.sync_period),
-            Duration::from_secs(30),
-        )?;
-        let min_sync_period = dur(
-            "--min-sync-period",
-            f.min_sync_period.clone().or(fc.min_sync_period),
-            Duration::from_secs(1),
-        )?;
+        let ipvs_mode = mode == ProxyMode::Ipvs;
+        let sync_period = match (
+            ipvs_mode,
+            f.ipvs_sync_period.clone().or(fc.ipvs.sync_period.clone()),
+        ) {
+            (true, Some(s)) => dur("--ipvs-sync-period", Some(s), Duration::ZERO)?,
+            _ => dur(
+                "--sync-period",
+                f.sync_period.clone().or(fc.sync_period),
+                Duration::from_secs(30),
+            )?,
+        };
+        let min_sync_period = match (
+            ipvs_mode,
+            f.ipvs_min_sync_period
+                .clone()
+                .or(fc.ipvs.min_sync_period.clone()),
+        ) {
+            (true, Some(s)) => dur("--ipvs-min-sync-period", Some(s), Duration::ZERO)?,
+            _ => dur(
+                "--min-sync-period",
+                f.min_sync_period.clone().or(fc.min_sync_period),
+                Duration::from_secs(1),
+            )?,
+        };
+        let ipvs = ipvs_config(&f, &fc.ipvs)?;
         let config_sync_period = dur(
             "--config-sync-period",
             f.config_sync_period.clone().or(fc.config_sync_period),
@@ -554,7 +642,10 @@ impl Config {
             .nftables_table
             .clone()
             .or(fc.table)
-            .unwrap_or_else(|| names::DEFAULT_TABLE.into());
+            .unwrap_or_else(|| match mode {
+                ProxyMode::Nftables => names::DEFAULT_TABLE.into(),
+                ProxyMode::Ipvs => crate::ipvs::table::DEFAULT_TABLE.into(),
+            });
         if table.is_empty()
             || table.len() > 200
             || !table
@@ -604,6 +695,7 @@ impl Config {
             master,
             node_name,
             mode,
+            ipvs,
             proxier: ProxierConfig {
                 table,
                 masquerade_bit,
@@ -632,6 +724,47 @@ impl Config {
             detect_local,
         })
     }
+}
+
+/// The IPVS settings from flags over the file's `ipvs` section.
+fn ipvs_config(f: &Flags, fc: &FileIpvs) -> Result<crate::ipvs::plan::IpvsConfig, ConfigError> {
+    use crate::ipvs::plan::{IpvsConfig, SCHEDULERS};
+    let mut c = IpvsConfig::default();
+    if let Some(s) = f.ipvs_scheduler.clone().or(fc.scheduler.clone()) {
+        if !SCHEDULERS.contains(&s.as_str()) {
+            return Err(bad(
+                "--ipvs-scheduler",
+                format!("unknown scheduler {s:?} ({})", SCHEDULERS.join(", ")),
+            ));
+        }
+        c.scheduler = s;
+    }
+    c.exclude_cidrs = match (&f.ipvs_exclude_cidrs, &fc.exclude_cidrs) {
+        (Some(s), _) => parse_cidrs("--ipvs-exclude-cidrs", s)?,
+        (None, Some(v)) => parse_cidrs("--ipvs-exclude-cidrs", &v.join(","))?,
+        (None, None) => vec![],
+    };
+    c.strict_arp = f.ipvs_strict_arp || fc.strict_arp.unwrap_or(false);
+    let secs = |what: &str, v: Option<String>| -> Result<u32, ConfigError> {
+        let d = match v {
+            Some(s) => parse_duration(&s).map_err(|e| bad(what, e))?,
+            None => Duration::ZERO,
+        };
+        u32::try_from(d.as_secs()).map_err(|_| bad(what, "too long"))
+    };
+    c.tcp_timeout = secs(
+        "--ipvs-tcp-timeout",
+        f.ipvs_tcp_timeout.clone().or(fc.tcp_timeout.clone()),
+    )?;
+    c.tcp_fin_timeout = secs(
+        "--ipvs-tcpfin-timeout",
+        f.ipvs_tcpfin_timeout.clone().or(fc.tcp_fin_timeout.clone()),
+    )?;
+    c.udp_timeout = secs(
+        "--ipvs-udp-timeout",
+        f.ipvs_udp_timeout.clone().or(fc.udp_timeout.clone()),
+    )?;
+    Ok(c)
 }
 
 /// An interface name: 1 to 15 bytes, no '/', whitespace or NUL.
@@ -679,7 +812,7 @@ impl Config {
         let mut v = json!({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
-            "mode": "nftables",
+            "mode": self.mode.name(),
             "hostnameOverride": self.node_name,
             "detectLocalMode": mode,
             "nodePortAddresses": np,
@@ -707,6 +840,20 @@ impl Config {
         });
         if !cluster_cidr.is_empty() {
             v["clusterCIDR"] = json!(cluster_cidr);
+        }
+        if self.mode == ProxyMode::Ipvs {
+            let i = &self.ipvs;
+            let secs = |n: u32| format_duration(Duration::from_secs(n.into()));
+            v["ipvs"] = json!({
+                "scheduler": i.scheduler,
+                "syncPeriod": format_duration(self.sync_period),
+                "minSyncPeriod": format_duration(self.min_sync_period),
+                "excludeCIDRs": i.exclude_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+                "strictARP": i.strict_arp,
+                "tcpTimeout": secs(i.tcp_timeout),
+                "tcpFinTimeout": secs(i.tcp_fin_timeout),
+                "udpTimeout": secs(i.udp_timeout),
+            });
         }
         match &self.detect_local {
             DetectLocal::BridgeInterface(b) => v["detectLocal"] = json!({"bridgeInterface": b}),

@@ -33,7 +33,13 @@ impl FakeIpvs {
             .unwrap_or_default()
     }
     /// Sets the connection counters of one real server (what traffic would do).
-    pub fn set_conns(&mut self, key: &VsKey, rs: (std::net::IpAddr, u16), active: u32, inactive: u32) {
+    pub fn set_conns(
+        &mut self,
+        key: &VsKey,
+        rs: (std::net::IpAddr, u16),
+        active: u32,
+        inactive: u32,
+    ) {
         if let Some((_, ds)) = self.services.get_mut(key) {
             for d in ds.iter_mut().filter(|d| (d.addr, d.port) == rs) {
                 d.active_conns = active;

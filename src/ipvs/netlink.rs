@@ -75,11 +75,7 @@ impl NetlinkIpvs {
         let seq = self.sock.next_seq();
         let b = encode_dest(self.family, cmd, vs, rs, seq);
         let rs_s = std::net::SocketAddr::new(rs.addr, rs.port);
-        self.request(
-            b,
-            seq,
-            format!("{what} real server {rs_s} of {}", vs.key()),
-        )
+        self.request(b, seq, format!("{what} real server {rs_s} of {}", vs.key()))
     }
 }
 

@@ -177,15 +177,39 @@ pub fn build_plan(state: &ProxyState, cfg: &IpvsConfig, node_addrs: &[IpAddr]) -
                 &cat.cluster
             });
             for ip in cluster_ips {
-                add(&mut plan, sp, cfg, ip, sp.port, VsKind::ClusterIp, &internal);
+                add(
+                    &mut plan,
+                    sp,
+                    cfg,
+                    ip,
+                    sp.port,
+                    VsKind::ClusterIp,
+                    &internal,
+                );
                 plan.vips.insert(ip);
             }
             for ip in sp.external_ips.iter().filter(|a| a.is_ipv4() == v4) {
-                add(&mut plan, sp, cfg, *ip, sp.port, VsKind::ExternalIp, &external);
+                add(
+                    &mut plan,
+                    sp,
+                    cfg,
+                    *ip,
+                    sp.port,
+                    VsKind::ExternalIp,
+                    &external,
+                );
                 plan.vips.insert(*ip);
             }
             for ip in sp.load_balancer_ips.iter().filter(|a| a.is_ipv4() == v4) {
-                add(&mut plan, sp, cfg, *ip, sp.port, VsKind::LoadBalancer, &external);
+                add(
+                    &mut plan,
+                    sp,
+                    cfg,
+                    *ip,
+                    sp.port,
+                    VsKind::LoadBalancer,
+                    &external,
+                );
                 plan.vips.insert(*ip);
             }
             if let Some(np) = sp.node_port {
@@ -196,6 +220,38 @@ pub fn build_plan(state: &ProxyState, cfg: &IpvsConfig, node_addrs: &[IpAddr]) -
         }
     }
     plan
+}
+
+/// The plan as `ipvsadm -Ln` would list it (for `--dry-run`).
+pub fn render(plan: &IpvsPlan) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for d in plan.services.values() {
+        let persist = if d.vs.persistence > 0 {
+            format!(" persistent {}", d.vs.persistence)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "{} {}{persist}  # {}",
+            d.vs.key(),
+            d.vs.scheduler,
+            d.service
+        );
+        for rs in d.dests.values() {
+            let _ = writeln!(
+                out,
+                "  -> {} Masq {}",
+                std::net::SocketAddr::new(rs.addr, rs.port),
+                rs.weight
+            );
+        }
+    }
+    for v in &plan.vips {
+        let _ = writeln!(out, "# {DUMMY_LINK}: {v}");
+    }
+    out
 }
 
 #[cfg(test)]

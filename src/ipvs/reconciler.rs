@@ -50,6 +50,7 @@ pub struct IpvsReconciler<I: Ipvs, L: Links, N: Nftables> {
     /// behind our back (IPVS has no change notifications).
     full_every: Duration,
     timeouts_done: bool,
+    conntrack: Option<Box<dyn crate::conntrack::Conntrack + Send>>,
 }
 
 fn ipvs_err(e: Error) -> SyncError {
@@ -83,7 +84,14 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
             last_full: None,
             full_every: Duration::from_secs(30),
             timeouts_done: false,
+            conntrack: None,
         }
+    }
+
+    /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
+    pub fn with_conntrack(mut self, ct: Box<dyn crate::conntrack::Conntrack + Send>) -> Self {
+        self.conntrack = Some(ct);
+        self
     }
 
     /// How often a sync re-lists the kernel (the sync period).
@@ -141,6 +149,14 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
         let res = self.sync_inner(state, full, &mut stats);
         match &res {
             Ok(()) => {
+                if let Some(ct) = self.conntrack.as_mut() {
+                    crate::sync::reconcile_conntrack(
+                        ct.as_mut(),
+                        state,
+                        &Family::all(),
+                        &mut stats,
+                    );
+                }
                 self.need_full = false;
                 if full {
                     self.last_full = Some(Instant::now());
@@ -178,10 +194,9 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
             None => {
                 tracing::info!(link = %name, "creating the dummy link for service addresses");
                 self.links.add_dummy(&name).map_err(link_err)?;
-                self.links
-                    .link(&name)
-                    .map_err(link_err)?
-                    .ok_or_else(|| SyncError::Ipvs(format!("link {name} vanished after creation")))?
+                self.links.link(&name).map_err(link_err)?.ok_or_else(|| {
+                    SyncError::Ipvs(format!("link {name} vanished after creation"))
+                })?
             }
         };
         let addrs = self.links.addresses().map_err(link_err)?;
@@ -336,8 +351,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
         stats: &mut SyncStats,
     ) -> Result<(), SyncError> {
         let current = if full {
-            self.list_owned(plan, bound, node_addrs)
-                .map_err(ipvs_err)?
+            self.list_owned(plan, bound, node_addrs).map_err(ipvs_err)?
         } else {
             self.applied.clone()
         };
@@ -367,7 +381,9 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
                         continue;
                     }
                 }
-                Some(c) if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence => {
+                Some(c)
+                    if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence =>
+                {
                     note(self.ipvs.update_service(&d.vs), stats);
                 }
                 Some(_) => {}
@@ -774,7 +790,10 @@ mod tests {
         r.ipvs().add_service(&foreign).unwrap();
         r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
         let removed = r.cleanup().unwrap();
-        assert!(removed.iter().any(|s| s == "link kube-ipvs0"), "{removed:?}");
+        assert!(
+            removed.iter().any(|s| s == "link kube-ipvs0"),
+            "{removed:?}"
+        );
         let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
         assert_eq!(keys, [foreign.key()]);
         assert!(r.links().link("kube-ipvs0").unwrap().is_none());

@@ -139,7 +139,10 @@ pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
             r(SERVICE_CHECKS, np),
         ],
     );
-    for (name, hook) in [(NAT_PREROUTING, Hook::Prerouting), (NAT_OUTPUT, Hook::Output)] {
+    for (name, hook) in [
+        (NAT_PREROUTING, Hook::Prerouting),
+        (NAT_OUTPUT, Hook::Output),
+    ] {
         f.chain(
             Chain::base(name, Nat, hook, DSTNAT),
             vec![r(name, vec![jump(SERVICES)])],
@@ -191,7 +194,10 @@ pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
                 vec![Expr::MarkBitClear(mark), Expr::Verdict(Verdict::Return)],
             ),
             r(NAT_POSTROUTING, vec![Expr::MarkXor(mark)]),
-            r(NAT_POSTROUTING, vec![Expr::Masquerade { fully_random: true }]),
+            r(
+                NAT_POSTROUTING,
+                vec![Expr::Masquerade { fully_random: true }],
+            ),
         ],
     );
     f.chain(
@@ -282,7 +288,12 @@ pub fn build_services(
                     &comment,
                 ));
             } else {
-                f.element(element(NO_ENDPOINT_SERVICES, addr_k.clone(), Some(v), &comment));
+                f.element(element(
+                    NO_ENDPOINT_SERVICES,
+                    addr_k.clone(),
+                    Some(v),
+                    &comment,
+                ));
             }
         }
         let ranges: Vec<Cidr> = sp
@@ -402,7 +413,8 @@ mod tests {
         let plan = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]);
         let rs = build_ruleset(&st, &plan, &cfg(), Family::Ip);
         let mut nft = FakeNftables::default();
-        nft.apply(&plan_transaction(None, &rs, None, &[]).tx).unwrap();
+        nft.apply(&plan_transaction(None, &rs, None, &[]).tx)
+            .unwrap();
         let dump = nft.dump(Family::Ip, DEFAULT_TABLE);
         for needle in [
             "10.96.0.10 . tcp . 80",

@@ -170,3 +170,102 @@ impl Links for FakeLinks {
         Ok(())
     }
 }
+
+/// Whether one rtnetlink notification reports that someone else (not the socket with
+/// `our_port`) deleted our link or an address on it (`link_index`).
+pub fn is_foreign_change(
+    m: &crate::netlink::msg::RawMsg<'_>,
+    link_name: &str,
+    link_index: Option<u32>,
+    our_port: u32,
+) -> bool {
+    if m.pid == our_port {
+        return false;
+    }
+    match m.ty {
+        codec::RTM_DELLINK => {
+            let as_new = crate::netlink::msg::RawMsg {
+                ty: codec::RTM_NEWLINK,
+                ..*m
+            };
+            codec::decode_link(&as_new).is_some_and(|l| l.name == link_name)
+        }
+        codec::RTM_DELADDR => codec::decode_addr(m).is_some_and(|a| Some(a.index) == link_index),
+        _ => false,
+    }
+}
+
+/// Listens for link and address notifications and calls `on_foreign` when our link or one
+/// of its addresses was removed by someone else. Runs until the socket fails; meant for its
+/// own thread.
+pub fn watch(
+    link_name: String,
+    our_port: impl Fn() -> u32,
+    mut on_foreign: impl FnMut(),
+) -> Result<(), crate::netlink::Error> {
+    let mut sock = NetlinkSocket::open(NETLINK_ROUTE)?;
+    for g in [
+        codec::RTNLGRP_LINK,
+        codec::RTNLGRP_IPV4_IFADDR,
+        codec::RTNLGRP_IPV6_IFADDR,
+    ] {
+        sock.add_membership(g)?;
+    }
+    let mut lookup = NetlinkLinks::open().map_err(|e| e.source)?;
+    loop {
+        let buf = match sock.recv_raw() {
+            Ok(b) => b,
+            Err(e) if e.errno() == Some(libc::ENOBUFS) => {
+                on_foreign();
+                continue;
+            }
+            Err(e) if e.errno() == Some(libc::EAGAIN) => continue,
+            Err(e) => return Err(e),
+        };
+        let Ok(msgs) = crate::netlink::msg::parse_msgs(&buf) else {
+            continue;
+        };
+        let index = lookup.link(&link_name).ok().flatten().map(|l| l.index);
+        let port = our_port();
+        if msgs
+            .iter()
+            .any(|m| is_foreign_change(m, &link_name, index, port))
+        {
+            on_foreign();
+        }
+    }
+}
+
+impl NetlinkLinks {
+    /// The socket's port id: notifications carrying it are our own changes.
+    pub fn port_id(&self) -> u32 {
+        self.sock.port_id()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::msg::{parse_msgs, RawMsg};
+
+    #[test]
+    fn foreign_address_removal_on_our_link_only() {
+        let a = IfAddr {
+            index: 7,
+            addr: "10.96.0.1".parse().unwrap(),
+            prefix_len: 32,
+        };
+        let b = codec::encode_addr(false, &a, 1);
+        let m = parse_msgs(&b).unwrap()[0];
+        let from = |pid| RawMsg { pid, ..m };
+        assert!(is_foreign_change(&from(99), "kube-ipvs0", Some(7), 42));
+        assert!(
+            !is_foreign_change(&from(42), "kube-ipvs0", Some(7), 42),
+            "our own"
+        );
+        assert!(
+            !is_foreign_change(&from(99), "kube-ipvs0", Some(8), 42),
+            "another link"
+        );
+    }
+}

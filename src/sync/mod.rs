@@ -32,6 +32,41 @@ pub enum SyncError {
     Ipvs(String),
 }
 
+/// Deletes conntrack entries that point at endpoints the state no longer serves. A failure
+/// is logged and retried at the next sync; it never undoes the rules.
+pub fn reconcile_conntrack(
+    ct: &mut (dyn Conntrack + Send),
+    state: &ProxyState,
+    families: &[Family],
+    stats: &mut SyncStats,
+) {
+    let t0 = std::time::Instant::now();
+    for family in families {
+        for proto in ct_cleanup::PROTOCOLS {
+            let dests = ct_cleanup::service_destinations(state, *family, proto);
+            if dests.is_empty() {
+                continue;
+            }
+            let res = ct
+                .list(*family, proto.number())
+                .and_then(|flows| ct.delete(&ct_cleanup::stale_flows(&dests, &flows)));
+            match res {
+                Ok(n) => stats.conntrack_deleted += n,
+                Err(e) => {
+                    tracing::warn!(%family, proto = proto.lower(), "conntrack cleanup failed: {e}")
+                }
+            }
+        }
+    }
+    stats.conntrack_duration = Some(t0.elapsed());
+    if stats.conntrack_deleted > 0 {
+        tracing::info!(
+            deleted = stats.conntrack_deleted,
+            "deleted stale conntrack entries"
+        );
+    }
+}
+
 /// What the sync loop drives: the nftables [`Syncer`] or the IPVS reconciler.
 pub trait Backend {
     fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError>;
@@ -128,36 +163,9 @@ impl<N: Nftables> Syncer<N> {
         self
     }
 
-    /// Deletes conntrack entries that point at endpoints the state no longer serves. A
-    /// failure is logged and retried at the next sync; it never undoes the rules.
     fn reconcile_conntrack(&mut self, state: &ProxyState, stats: &mut SyncStats) {
-        let Some(ct) = self.conntrack.as_mut() else {
-            return;
-        };
-        let t0 = std::time::Instant::now();
-        for family in &self.families {
-            for proto in ct_cleanup::PROTOCOLS {
-                let dests = ct_cleanup::service_destinations(state, *family, proto);
-                if dests.is_empty() {
-                    continue;
-                }
-                let res = ct
-                    .list(*family, proto.number())
-                    .and_then(|flows| ct.delete(&ct_cleanup::stale_flows(&dests, &flows)));
-                match res {
-                    Ok(n) => stats.conntrack_deleted += n,
-                    Err(e) => {
-                        tracing::warn!(%family, proto = proto.lower(), "conntrack cleanup failed: {e}")
-                    }
-                }
-            }
-        }
-        stats.conntrack_duration = Some(t0.elapsed());
-        if stats.conntrack_deleted > 0 {
-            tracing::info!(
-                deleted = stats.conntrack_deleted,
-                "deleted stale conntrack entries"
-            );
+        if let Some(ct) = self.conntrack.as_mut() {
+            reconcile_conntrack(ct.as_mut(), state, &self.families, stats);
         }
     }
 

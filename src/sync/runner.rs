@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
-use crate::model::ProxyState;
 use super::Backend;
+use crate::model::ProxyState;
 
 /// Timing of the sync loop.
 #[derive(Debug, Clone, Copy)]
