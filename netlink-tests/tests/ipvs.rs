@@ -1,0 +1,465 @@
+//! IPVS mode, with real packets, inside a VM: this machine's kernel has no ip_vs and no
+//! dummy links, so `ipvs_mode_in_a_vm` boots Debian's kernel under qemu
+//! (`netlink-tests/vm/run-in-vm.sh`) and runs this same test binary there, executing the
+//! `guest::` tests. Those are marked ignored so that a plain `cargo test` on the host does
+//! not run them outside the VM; the VM run includes them and fails if any fails. A missing
+//! prerequisite (qemu, the kernel package) is a failure, never a skip.
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const IN_VM: &str = "KNP_IN_VM";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+#[test]
+fn ipvs_mode_in_a_vm() {
+    netlink_tests::ns::require_root();
+    if std::env::var_os(IN_VM).is_some() {
+        return; // already inside: the guest runs the guest:: tests only
+    }
+    let exe = std::env::current_exe().unwrap();
+    let ws = workspace();
+    let script = ws.join("netlink-tests/vm/run-in-vm.sh");
+    let mut cmd = Command::new(&script);
+    cmd.arg("--share").arg(&ws);
+    // A target directory outside the workspace must be visible in the guest too.
+    let target = exe.parent().and_then(Path::parent).and_then(Path::parent);
+    if let Some(t) = target.filter(|t| !t.starts_with(&ws)) {
+        cmd.arg("--share").arg(t);
+    }
+    let filter = std::env::var("KNP_VM_TESTS").unwrap_or_else(|_| "guest::".into());
+    cmd.args(["--env", &format!("{IN_VM}=1"), "--timeout", "1200", "--"])
+        .arg(&exe)
+        .args(["--include-ignored", "--test-threads=1", &filter]);
+    let t0 = std::time::Instant::now();
+    let st = cmd.status().unwrap_or_else(|e| {
+        panic!(
+            "cannot run {}: {e} (it needs qemu-system-x86, busybox-static and cpio)",
+            script.display()
+        )
+    });
+    eprintln!("VM run took {:?}", t0.elapsed());
+    assert!(
+        st.success(),
+        "IPVS tests in the VM failed ({st}); their output is above"
+    );
+}
+
+mod guest {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::{Duration, Instant};
+
+    use netlink_tests::backend::{
+        tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
+    };
+    use netlink_tests::cluster::{sa, yaml, Cluster, EXT_IP, EXT_IP_OTHER, NODE_IP, POD_GW};
+
+    const IPVS: &[&str] = &["--proxy-mode", "ipvs"];
+
+    fn in_vm() {
+        assert!(
+            std::env::var_os(super::IN_VM).is_some(),
+            "guest tests run inside the VM (cargo test --test ipvs ipvs_mode_in_a_vm)"
+        );
+        assert!(
+            std::path::Path::new("/proc/net/ip_vs").exists(),
+            "the guest kernel has IPVS"
+        );
+    }
+
+    /// pod A (10.244.1.2, local endpoint), pod B (10.244.1.3, client), remote 10.244.2.2.
+    fn web_cluster() -> Cluster {
+        in_vm();
+        let mut c = Cluster::new();
+        c.add_pod(2);
+        c.add_pod(3);
+        c.add_remote_pod_ip("10.244.2.2");
+        tcp_backend(&c.pods[0], "local", sa("10.244.1.2", 8080));
+        tcp_backend(&c.node2, "remote", sa("10.244.2.2", 8080));
+        c
+    }
+
+    fn web_yaml(extra_spec: &str) -> String {
+        let mut s = yaml::service(
+            "default",
+            "web",
+            &["10.96.0.10"],
+            &[("http", "TCP", 80, 30080)],
+            &format!("type: NodePort\n{extra_spec}"),
+        );
+        s += &yaml::slice(
+            "default",
+            "web",
+            "web-v4",
+            "IPv4",
+            ("http", "TCP", 8080),
+            &[
+                yaml::ready("10.244.1.2", "node1"),
+                yaml::ready("10.244.2.2", "node2"),
+            ],
+        );
+        s
+    }
+
+    fn counts(replies: &[Reply]) -> BTreeMap<String, usize> {
+        let mut m = BTreeMap::new();
+        for r in replies {
+            let k = match r {
+                Reply::Answered { name, .. } => name.clone(),
+                other => format!("{other:?}"),
+            };
+            *m.entry(k).or_default() += 1;
+        }
+        m
+    }
+
+    fn names(replies: &[Reply]) -> BTreeSet<String> {
+        counts(replies).into_keys().collect()
+    }
+
+    fn peer(r: &Reply) -> String {
+        match r {
+            Reply::Answered { peer, .. } => peer.to_string(),
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+
+    /// `ipvsadm -Ln` in the node namespace (an independent oracle), blanks collapsed:
+    /// "TCP 10.96.0.10:80 rr", "-> 10.244.1.2:8080 Masq 1 0 0".
+    fn ipvsadm(c: &Cluster) -> String {
+        c.node
+            .sh("ipvsadm -Ln")
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn vips(c: &Cluster) -> String {
+        c.node
+            .sh("ip -o addr show dev kube-ipvs0 2>/dev/null || true")
+    }
+
+    fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(20) {
+            if f() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn cluster_ip_and_node_port_round_robin() {
+        let c = web_cluster();
+        c.sync_once(&web_yaml(""), IPVS);
+        let list = ipvsadm(&c);
+        assert!(list.contains("TCP 10.96.0.10:80 rr"), "{list}");
+        assert!(list.contains("TCP 192.168.50.1:30080 rr"), "{list}");
+        assert!(list.contains("-> 10.244.1.2:8080 Masq 1"), "{list}");
+        assert!(vips(&c).contains("10.96.0.10/32"), "{}", vips(&c));
+        // rr alternates exactly: 20 connections, 10 each.
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 20);
+        let n = counts(&replies);
+        assert_eq!(n.get("local"), Some(&10), "{n:?}");
+        assert_eq!(n.get("remote"), Some(&10), "{n:?}");
+        assert!(
+            replies.iter().all(|r| peer(r) == "10.244.1.3"),
+            "pod source kept: {replies:?}"
+        );
+        let replies = tcp_probes(&c.ext, sa(NODE_IP, 30080), 10);
+        let n = counts(&replies);
+        assert_eq!(
+            (n.get("local"), n.get("remote")),
+            (Some(&5), Some(&5)),
+            "{n:?}"
+        );
+        assert!(
+            replies.iter().all(|r| peer(r) != EXT_IP),
+            "NodePort traffic from outside is masqueraded: {replies:?}"
+        );
+        // From the node itself too.
+        assert!(tcp_probe(&c.node, sa("10.96.0.10", 80)).name().is_some());
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn udp_cluster_ip_and_node_port() {
+        in_vm();
+        let mut c = Cluster::new();
+        c.add_pod(2);
+        c.add_pod(3);
+        udp_backend(&c.pods[0], "dns", sa("10.244.1.2", 53));
+        let mut y = yaml::service(
+            "kube-system",
+            "dns",
+            &["10.96.0.53"],
+            &[("dns", "UDP", 53, 30053)],
+            "type: NodePort",
+        );
+        y += &yaml::slice(
+            "kube-system",
+            "dns",
+            "dns-1",
+            "IPv4",
+            ("dns", "UDP", 53),
+            &[yaml::ready("10.244.1.2", "node1")],
+        );
+        c.sync_once(&y, IPVS);
+        let r = udp_probe(&c.pods[1], sa("10.96.0.53", 53));
+        assert_eq!(r.name(), Some("dns"), "{r:?}");
+        assert_eq!(peer(&r), "10.244.1.3");
+        let r = udp_probe(&c.ext, sa(NODE_IP, 30053));
+        assert_eq!(r.name(), Some("dns"), "{r:?}\n{}", ipvsadm(&c));
+        assert_ne!(peer(&r), EXT_IP);
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn client_ip_affinity_is_persistence() {
+        let c = web_cluster();
+        c.sync_once(
+            &web_yaml(
+                "sessionAffinity: ClientIP\nsessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+            ),
+            IPVS,
+        );
+        assert!(
+            ipvsadm(&c).contains("TCP 10.96.0.10:80 rr persistent 60"),
+            "{}",
+            ipvsadm(&c)
+        );
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 12);
+        assert_eq!(names(&replies).len(), 1, "sticks: {replies:?}");
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn scheduler_from_flag() {
+        let c = web_cluster();
+        c.sync_once(
+            &web_yaml(""),
+            &["--proxy-mode", "ipvs", "--ipvs-scheduler", "wlc"],
+        );
+        assert!(
+            ipvsadm(&c).contains("TCP 10.96.0.10:80 wlc"),
+            "{}",
+            ipvsadm(&c)
+        );
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn traffic_policies_local() {
+        let c = web_cluster();
+        c.sync_once(&web_yaml("externalTrafficPolicy: Local"), IPVS);
+        let replies = tcp_probes(&c.ext, sa(NODE_IP, 30080), 10);
+        assert_eq!(names(&replies), ["local"].map(String::from).into());
+        assert!(
+            replies.iter().all(|r| peer(r) == EXT_IP),
+            "client address kept: {replies:?}"
+        );
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10);
+        assert_eq!(
+            names(&replies),
+            ["local", "remote"].map(String::from).into()
+        );
+        c.sync_once(&web_yaml("internalTrafficPolicy: Local"), IPVS);
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10);
+        assert_eq!(names(&replies), ["local"].map(String::from).into());
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn hairpin_is_masqueraded() {
+        let c = web_cluster();
+        c.sync_once(&web_yaml("internalTrafficPolicy: Local"), IPVS);
+        let r = tcp_probe(&c.pods[0], sa("10.96.0.10", 80));
+        assert_eq!(r.name(), Some("local"), "{r:?}");
+        assert_eq!(peer(&r), POD_GW, "hairpin masqueraded to the node");
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn no_endpoints_is_refused() {
+        let c = web_cluster();
+        let mut y = web_yaml("");
+        y += &yaml::service(
+            "default",
+            "empty",
+            &["10.96.0.99"],
+            &[("p", "TCP", 8080, 30099)],
+            "type: NodePort",
+        );
+        c.sync_once(&y, IPVS);
+        for (ns, dst) in [
+            (&c.pods[1], sa("10.96.0.99", 8080)),
+            (&c.ext, sa(NODE_IP, 30099)),
+        ] {
+            assert_eq!(tcp_probe(ns, dst), Reply::Refused, "to {dst}");
+        }
+        assert_eq!(tcp_probe(&c.pods[1], sa("10.96.0.10", 81)), Reply::Refused);
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn load_balancer_source_ranges_and_external_ips() {
+        let c = web_cluster();
+        let y = web_yaml(&format!(
+            "externalIPs: [192.0.2.10]\nloadBalancerSourceRanges: [{EXT_IP}/32]"
+        ))
+        .replace(
+            "kind: Service\nmetadata: {name: web, namespace: default}\n",
+            "kind: Service\nmetadata: {name: web, namespace: default}\nstatus: {loadBalancer: {ingress: [{ip: 198.51.100.7}]}}\n",
+        );
+        c.sync_once(&y, IPVS);
+        let lb = sa("198.51.100.7", 80);
+        assert!(
+            tcp_probe_from(&c.ext, EXT_IP.parse().unwrap(), lb)
+                .name()
+                .is_some(),
+            "allowed source answered"
+        );
+        assert_eq!(
+            tcp_probe_from(&c.ext, EXT_IP_OTHER.parse().unwrap(), lb),
+            Reply::Timeout,
+            "other sources dropped"
+        );
+        let r = tcp_probe_from(&c.ext, EXT_IP_OTHER.parse().unwrap(), sa("192.0.2.10", 80));
+        assert!(r.name().is_some(), "externalIP answered: {r:?}");
+        assert_ne!(peer(&r), EXT_IP_OTHER, "externalIP traffic is masqueraded");
+        let v = vips(&c);
+        for a in ["10.96.0.10/32", "192.0.2.10/32", "198.51.100.7/32"] {
+            assert!(v.contains(a), "{a} bound: {v}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn graceful_termination_and_vips_follow_services() {
+        let c = web_cluster();
+        let mut d = c.start_daemon(&web_yaml(""), IPVS);
+        let mut conn = loop {
+            let oc = OpenConn::open(&c.pods[1], sa("10.96.0.10", 80));
+            if oc.greeting.name() == Some("local") {
+                break oc;
+            }
+        };
+        assert_eq!(conn.echo("one").unwrap(), "one");
+        // Remove the local endpoint: it drains at weight 0.
+        let y = web_yaml("").replace(
+            "- {addresses: [\"10.244.1.2\"], nodeName: node1, conditions: {ready: true, serving: true, terminating: false}}\n",
+            "",
+        );
+        c.write_manifests(&y);
+        wait_for("weight 0", || {
+            ipvsadm(&c).contains("-> 10.244.1.2:8080 Masq 0")
+        });
+        assert_eq!(
+            conn.echo("two").unwrap(),
+            "two",
+            "established connection kept"
+        );
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6);
+        assert_eq!(names(&replies), ["remote"].map(String::from).into());
+        // A restart keeps it too: nothing is flushed.
+        let (st, _) = d.terminate();
+        assert!(st.success(), "{}", d.log_text());
+        let _d2 = c.start_daemon(&y, IPVS);
+        assert_eq!(conn.echo("three").unwrap(), "three");
+        // A second Service binds its VIP; removing it unbinds it and deletes its servers.
+        let mut y2 = y.clone();
+        y2 += &yaml::service(
+            "default",
+            "extra",
+            &["10.96.0.20"],
+            &[("p", "TCP", 81, 0)],
+            "",
+        );
+        c.write_manifests(&y2);
+        wait_for("10.96.0.20 bound", || vips(&c).contains("10.96.0.20/32"));
+        assert!(ipvsadm(&c).contains("TCP 10.96.0.20:81 rr"));
+        c.write_manifests(&y);
+        wait_for("10.96.0.20 unbound", || !vips(&c).contains("10.96.0.20"));
+        assert!(!ipvsadm(&c).contains("10.96.0.20:81"), "{}", ipvsadm(&c));
+        drop(conn);
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn foreign_virtual_server_survives_and_cleanup() {
+        let c = web_cluster();
+        c.node
+            .sh("ipvsadm -A -t 172.16.0.1:80 -s wlc && ipvsadm -a -t 172.16.0.1:80 -r 10.244.1.2:8080 -m");
+        c.sync_once(&web_yaml(""), IPVS);
+        c.sync_once(&web_yaml(""), IPVS);
+        let list = ipvsadm(&c);
+        assert!(list.contains("TCP 172.16.0.1:80 wlc"), "{list}");
+        assert!(list.contains("TCP 10.96.0.10:80 rr"), "{list}");
+        let tables = c.node.sh("nft list tables");
+        assert!(tables.contains("table ip kube-nlproxy-ipvs"), "{tables}");
+        let (ok, err) = c.run_proxy(&["--cleanup"]);
+        assert!(ok, "{err}");
+        let list = ipvsadm(&c);
+        assert!(
+            list.contains("TCP 172.16.0.1:80 wlc"),
+            "foreign kept: {list}"
+        );
+        assert!(!list.contains("10.96.0.10"), "ours removed: {list}");
+        assert!(!list.contains("30080"), "ours removed: {list}");
+        assert!(
+            !c.node.sh("ip link").contains("kube-ipvs0"),
+            "dummy link removed"
+        );
+        assert!(!c.node.sh("nft list tables").contains("kube-nlproxy"));
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn removed_vip_and_virtual_server_are_restored() {
+        let c = web_cluster();
+        let d = c.start_daemon(
+            &web_yaml(""),
+            &["--proxy-mode", "ipvs", "--sync-period", "2s"],
+        );
+        c.node.sh("ip addr del 10.96.0.10/32 dev kube-ipvs0");
+        wait_for("VIP restored", || vips(&c).contains("10.96.0.10/32"));
+        c.node.sh("ipvsadm -D -t 10.96.0.10:80");
+        wait_for("virtual server restored", || {
+            ipvsadm(&c).contains("TCP 10.96.0.10:80 rr")
+        });
+        c.node.sh("ip link del kube-ipvs0");
+        wait_for("link restored", || vips(&c).contains("10.96.0.10/32"));
+        assert!(tcp_probe(&c.pods[1], sa("10.96.0.10", 80)).name().is_some());
+        assert!(d.log_text().contains("restoring"), "{}", d.log_text());
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn switching_modes_removes_the_other_modes_state() {
+        let c = web_cluster();
+        c.sync_once(&web_yaml(""), &[]);
+        assert!(c
+            .node
+            .sh("nft list tables")
+            .contains("table ip kube-nlproxy\n"));
+        c.sync_once(&web_yaml(""), IPVS);
+        let tables = c.node.sh("nft list tables");
+        assert!(!tables.contains("table ip kube-nlproxy\n"), "{tables}");
+        assert_eq!(tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4).len(), 4);
+        c.sync_once(&web_yaml(""), &[]);
+        assert!(!c.node.sh("ip link").contains("kube-ipvs0"));
+        assert!(!ipvsadm(&c).contains("10.96.0.10"));
+        assert!(tcp_probe(&c.pods[1], sa("10.96.0.10", 80)).name().is_some());
+    }
+}
