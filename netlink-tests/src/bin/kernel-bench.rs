@@ -2,7 +2,9 @@
 //! netlink syncs against `nft -f` and `iptables-restore` of equivalent rulesets in the same
 //! run, the data path's connect latency, and the daemon's memory, CPU and cold start.
 //!
-//! `cargo run --release -p netlink-tests --bin kernel-bench -- [--quick]`
+//! `cargo run --release -p netlink-tests --bin kernel-bench -- [--quick]`; the IPVS rows
+//! need a kernel with IPVS, so they run in the test VM:
+//! `netlink-tests/vm/run-in-vm.sh --share $PWD -- ./target/release/kernel-bench --ipvs-only`
 //! Prints one Markdown table (BENCHMARKS.md holds the latest).
 #![allow(clippy::disallowed_methods)] // the baselines are external tools by design
 
@@ -529,6 +531,89 @@ fn conntrack_row(rows: &mut Vec<Row>) {
     eprintln!("conntrack: done");
 }
 
+/// IPVS: a full sync of `n` services × 10 endpoints into an empty namespace, our genl
+/// client against `ipvsadm -R` of the same virtual and real servers; and the whole IPVS-mode
+/// sync (VIPs on kube-ipvs0 and the companion nftables table included). Needs a kernel
+/// with IPVS: run inside the VM (see BENCHMARKS.md).
+fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
+    use kube_nlproxy::ipvs::netlink::NetlinkIpvs;
+    use kube_nlproxy::ipvs::plan::{build_plan, IpvsConfig};
+    use kube_nlproxy::ipvs::reconciler::IpvsReconciler;
+    use kube_nlproxy::ipvs::Ipvs;
+    use kube_nlproxy::rtnl::NetlinkLinks;
+    assert!(
+        std::path::Path::new("/proc/net/ip_vs").exists(),
+        "--ipvs-only needs a kernel with IPVS: netlink-tests/vm/run-in-vm.sh --share $PWD -- ./target/release/kernel-bench --ipvs-only"
+    );
+    for &n in sizes {
+        let st = state(n);
+        let plan = build_plan(&st, &IpvsConfig::default(), &[]);
+        let mut text = String::new();
+        for d in plan.services.values() {
+            let vs = SocketAddr::new(d.vs.addr, d.vs.port);
+            writeln!(text, "-A -t {vs} -s rr").unwrap();
+            for rs in d.dests.values() {
+                let r = SocketAddr::new(rs.addr, rs.port);
+                writeln!(text, "-a -t {vs} -r {r} -m -w 1").unwrap();
+            }
+        }
+        let ns = NetNs::new("kbipvs");
+        let p = plan.clone();
+        let ours = ns.run(move || {
+            let mut ipvs = NetlinkIpvs::open().unwrap();
+            let t0 = Instant::now();
+            for d in p.services.values() {
+                ipvs.add_service(&d.vs).unwrap();
+                for rs in d.dests.values() {
+                    ipvs.add_dest(&d.vs, rs).unwrap();
+                }
+            }
+            t0.elapsed()
+        });
+        drop(ns);
+        let ns = NetNs::new("kbipvsadm");
+        let base = timed(&ns, &["ipvsadm", "-R"], &text);
+        drop(ns);
+        let ratio = base.as_secs_f64() / ours.as_secs_f64();
+        rows.push(row(
+            format!("IPVS full sync {n}×{EPS}: virtual + real servers"),
+            secs(ours),
+            format!("{} (`ipvsadm -R`)", secs(base)),
+            format!("{ratio:.1}× faster"),
+            "faster than ipvsadm -R",
+            Some(ratio > 1.0),
+        ));
+        let ns = NetNs::new("kbipvsfull");
+        let st2 = st.clone();
+        let whole = ns.run(move || {
+            let mut rec = IpvsReconciler::new(
+                NetlinkIpvs::open().unwrap(),
+                NetlinkLinks::open().unwrap(),
+                NetlinkNftables::open().unwrap(),
+                IpvsConfig::default(),
+                ProxierConfig {
+                    table: kube_nlproxy::ipvs::table::DEFAULT_TABLE.into(),
+                    ..cfg()
+                },
+                DetectLocal::ClusterCidr(vec![]),
+            );
+            let t0 = Instant::now();
+            rec.sync(&st2).unwrap();
+            t0.elapsed()
+        });
+        drop(ns);
+        rows.push(row(
+            format!("IPVS-mode full sync {n}×{EPS}: + VIPs on kube-ipvs0 + nftables table"),
+            secs(whole),
+            format!("{} (`ipvsadm -R`, servers only)", secs(base)),
+            format!("{:.1}×", base.as_secs_f64() / whole.as_secs_f64()),
+            "(reported)",
+            None,
+        ));
+        eprintln!("ipvs {n}: done");
+    }
+}
+
 fn main() {
     require_root();
     let args: Vec<String> = std::env::args().collect();
@@ -560,7 +645,9 @@ fn main() {
         )
     };
     let mut rows = Vec::new();
-    if args.iter().any(|a| a == "--partial-only") {
+    if args.iter().any(|a| a == "--ipvs-only") {
+        ipvs_rows(&mut rows, if quick { &[1000] } else { &[1000, 10_000] });
+    } else if args.iter().any(|a| a == "--partial-only") {
         partial_row(&mut rows, 10_000);
     } else if args.iter().any(|a| a == "--conntrack-only") {
         conntrack_row(&mut rows);
