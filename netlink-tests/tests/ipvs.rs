@@ -446,6 +446,54 @@ mod guest {
 
     #[test]
     #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn ipvs_mode_execs_nothing() {
+        let c = web_cluster();
+        let manifests = c.write_manifests(&web_yaml(""));
+        let bin = netlink_tests::cluster::proxy_bin();
+        let runs: [&[&str]; 2] = [
+            &[
+                "--proxy-mode",
+                "ipvs",
+                "--manifests",
+                manifests.to_str().unwrap(),
+                "--hostname-override",
+                "node1",
+                "--once",
+            ],
+            &["--cleanup"],
+        ];
+        for (i, args) in runs.iter().enumerate() {
+            let trace = c.dir.join(format!("trace{i}"));
+            let st = std::process::Command::new("ip")
+                .args(["netns", "exec", &c.node.name, "strace", "-f", "-qq"])
+                .args(["-e", "trace=execve,execveat", "-o"])
+                .arg(&trace)
+                .arg(&bin)
+                .args(*args)
+                .status()
+                .unwrap();
+            assert!(st.success(), "{args:?}");
+            let execs: Vec<String> = std::fs::read_to_string(&trace)
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains("execve"))
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(
+                execs.len(),
+                1,
+                "only strace's exec of the binary: {execs:?}"
+            );
+            assert!(execs[0].contains("kube-nlproxy"), "{execs:?}");
+            if i == 0 {
+                assert!(ipvsadm(&c).contains("TCP 10.96.0.10:80 rr"), "the sync ran");
+            }
+        }
+        assert!(!ipvsadm(&c).contains("10.96.0.10"), "the cleanup ran");
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
     fn switching_modes_removes_the_other_modes_state() {
         let c = web_cluster();
         c.sync_once(&web_yaml(""), &[]);

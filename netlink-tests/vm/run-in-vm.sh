@@ -9,7 +9,7 @@
 # --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
 # guest's working directory is $PWD when it lies inside a share. The guest has busybox,
 # dash as /bin/sh, iproute2's ip, nft, ipvsadm and glibc (so -gnu Rust binaries reached
-# through a share run as they are). Test oracles only: nothing here is used by src/.
+# through a share run as they are), and strace. Test oracles only: nothing here is used by src/.
 #
 # Needs: qemu-system-x86 busybox-static cpio (apt), and apt access to Debian's archive
 # the first time (cache: $KNP_VM_CACHE, default /var/tmp/kube-nlproxy-vm, ~160 MB).
@@ -20,7 +20,7 @@ set -euo pipefail
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 MEM=1024 TIMEOUT=900 SETUP_ONLY=0
 SHARES=() ENVS=()
-STAMP=3
+STAMP=4
 
 die() { echo "run-in-vm: $*" >&2; exit 126; }
 
@@ -108,8 +108,8 @@ setup() {
   local a
   for a in $(busybox --list-full); do a=$(guest_path "/$a"); [ -e "$R$a" ] || ln -s /usr/bin/busybox "$R$a"; done
   # busybox ash prefers its own applets (its ip has no dummy links): dash is /bin/sh.
-  for a in dash bash ip nft; do
-    local f; f=$(command -v $a) || die "host tool $a missing (apt-get install dash bash iproute2 nftables)"
+  for a in dash bash ip nft strace; do
+    local f; f=$(command -v $a) || die "host tool $a missing (apt-get install dash bash iproute2 nftables strace)"
     f=$(realpath "$f"); rm -f "$R/usr/bin/$a" "$R/usr/sbin/$a"; copy_with_libs "$R" "$f"
     [ -e "$R/usr/sbin/$a" ] || ln -sf "$(guest_path "$f")" "$R/usr/sbin/$a"
   done
