@@ -125,6 +125,10 @@ fn sample(family: Family) -> Transaction {
             },
         ],
     ));
+    tx.add(Rule::new(
+        "svc1",
+        vec![Expr::L4Proto(17), Expr::Redirect { port: 31234 }],
+    ));
     tx.add(Chain::base(
         "nat-postrouting",
         ChainType::Nat,

@@ -283,6 +283,9 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
         "masq" => KExpr::Masq {
             flags: d.get(1).and_then(|x| x.be32()).unwrap_or(0),
         },
+        "redir" => KExpr::Redir {
+            reg_proto: reg(&d, 1, "redir")?,
+        },
         "reject" => KExpr::Reject {
             kind: be32(&d, 1, "reject")?,
             code: d.get(2).and_then(|x| x.u8()).unwrap_or(0),
@@ -392,6 +395,7 @@ mod tests {
                     },
                     Expr::Dnat { addr: a, port: 80 },
                     Expr::Masquerade { fully_random: true },
+                    Expr::Redirect { port: 31234 },
                     Expr::Reject,
                     Expr::Counter,
                     Expr::Vmap {

@@ -494,6 +494,10 @@ pub fn encode_kexpr(w: &mut MsgWriter, k: &KExpr) {
                 w.attr_be32(1, *flags);
             }
         }
+        KExpr::Redir { reg_proto } => {
+            // NFTA_REDIR_REG_PROTO_MIN; the kernel then sets NF_NAT_RANGE_PROTO_SPECIFIED.
+            w.attr_be32(1, *reg_proto);
+        }
         KExpr::Reject { kind, code } => {
             w.attr_be32(1, *kind);
             w.attr_u8(2, *code);

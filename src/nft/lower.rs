@@ -94,6 +94,9 @@ pub enum KExpr {
     Masq {
         flags: u32,
     },
+    Redir {
+        reg_proto: u32,
+    },
     Reject {
         kind: u32,
         code: u8,
@@ -121,6 +124,7 @@ impl KExpr {
             KExpr::ImmData { .. } | KExpr::ImmVerdict(_) => "immediate",
             KExpr::Nat { .. } => "nat",
             KExpr::Masq { .. } => "masq",
+            KExpr::Redir { .. } => "redir",
             KExpr::Reject { .. } => "reject",
             KExpr::Dynset { .. } => "dynset",
             KExpr::Counter => "counter",
@@ -376,6 +380,13 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
                 reg_addr: r,
                 reg_proto: Some(r + addr_regs),
             });
+        }
+        Expr::Redirect { port } => {
+            out.push(KExpr::ImmData {
+                dreg: r,
+                data: port.to_be_bytes().to_vec(),
+            });
+            out.push(KExpr::Redir { reg_proto: r });
         }
         Expr::Reject => out.push(KExpr::Reject {
             kind: NFT_REJECT_ICMP_UNREACH,

@@ -329,6 +329,9 @@ pub enum Expr {
     Masquerade { fully_random: bool },
     /// `dnat to ADDR:PORT`.
     Dnat { addr: IpAddr, port: u16 },
+    /// `redirect to :PORT`: to this host's address of the incoming interface (loopback for
+    /// locally generated packets).
+    Redirect { port: u16 },
     /// `reject` (ICMP port unreachable).
     Reject,
     /// `update @set { ip saddr }`: refresh or add the key with the set's timeout.

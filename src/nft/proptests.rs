@@ -76,6 +76,7 @@ fn expr(family: Family) -> impl Strategy<Value = Expr> {
             port
         }),
         Just(Expr::Reject),
+        any::<u16>().prop_map(|port| Expr::Redirect { port }),
         "[a-z-]{1,20}".prop_map(|set| Expr::UpdateSet {
             set,
             key: Field::Saddr

@@ -91,6 +91,7 @@ pub fn expr(e: &Expr, family: Family) -> String {
             std::net::IpAddr::V4(a) => format!("dnat to {a}:{port}"),
             std::net::IpAddr::V6(a) => format!("dnat to [{a}]:{port}"),
         },
+        Expr::Redirect { port } => format!("redirect to :{port}"),
         Expr::Reject => "reject".into(),
         Expr::UpdateSet { set, key } => format!("update @{set} {{ {} }}", field(*key, family)),
         Expr::Counter => "counter".into(),

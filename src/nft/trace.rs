@@ -29,6 +29,8 @@ pub enum Outcome {
         port: u16,
         masquerade: bool,
     },
+    /// Redirected to this host's port.
+    Redirect(u16),
     /// Left the chain without a terminal verdict (accepted by the base chain's policy).
     Pass,
     Drop,
@@ -201,6 +203,7 @@ impl Tracer<'_> {
                     masquerade: mark & self.mark_bit != 0,
                 }),
             )),
+            Expr::Redirect { port } => out.push((mark, RuleEnd::Term(Outcome::Redirect(*port)))),
             Expr::Reject => out.push((mark, RuleEnd::Term(Outcome::Reject))),
             Expr::UpdateSet { .. } | Expr::Counter => self.exprs(rest, mark, depth, out),
             Expr::Verdict(v) => self.verdict(v, mark, depth, out),
