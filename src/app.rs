@@ -148,6 +148,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 }
             }
             ProxyMode::Ipvs => print!("{}", ipvs_dry_run(&cfg, &state)?),
+            ProxyMode::Userspace => print!("{}", userspace_dry_run(&state)),
         }
         watcher.abort();
         return Ok(());
@@ -177,6 +178,13 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 syncer = syncer.with_conntrack(ct);
             }
             drive(&cfg, syncer, rx, state, nft_port, None, warnings).await
+        }
+        ProxyMode::Userspace => {
+            remove_ipvs_leftovers(&cfg);
+            // The proxy's own sessions are the flows; conntrack cleanup would cut them.
+            drop(conntrack);
+            let p = crate::userspace::UserspaceProxier::new(nft, cfg.proxier.clone());
+            drive(&cfg, p, rx, state, nft_port, None, warnings).await
         }
         ProxyMode::Ipvs => {
             for w in crate::ipvs::sysctl::apply(&cfg.ipvs).map_err(AppError::Ipvs)? {
@@ -400,6 +408,24 @@ fn remove_nftables_mode_table(cfg: &Config) {
             Err(e) => tracing::warn!("cannot remove the nftables mode's table: {e}"),
         }
     }
+}
+
+/// `--dry-run` in userspace mode: the listeners and where they forward (their ports, and so
+/// the redirect rules, are chosen when the daemon binds them).
+fn userspace_dry_run(state: &ProxyState) -> String {
+    use std::fmt::Write;
+    let (want, sctp) = crate::userspace::plan_listeners(state);
+    let mut out = String::new();
+    for (k, f) in want {
+        let scope = if k.external { "external" } else { "internal" };
+        let fam = if k.v4 { "IPv4" } else { "IPv6" };
+        let eps: Vec<String> = f.endpoints.iter().map(|e| e.to_string()).collect();
+        let _ = writeln!(out, "{} {scope} {fam} -> [{}]", k.service, eps.join(", "));
+    }
+    for s in sctp {
+        let _ = writeln!(out, "# {s}: SCTP cannot be proxied in userspace; skipped");
+    }
+    out
 }
 
 /// `--dry-run` in IPVS mode: the virtual servers and the companion table, touching nothing.

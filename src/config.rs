@@ -65,7 +65,7 @@ pub struct Flags {
     /// How often the watchers' state is re-published (upstream's informer resync period).
     #[arg(long, value_name = "DURATION")]
     pub config_sync_period: Option<String>,
-    /// Proxy mode: nftables or ipvs.
+    /// Proxy mode: nftables, ipvs or userspace.
     #[arg(long, value_name = "MODE")]
     pub proxy_mode: Option<String>,
     /// IPVS mode: scheduler of every virtual server (rr, wrr, lc, wlc, sh, mh, …).
@@ -138,6 +138,7 @@ pub struct Flags {
 pub enum ProxyMode {
     Nftables,
     Ipvs,
+    Userspace,
 }
 
 impl ProxyMode {
@@ -145,6 +146,7 @@ impl ProxyMode {
         match self {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }
@@ -500,10 +502,11 @@ impl Config {
         let mode = match f.proxy_mode.clone().or(fc.mode.clone()).as_deref() {
             None | Some("") | Some("nftables") => ProxyMode::Nftables,
             Some("ipvs") => ProxyMode::Ipvs,
+            Some("userspace") => ProxyMode::Userspace,
             Some(m) => {
                 return Err(bad(
                     "--proxy-mode",
-                    format!("unknown mode {m:?} (nftables, ipvs)"),
+                    format!("unknown mode {m:?} (nftables, ipvs, userspace)"),
                 ))
             }
         };
@@ -643,7 +646,7 @@ impl Config {
             .clone()
             .or(fc.table)
             .unwrap_or_else(|| match mode {
-                ProxyMode::Nftables => names::DEFAULT_TABLE.into(),
+                ProxyMode::Nftables | ProxyMode::Userspace => names::DEFAULT_TABLE.into(),
                 ProxyMode::Ipvs => crate::ipvs::table::DEFAULT_TABLE.into(),
             });
         if table.is_empty()

@@ -18,3 +18,4 @@ pub mod proxier;
 pub mod rtnl;
 pub mod source;
 pub mod sync;
+pub mod userspace;

@@ -5,21 +5,14 @@
 //! keep their endpoint across endpoint changes; listeners come and go with Services. The plan
 //! is pure; [`LocalhostNodePorts`] does the I/O.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use crate::model::topology::categorize_family;
 use crate::model::{Protocol, ProxyState};
-
-/// Where one localhost NodePort forwards to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Forward {
-    pub endpoints: Vec<SocketAddr>,
-    pub affinity: Option<Duration>,
-}
+pub use crate::userspace::forward::Forward;
+use crate::userspace::forward::{listen, Listener};
 
 /// The localhost NodePorts wanted by `state` (IPv4 endpoints; 127.0.0.1 is IPv4), keyed by
 /// protocol and port. A port whose Service has no usable endpoint is still listened on and
@@ -54,49 +47,12 @@ pub fn plan_localhost(state: &ProxyState) -> BTreeMap<(Protocol, u16), Forward> 
     out
 }
 
-#[derive(Default)]
-struct Balancer {
-    forward: RwLock<Option<Forward>>,
-    next: AtomicUsize,
-    sticky: Mutex<HashMap<IpAddr, (SocketAddr, Instant)>>,
-}
-
-impl Balancer {
-    /// Picks an endpoint for `client`: its sticky one while affinity lasts, else the next in
-    /// round-robin order.
-    fn pick(&self, client: IpAddr) -> Option<SocketAddr> {
-        let f = self.forward.read().expect("balancer").clone()?;
-        if f.endpoints.is_empty() {
-            return None;
-        }
-        if let Some(t) = f.affinity {
-            let mut s = self.sticky.lock().expect("affinity");
-            if let Some((ep, at)) = s.get(&client) {
-                if at.elapsed() < t && f.endpoints.contains(ep) {
-                    let ep = *ep;
-                    s.insert(client, (ep, Instant::now()));
-                    return Some(ep);
-                }
-            }
-            let ep = f.endpoints[self.next.fetch_add(1, Ordering::Relaxed) % f.endpoints.len()];
-            s.insert(client, (ep, Instant::now()));
-            return Some(ep);
-        }
-        Some(f.endpoints[self.next.fetch_add(1, Ordering::Relaxed) % f.endpoints.len()])
-    }
-}
-
 /// Running localhost listeners.
 #[derive(Default)]
 pub struct LocalhostNodePorts {
-    listeners: BTreeMap<(Protocol, u16), (tokio::task::JoinHandle<()>, Arc<Balancer>)>,
+    listeners: BTreeMap<(Protocol, u16), Listener>,
     failed: std::collections::BTreeSet<(Protocol, u16)>,
 }
-
-const UDP_IDLE: Duration = Duration::from_secs(60);
-
-/// UDP sessions: client address → (upstream socket, last use).
-type Sessions = Arc<Mutex<HashMap<SocketAddr, (Arc<tokio::net::UdpSocket>, Instant)>>>;
 
 impl LocalhostNodePorts {
     pub fn new() -> Self {
@@ -106,39 +62,16 @@ impl LocalhostNodePorts {
     /// Starts, updates and stops listeners to match `want`. Must run inside the runtime. A
     /// port that cannot be bound is reported once and retried at the next sync.
     pub fn sync(&mut self, want: BTreeMap<(Protocol, u16), Forward>) {
-        self.listeners.retain(|k, (h, _)| {
-            let keep = want.contains_key(k);
-            if !keep {
-                h.abort();
-            }
-            keep
-        });
+        self.listeners.retain(|k, _| want.contains_key(k));
         for (k, f) in want {
-            if let Some((_, b)) = self.listeners.get(&k) {
-                *b.forward.write().expect("balancer") = Some(f);
+            if let Some(l) = self.listeners.get(&k) {
+                l.balancer.set(f);
                 continue;
             }
-            let b = Arc::new(Balancer::default());
-            *b.forward.write().expect("balancer") = Some(f);
-            let addr = SocketAddr::from(([127, 0, 0, 1], k.1));
-            let task = match k.0 {
-                Protocol::Tcp => std::net::TcpListener::bind(addr)
-                    .and_then(|l| {
-                        l.set_nonblocking(true)?;
-                        tokio::net::TcpListener::from_std(l)
-                    })
-                    .map(|l| tokio::spawn(serve_tcp(l, b.clone()))),
-                _ => std::net::UdpSocket::bind(addr)
-                    .and_then(|s| {
-                        s.set_nonblocking(true)?;
-                        tokio::net::UdpSocket::from_std(s)
-                    })
-                    .map(|s| tokio::spawn(serve_udp(Arc::new(s), b.clone()))),
-            };
-            match task {
-                Ok(h) => {
+            match listen(k.0, SocketAddr::from(([127, 0, 0, 1], k.1)), f) {
+                Ok(l) => {
                     self.failed.remove(&k);
-                    self.listeners.insert(k, (h, b));
+                    self.listeners.insert(k, l);
                 }
                 Err(e) => {
                     if self.failed.insert(k) {
@@ -151,113 +84,5 @@ impl LocalhostNodePorts {
                 }
             }
         }
-    }
-}
-
-async fn serve_tcp(l: tokio::net::TcpListener, b: Arc<Balancer>) {
-    loop {
-        let Ok((mut client, peer)) = l.accept().await else {
-            continue;
-        };
-        let Some(ep) = b.pick(peer.ip()) else {
-            drop(client); // no endpoint: the connection is refused by closing it
-            continue;
-        };
-        tokio::spawn(async move {
-            match tokio::net::TcpStream::connect(ep).await {
-                Ok(mut up) => {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
-                }
-                Err(e) => tracing::debug!(%ep, "localhost NodePort: cannot reach endpoint: {e}"),
-            }
-        });
-    }
-}
-
-async fn serve_udp(sock: Arc<tokio::net::UdpSocket>, b: Arc<Balancer>) {
-    // One upstream socket per client address; replies are relayed back from it.
-    let sessions: Sessions = Arc::default();
-    let mut buf = vec![0u8; 65536];
-    loop {
-        let Ok((n, client)) = sock.recv_from(&mut buf).await else {
-            continue;
-        };
-        let existing = sessions
-            .lock()
-            .expect("sessions")
-            .get(&client)
-            .map(|(s, _)| s.clone());
-        let up = match existing {
-            Some(s) => s,
-            None => {
-                let Some(ep) = b.pick(client.ip()) else {
-                    continue;
-                };
-                let Ok(up) = tokio::net::UdpSocket::bind("0.0.0.0:0").await else {
-                    continue;
-                };
-                if up.connect(ep).await.is_err() {
-                    continue;
-                }
-                let up = Arc::new(up);
-                sessions
-                    .lock()
-                    .expect("sessions")
-                    .insert(client, (up.clone(), Instant::now()));
-                let (up2, sock2, sessions2) = (up.clone(), sock.clone(), sessions.clone());
-                tokio::spawn(async move {
-                    let mut rb = vec![0u8; 65536];
-                    loop {
-                        match tokio::time::timeout(UDP_IDLE, up2.recv(&mut rb)).await {
-                            Ok(Ok(m)) => {
-                                let _ = sock2.send_to(&rb[..m], client).await;
-                            }
-                            // Idle (or broken): end the session.
-                            _ => {
-                                sessions2.lock().expect("sessions").remove(&client);
-                                return;
-                            }
-                        }
-                    }
-                });
-                up
-            }
-        };
-        if let Some(e) = sessions.lock().expect("sessions").get_mut(&client) {
-            e.1 = Instant::now();
-        }
-        let _ = up.send(&buf[..n]).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_robin_and_affinity() {
-        let b = Balancer::default();
-        let eps: Vec<SocketAddr> = vec![
-            "10.0.0.1:80".parse().unwrap(),
-            "10.0.0.2:80".parse().unwrap(),
-        ];
-        *b.forward.write().unwrap() = Some(Forward {
-            endpoints: eps.clone(),
-            affinity: None,
-        });
-        let c: IpAddr = "127.0.0.1".parse().unwrap();
-        let picks: std::collections::BTreeSet<_> = (0..4).map(|_| b.pick(c).unwrap()).collect();
-        assert_eq!(picks.len(), 2, "round-robin over both");
-        *b.forward.write().unwrap() = Some(Forward {
-            endpoints: eps,
-            affinity: Some(Duration::from_secs(60)),
-        });
-        let first = b.pick(c).unwrap();
-        assert!((0..5).all(|_| b.pick(c) == Some(first)), "sticky");
-        *b.forward.write().unwrap() = Some(Forward {
-            endpoints: vec![],
-            affinity: None,
-        });
-        assert_eq!(b.pick(c), None);
     }
 }

@@ -46,10 +46,10 @@ const PRE_IPVS: i32 = -110;
 const DSTNAT: i32 = -100;
 const SRCNAT: i32 = 100;
 
-fn addr_key() -> Vec<Field> {
+pub fn addr_key() -> Vec<Field> {
     vec![Field::Daddr, Field::L4Proto, Field::Dport]
 }
-fn port_key() -> Vec<Field> {
+pub fn port_key() -> Vec<Field> {
     vec![Field::L4Proto, Field::Dport]
 }
 fn jump(c: &str) -> Expr {
@@ -63,7 +63,7 @@ fn in_set(key: Vec<Field>, set: &str) -> Expr {
     }
 }
 
-fn nodeport_guard(family: Family) -> Vec<Expr> {
+pub fn nodeport_guard(family: Family) -> Vec<Expr> {
     let loopback: Cidr = match family {
         Family::Ip => "127.0.0.0/8".parse().expect("static"),
         Family::Ip6 => "::1".parse().expect("static"),
@@ -218,7 +218,7 @@ pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
     f
 }
 
-fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &str) -> Element {
+pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &str) -> Element {
     Element {
         set: set.into(),
         key,
@@ -296,44 +296,56 @@ pub fn build_services(
                 ));
             }
         }
-        let ranges: Vec<Cidr> = sp
-            .load_balancer_source_ranges
-            .iter()
-            .copied()
-            .filter(|c| c.is_ipv4() == v4)
-            .collect();
-        if d.kind == VsKind::LoadBalancer && !sp.load_balancer_source_ranges.is_empty() {
-            let chain = firewall_chain(&d.service);
-            let mut rules: Vec<Rule> = ranges
-                .iter()
-                .map(|c| {
-                    Rule::new(
-                        &chain,
-                        vec![
-                            Expr::Addr {
-                                field: Field::Saddr,
-                                op: CmpOp::Eq,
-                                value: *c,
-                            },
-                            Expr::Verdict(Verdict::Return),
-                        ],
-                    )
-                })
-                .collect();
-            rules.push(
-                Rule::new(&chain, vec![Expr::Verdict(Verdict::Drop)])
-                    .with_comment("not in loadBalancerSourceRanges"),
-            );
-            f.chain(Chain::regular(&chain), rules);
-            f.element(element(
-                FIREWALL_IPS,
-                addr_k,
-                Some(Verdict::Jump(chain)),
-                &comment,
-            ));
+        if d.kind == VsKind::LoadBalancer {
+            source_range_firewall(f, sp, family, addr_k, &comment);
         }
     }
     out
+}
+
+/// loadBalancerSourceRanges of one LoadBalancer address (`addr_k`: address, protocol,
+/// port): a `firewall-ips` element jumping to a chain that returns for each allowed range
+/// and drops the rest. Nothing when the Service has no ranges.
+pub fn source_range_firewall(
+    f: &mut Fragment,
+    sp: &crate::model::ServicePort,
+    family: Family,
+    addr_k: Vec<KeyValue>,
+    comment: &str,
+) {
+    if sp.load_balancer_source_ranges.is_empty() {
+        return;
+    }
+    let chain = firewall_chain(&sp.name);
+    let mut rules: Vec<Rule> = sp
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|c| c.is_ipv4() == (family == Family::Ip))
+        .map(|c| {
+            Rule::new(
+                &chain,
+                vec![
+                    Expr::Addr {
+                        field: Field::Saddr,
+                        op: CmpOp::Eq,
+                        value: *c,
+                    },
+                    Expr::Verdict(Verdict::Return),
+                ],
+            )
+        })
+        .collect();
+    rules.push(
+        Rule::new(&chain, vec![Expr::Verdict(Verdict::Drop)])
+            .with_comment("not in loadBalancerSourceRanges"),
+    );
+    f.chain(Chain::regular(&chain), rules);
+    f.element(element(
+        FIREWALL_IPS,
+        addr_k,
+        Some(Verdict::Jump(chain)),
+        comment,
+    ));
 }
 
 /// The whole companion table of one family.

@@ -123,6 +123,16 @@ pub fn firewall_chain(spn: &ServicePortName) -> String {
     format!("firewall-{}", hash_and_truncate(&service_base(spn)))
 }
 
+/// Userspace mode: the chain redirecting internal (`ext` false) or external traffic of a
+/// service port to its listener.
+pub fn userspace_chain(spn: &ServicePortName, ext: bool) -> String {
+    let scope = if ext { "ext" } else { "int" };
+    format!(
+        "userspace-{scope}-{}",
+        hash_and_truncate(&service_base(spn))
+    )
+}
+
 /// Per-endpoint ClientIP affinity set.
 pub fn affinity_set(spn: &ServicePortName, ep: &Endpoint) -> String {
     let ip = ep.ip.to_string().replace(':', ".");
@@ -134,9 +144,16 @@ pub fn affinity_set(spn: &ServicePortName, ep: &Endpoint) -> String {
 
 /// Whether a chain or set name is one we generate per service (so a stale one may go).
 pub fn is_generated(name: &str) -> bool {
-    ["service-", "local-", "external-", "firewall-", "affinity-"]
-        .iter()
-        .any(|p| name.starts_with(p))
+    [
+        "service-",
+        "local-",
+        "external-",
+        "firewall-",
+        "affinity-",
+        "userspace-",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
         && name.contains('/')
 }
 
