@@ -995,6 +995,100 @@ mod tests {
     }
 
     #[test]
+    fn ipvs_section_flags_and_round_trip() {
+        let dir = std::env::temp_dir().join(format!("nlp-ipvs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.yaml");
+        std::fs::write(
+            &p,
+            concat!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n",
+                "mode: ipvs\nipvs:\n  scheduler: wlc\n  syncPeriod: 20s\n  minSyncPeriod: 2s\n",
+                "  excludeCIDRs: [10.200.0.0/16]\n  strictARP: true\n  tcpTimeout: 900s\n",
+                "  tcpFinTimeout: 120s\n  udpTimeout: 300s\n",
+            ),
+        )
+        .unwrap();
+        let c = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--config",
+            p.to_str().unwrap(),
+        ]))
+        .unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        assert_eq!(c.mode, ProxyMode::Ipvs);
+        assert_eq!(c.ipvs.scheduler, "wlc");
+        assert_eq!(c.sync_period, Duration::from_secs(20));
+        assert_eq!(c.min_sync_period, Duration::from_secs(2));
+        assert_eq!(c.ipvs.exclude_cidrs, vec!["10.200.0.0/16".parse().unwrap()]);
+        assert!(c.ipvs.strict_arp);
+        assert_eq!(
+            (
+                c.ipvs.tcp_timeout,
+                c.ipvs.tcp_fin_timeout,
+                c.ipvs.udp_timeout
+            ),
+            (900, 120, 300)
+        );
+        assert_eq!(c.proxier.table, "kube-nlproxy-ipvs");
+        // Flags override the file.
+        let f = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--config",
+            p.to_str().unwrap(),
+            "--ipvs-scheduler",
+            "sh",
+            "--ipvs-sync-period",
+            "45s",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (f.ipvs.scheduler.as_str(), f.sync_period),
+            ("sh", Duration::from_secs(45))
+        );
+        // --write-config-to output reads back to the same configuration.
+        let out = dir.join("out.yaml");
+        std::fs::write(
+            &out,
+            serde_yaml::to_string(&c.to_kube_proxy_configuration()).unwrap(),
+        )
+        .unwrap();
+        let back = Config::from_flags(flags(&["--config", out.to_str().unwrap()])).unwrap();
+        assert_eq!(
+            back.to_kube_proxy_configuration(),
+            c.to_kube_proxy_configuration()
+        );
+        assert_eq!(back.ipvs, c.ipvs);
+        // An unknown scheduler names the flag.
+        let e = Config::from_flags(flags(&[
+            "--hostname-override",
+            "n",
+            "--ipvs-scheduler",
+            "fastest",
+        ]))
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("--ipvs-scheduler") && e.to_string().contains("wlc"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn modes() {
+        let m = |v: &str| {
+            Config::from_flags(flags(&["--hostname-override", "n", "--proxy-mode", v]))
+                .unwrap()
+                .mode
+        };
+        assert_eq!(m("nftables"), ProxyMode::Nftables);
+        assert_eq!(m("ipvs"), ProxyMode::Ipvs);
+        assert_eq!(m("userspace"), ProxyMode::Userspace);
+    }
+
+    #[test]
     fn file_values_apply_and_flags_override() {
         let dir = std::env::temp_dir().join(format!("nlp-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
