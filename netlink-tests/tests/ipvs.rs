@@ -470,9 +470,13 @@ mod guest {
                 .arg(&trace)
                 .arg(&bin)
                 .args(*args)
-                .status()
+                .output()
                 .unwrap();
-            assert!(st.success(), "{args:?}");
+            assert!(
+                st.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&st.stderr)
+            );
             let execs: Vec<String> = std::fs::read_to_string(&trace)
                 .unwrap()
                 .lines()
