@@ -157,8 +157,36 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     for w in crate::conntrack::tuning::apply(&cfg.conntrack) {
         tracing::warn!("{w}");
     }
-    let nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let nft_port = nft.port_id();
+    // Someone else changed our state: a full sync restores it at once.
+    let tamper = Arc::new(tokio::sync::Notify::new());
+    let monitor = if cfg.once {
+        None
+    } else {
+        match crate::nft::monitor::Monitor::open() {
+            Ok(m) => {
+                match m.switch() {
+                    Ok(sw) => {
+                        let t = tamper.clone();
+                        nft.quiet_large_batches(sw, Box::new(move || t.notify_one()));
+                    }
+                    Err(e) => tracing::warn!("large batches will carry notifications: {e}"),
+                }
+                Some(m)
+            }
+            Err(e) => {
+                tracing::error!("nftables change notifications unavailable: {e}");
+                None
+            }
+        }
+    };
+    let watch = Watch {
+        tamper,
+        monitor,
+        nft_port,
+        link: None,
+    };
     let conntrack = if cfg.conntrack_cleanup {
         match NetlinkConntrack::open() {
             Ok(ct) => Some(Box::new(ct) as Box<dyn crate::conntrack::Conntrack + Send>),
@@ -177,14 +205,14 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             if let Some(ct) = conntrack {
                 syncer = syncer.with_conntrack(ct);
             }
-            drive(&cfg, syncer, rx, state, nft_port, None, warnings).await
+            drive(&cfg, syncer, rx, state, watch, warnings).await
         }
         ProxyMode::Userspace => {
             remove_ipvs_leftovers(&cfg);
             // The proxy's own sessions are the flows; conntrack cleanup would cut them.
             drop(conntrack);
             let p = crate::userspace::UserspaceProxier::new(nft, cfg.proxier.clone());
-            drive(&cfg, p, rx, state, nft_port, None, warnings).await
+            drive(&cfg, p, rx, state, watch, warnings).await
         }
         ProxyMode::Ipvs => {
             for w in crate::ipvs::sysctl::apply(&cfg.ipvs).map_err(AppError::Ipvs)? {
@@ -206,12 +234,25 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             if let Some(ct) = conntrack {
                 rec = rec.with_conntrack(ct);
             }
-            let link = (cfg.ipvs.dummy_link.clone(), links_port);
-            drive(&cfg, rec, rx, state, nft_port, Some(link), warnings).await
+            let watch = Watch {
+                link: Some((cfg.ipvs.dummy_link.clone(), links_port)),
+                ..watch
+            };
+            drive(&cfg, rec, rx, state, watch, warnings).await
         }
     };
     watcher.abort();
     res
+}
+
+/// Change notifications that restore our state when someone else changes it.
+struct Watch {
+    tamper: Arc<tokio::sync::Notify>,
+    monitor: Option<crate::nft::monitor::Monitor>,
+    /// Our nftables socket's port (its changes are ours).
+    nft_port: u32,
+    /// IPVS mode: the dummy link and our rtnetlink socket's port.
+    link: Option<(String, u32)>,
 }
 
 /// Runs the sync loop over `backend` with health, metrics, health-check ports and change
@@ -221,10 +262,15 @@ async fn drive<B: Backend>(
     mut backend: B,
     rx: watch::Receiver<Option<Arc<ProxyState>>>,
     state: Arc<ProxyState>,
-    nft_port: u32,
-    link: Option<(String, u32)>,
+    w: Watch,
     warnings: Option<tokio::sync::mpsc::UnboundedSender<kube_source::Warning>>,
 ) -> Result<(), AppError> {
+    let Watch {
+        tamper,
+        monitor,
+        nft_port,
+        link,
+    } = w;
     if cfg.once {
         let stats = backend.sync(&state)?;
         tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops,
@@ -259,7 +305,6 @@ async fn drive<B: Backend>(
     }
     // Restore our state at once when someone else changes it (nf_tables and rtnetlink
     // notifications).
-    let tamper = Arc::new(tokio::sync::Notify::new());
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
         std::thread::Builder::new()
             .name(name.into())
@@ -267,14 +312,12 @@ async fn drive<B: Backend>(
             .map(|_| ())
             .map_err(|e| AppError::Usage(format!("cannot start the notification thread: {e}")))
     };
-    {
+    if let Some(monitor) = monitor {
         let (tamper, table) = (tamper.clone(), cfg.proxier.table.clone());
         spawn(
             "nft-monitor",
             Box::new(move || {
-                if let Err(e) =
-                    crate::nft::monitor::watch(table, || nft_port, || tamper.notify_one())
-                {
+                if let Err(e) = monitor.run(table, || nft_port, || tamper.notify_one()) {
                     tracing::error!("nftables change notifications unavailable: {e}");
                 }
             }),

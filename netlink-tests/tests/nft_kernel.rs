@@ -337,3 +337,104 @@ fn corrupted_batch_is_rejected_whole_and_the_ruleset_is_byte_identical() {
         "the previous ruleset stays in force unchanged"
     );
 }
+
+fn big_tx(table: &str, n: u32) -> Transaction {
+    let mut tx = Transaction::new(Family::Ip, table);
+    tx.add(Table {
+        family: Family::Ip,
+        name: table.into(),
+        comment: None,
+    });
+    tx.add(Set::plain("s", vec![Field::Daddr]));
+    tx.add(Chain::regular("c"));
+    for i in 0..n {
+        tx.add(Element {
+            set: "s".into(),
+            key: vec![KeyValue::Addr(
+                std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
+            )],
+            verdict: None,
+            comment: None,
+        });
+    }
+    tx
+}
+
+/// Large batches are committed with the change monitor out of its group (the kernel would
+/// otherwise build a notification per object); the monitor hears changes again right
+/// after, and a change slipped into the pause is reported as missed.
+#[test]
+fn large_batches_pause_the_monitor_and_report_what_it_missed() {
+    use kube_nlproxy::nft::monitor::Monitor;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    require_root();
+    let ns = NetNs::new("nftquiet");
+    let name = ns.name.clone();
+    let (foreign, missed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (f2, m2) = (foreign.clone(), missed.clone());
+    let wait_for = |c: &AtomicUsize, n: usize| {
+        let t0 = std::time::Instant::now();
+        while c.load(SeqCst) < n && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        c.load(SeqCst)
+    };
+    let (tx_port, rx_port) = std::sync::mpsc::channel();
+    let monitor = ns.run(Monitor::open).unwrap();
+    let switch = monitor.switch().unwrap();
+    std::thread::spawn(move || {
+        let port: u32 = rx_port.recv().unwrap();
+        let _ = monitor.run(
+            "t".into(),
+            move || port,
+            move || {
+                f2.fetch_add(1, SeqCst);
+            },
+        );
+    });
+    let mut nft = ns.run(|| NetlinkNftables::open().unwrap());
+    tx_port.send(nft.port_id()).unwrap();
+    nft.quiet_large_batches(
+        switch,
+        Box::new(move || {
+            m2.fetch_add(1, SeqCst);
+        }),
+    );
+    // Our own large batch: nothing foreign, nothing missed.
+    nft.apply(&big_tx("t", 3000)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!((foreign.load(SeqCst), missed.load(SeqCst)), (0, 0));
+    // The monitor is back in its group: a foreign change is heard.
+    netlink_tests::ns::sh(&format!("ip netns exec {name} nft add chain ip t other"));
+    assert_eq!(
+        wait_for(&foreign, 1),
+        1,
+        "foreign change heard after a quiet batch"
+    );
+    // A foreign deletion inside the pause is not heard by the monitor, but reported.
+    let n2 = name.clone();
+    nft.after_next_quiet_commit(Box::new(move || {
+        netlink_tests::ns::sh(&format!("ip netns exec {n2} nft delete table ip t"));
+    }));
+    nft.apply(&big_tx("t", 3001)).unwrap();
+    assert_eq!(
+        wait_for(&missed, 1),
+        1,
+        "the deletion in the pause is reported"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        foreign.load(SeqCst),
+        1,
+        "the monitor was out of its group during the pause"
+    );
+    // A foreign change elsewhere during the pause is no reason to restore.
+    let n3 = name.clone();
+    nft.after_next_quiet_commit(Box::new(move || {
+        netlink_tests::ns::sh(&format!("ip netns exec {n3} nft add table ip unrelated"));
+    }));
+    nft.apply(&big_tx("t", 3002)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(missed.load(SeqCst), 1);
+}

@@ -4,7 +4,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 
 use netlink_sys::{Socket, SocketAddr};
 
@@ -39,6 +39,31 @@ impl OwnedMsg {
             pid: 0,
             payload: &self.payload,
         }
+    }
+}
+
+/// Joins or leaves one multicast group of a socket (see [`NetlinkSocket::group_switch`]).
+#[derive(Debug, Clone)]
+pub struct GroupSwitch {
+    fd: std::sync::Arc<std::os::fd::OwnedFd>,
+    group: u32,
+}
+
+impl GroupSwitch {
+    /// Joins (`true`) or leaves the group.
+    pub fn set(&self, member: bool) -> Result<()> {
+        const SOL_NETLINK: i32 = 270;
+        let opt = if member {
+            libc::NETLINK_ADD_MEMBERSHIP
+        } else {
+            libc::NETLINK_DROP_MEMBERSHIP
+        };
+        setsockopt_int(self.fd.as_raw_fd(), SOL_NETLINK, opt, self.group as i32).map_err(|source| {
+            Error::Io {
+                op: "setsockopt(NETLINK_*_MEMBERSHIP)",
+                source,
+            }
+        })
     }
 }
 
@@ -101,6 +126,26 @@ impl NetlinkSocket {
         };
         s.ensure_buffers(4 << 20);
         Ok(s)
+    }
+
+    /// A handle that joins and leaves `group` on this socket from elsewhere (another thread
+    /// may own the socket and sit in `recv`). It holds a duplicate of the descriptor, so the
+    /// socket stays open as long as the handle lives.
+    pub fn group_switch(&self, group: u32) -> Result<GroupSwitch> {
+        // SAFETY: dup(2) of a descriptor we own; the result is owned by the handle.
+        let fd = unsafe { libc::dup(self.sock.as_raw_fd()) };
+        if fd < 0 {
+            return Err(Error::Io {
+                op: "dup",
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `fd` is a fresh descriptor nobody else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        Ok(GroupSwitch {
+            fd: std::sync::Arc::new(fd),
+            group,
+        })
     }
 
     /// Joins a multicast group (used for change notifications).

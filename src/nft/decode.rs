@@ -95,6 +95,14 @@ fn req_str(a: &Attrs<'_>, ty: u16, what: &'static str) -> Result<String, DecodeE
         .ok_or_else(|| err(what, format!("attribute {ty} missing")))
 }
 
+/// The generation id of an `NFT_MSG_NEWGEN` reply (`NFTA_GEN_ID`).
+pub fn decode_gen_id(m: &RawMsg<'_>) -> Option<u32> {
+    if m.ty != super::encode::msg_type(15) {
+        return None;
+    }
+    Attrs::new(m.payload.get(4..)?).get(1)?.be32()
+}
+
 pub fn decode_table(m: &RawMsg<'_>) -> Result<ListedTable, DecodeError> {
     let (fam, a) = body(m, "table")?;
     Ok(ListedTable {

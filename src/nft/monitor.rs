@@ -36,15 +36,52 @@ pub fn is_foreign_change(m: &RawMsg<'_>, table: &str, families: &[Family], our_p
         == Some(table)
 }
 
-/// Listens for changes and calls `on_foreign` for each batch that touched our table from
-/// another socket. Runs until the socket fails; meant for its own thread.
+/// A subscription to nf_tables change notifications.
+pub struct Monitor {
+    sock: NetlinkSocket,
+}
+
+impl Monitor {
+    pub fn open() -> Result<Self, crate::netlink::Error> {
+        let sock = NetlinkSocket::open(NETLINK_NETFILTER)?;
+        sock.add_membership(NFNLGRP_NFTABLES)?;
+        Ok(Monitor { sock })
+    }
+
+    /// A handle to pause the subscription: the kernel builds a notification for every
+    /// object of every batch while anyone listens, which triples the commit time of a
+    /// full sync (see `NetlinkNftables::quiet_large_batches`).
+    pub fn switch(&self) -> Result<crate::netlink::socket::GroupSwitch, crate::netlink::Error> {
+        self.sock.group_switch(NFNLGRP_NFTABLES)
+    }
+
+    /// Listens for changes and calls `on_foreign` for each batch that touched our table from
+    /// another socket. Runs until the socket fails; meant for its own thread.
+    pub fn run(
+        self,
+        table: String,
+        our_port: impl Fn() -> u32,
+        on_foreign: impl FnMut(),
+    ) -> Result<(), crate::netlink::Error> {
+        listen(self.sock, table, our_port, on_foreign)
+    }
+}
+
+/// Opens a subscription and runs it (see [`Monitor::run`]).
 pub fn watch(
+    table: String,
+    our_port: impl Fn() -> u32,
+    on_foreign: impl FnMut(),
+) -> Result<(), crate::netlink::Error> {
+    Monitor::open()?.run(table, our_port, on_foreign)
+}
+
+fn listen(
+    mut sock: NetlinkSocket,
     table: String,
     our_port: impl Fn() -> u32,
     mut on_foreign: impl FnMut(),
 ) -> Result<(), crate::netlink::Error> {
-    let mut sock = NetlinkSocket::open(NETLINK_NETFILTER)?;
-    sock.add_membership(NFNLGRP_NFTABLES)?;
     let families = Family::all();
     loop {
         let buf = match sock.recv_raw() {

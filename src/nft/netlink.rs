@@ -12,6 +12,16 @@ use super::{Error, Family, Nftables, Transaction};
 pub struct NetlinkNftables {
     sock: NetlinkSocket,
     corrupt_next: bool,
+    quiet: Option<Quiet>,
+    after_quiet_commit: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// Batches of at least this many operations are committed with the change monitor paused.
+pub const QUIET_MIN_OPS: usize = 2000;
+
+struct Quiet {
+    switch: crate::netlink::socket::GroupSwitch,
+    on_missed: Box<dyn Fn() + Send>,
 }
 
 const NFT_MSG_NEWGEN: u16 = 15;
@@ -21,13 +31,85 @@ impl NetlinkNftables {
         Ok(NetlinkNftables {
             sock: NetlinkSocket::open(NETLINK_NETFILTER)?,
             corrupt_next: false,
+            quiet: None,
+            after_quiet_commit: None,
         })
+    }
+
+    /// While anyone listens to `NFNLGRP_NFTABLES`, the kernel builds a notification for
+    /// every object it commits: with our own monitor listening, a 10k-service full sync
+    /// took 5.5 s instead of 2.1 s. Large batches are therefore committed with the monitor
+    /// left out of the group. The ruleset generation tells whether anything else was
+    /// committed meanwhile (ours advances it by exactly one); if so and any chain the batch
+    /// created is gone, `on_missed` is called, as the monitor would have been.
+    pub fn quiet_large_batches(
+        &mut self,
+        switch: crate::netlink::socket::GroupSwitch,
+        on_missed: Box<dyn Fn() + Send>,
+    ) {
+        self.quiet = Some(Quiet { switch, on_missed });
+    }
+
+    /// The ruleset generation (`NFT_MSG_GETGEN`).
+    pub fn generation(&mut self) -> Result<u32, Error> {
+        let seq = self.sock.next_seq();
+        let msgs = self
+            .sock
+            .dump(&encode_getgen(seq), seq, "ruleset generation")?;
+        msgs.iter()
+            .find_map(|m| decode::decode_gen_id(&m.as_raw()))
+            .ok_or_else(|| {
+                Error::Netlink(crate::netlink::Error::Malformed(
+                    "no generation id in the GETGEN reply".into(),
+                ))
+            })
+    }
+
+    fn apply_quietly(&mut self, tx: &Transaction) -> Result<(), Error> {
+        let g0 = self.generation()?;
+        let switch = self.quiet.as_ref().expect("quiet").switch.clone();
+        let paused = switch.set(false).is_ok();
+        let res = self.apply_batch(tx);
+        if let Some(f) = self.after_quiet_commit.take() {
+            f();
+        }
+        if paused {
+            if let Err(e) = switch.set(true) {
+                tracing::error!("cannot resume nftables change notifications: {e}");
+            }
+        }
+        res?;
+        if self.generation()? != g0.wrapping_add(1) && !self.batch_intact(tx)? {
+            tracing::warn!("our table changed while notifications were paused");
+            (self.quiet.as_ref().expect("quiet").on_missed)();
+        }
+        Ok(())
+    }
+
+    /// Whether every chain the batch created still exists.
+    fn batch_intact(&mut self, tx: &Transaction) -> Result<bool, Error> {
+        let have: std::collections::HashSet<String> = self
+            .list_chains(tx.family, &tx.table)?
+            .into_iter()
+            .collect();
+        Ok(tx.ops.iter().all(|op| match op {
+            super::transaction::Op::Add(super::transaction::Object::Chain(c)) => {
+                have.contains(&c.name)
+            }
+            _ => true,
+        }))
     }
 
     /// Fault injection for tests: the next batch goes out with its last operation's message
     /// type made invalid, below the encoder, so the kernel must reject the whole batch.
     pub fn corrupt_next_batch(&mut self) {
         self.corrupt_next = true;
+    }
+
+    /// Fault injection for tests: runs `f` right after the next quiet commit, while
+    /// notifications are still paused (a change nobody would be told about).
+    pub fn after_next_quiet_commit(&mut self, f: Box<dyn FnOnce() + Send>) {
+        self.after_quiet_commit = Some(f);
     }
 
     /// The socket's port id: notifications carrying it are our own changes.
@@ -54,11 +136,8 @@ impl NetlinkNftables {
     }
 }
 
-impl Nftables for NetlinkNftables {
-    fn apply(&mut self, tx: &Transaction) -> Result<(), Error> {
-        if tx.is_empty() {
-            return Ok(());
-        }
+impl NetlinkNftables {
+    fn apply_batch(&mut self, tx: &Transaction) -> Result<(), Error> {
         let first = self.sock.reserve_seqs(tx.ops.len() as u32 + 2);
         let mut batch = encode_transaction(tx, first);
         if std::mem::take(&mut self.corrupt_next) {
@@ -103,6 +182,19 @@ impl Nftables for NetlinkNftables {
                     };
                 }
             }
+        }
+    }
+}
+
+impl Nftables for NetlinkNftables {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), Error> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        if self.quiet.is_some() && tx.ops.len() >= QUIET_MIN_OPS {
+            self.apply_quietly(tx)
+        } else {
+            self.apply_batch(tx)
         }
     }
 

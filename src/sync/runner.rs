@@ -119,6 +119,10 @@ pub async fn run<B: Backend>(
                 }
             }
             _ = tamper.notified() => {
+                // One foreign change (a flush, a table deletion) arrives as several
+                // notifications: let them settle and restore once.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = tokio::time::timeout(Duration::ZERO, tamper.notified()).await;
                 tracing::warn!("our kernel state was changed by someone else; restoring it");
                 syncer.force_full_sync();
                 hooks.tampered();
