@@ -12,8 +12,11 @@ use kube_nlproxy::model::fixtures::synthetic_state;
 use kube_nlproxy::model::{Protocol, ProxyState};
 use kube_nlproxy::nft::encode::encode_transaction;
 use kube_nlproxy::nft::Family;
-use kube_nlproxy::proxier::plan::build_service;
-use kube_nlproxy::proxier::{build_ruleset, plan_changes, plan_transaction, Change, ProxierConfig};
+use kube_nlproxy::proxier::plan::{build_service, release_service_slots};
+use kube_nlproxy::proxier::{
+    build_ruleset, build_ruleset_with_slots, plan_changes, plan_transaction, Change, ProxierConfig,
+    SlotAllocator,
+};
 use std::sync::Arc;
 
 fn state(services: usize, eps: usize, proto: Protocol) -> ProxyState {
@@ -71,7 +74,8 @@ fn benches(c: &mut Criterion) {
     g.bench_function("build ruleset only 10k x 10", |b| {
         b.iter(|| build_ruleset(&big, &cfg, Family::Ip).element_count())
     });
-    let prev = build_ruleset(&big, &cfg, Family::Ip);
+    let mut slots = SlotAllocator::new();
+    let prev = build_ruleset_with_slots(&big, &cfg, Family::Ip, &mut slots);
     g.bench_function("plan full transaction only 10k x 10", |b| {
         b.iter(|| plan_transaction(None, &prev, None, &[]).tx.num_ops())
     });
@@ -91,20 +95,27 @@ fn benches(c: &mut Criterion) {
                     big.services.get(*k) != Some(*sp)
                         || big.endpoints.get(*k) != changed.endpoints.get(*k)
                 })
-                .map(|(k, sp)| Change {
-                    name: k.clone(),
-                    old: prev.services.get(k).cloned(),
-                    new: Some(Arc::new(build_service(
-                        &cfg,
-                        &node,
-                        sp,
-                        &changed.endpoints[k],
-                        Family::Ip,
-                    ))),
+                .map(|(k, sp)| {
+                    release_service_slots(k, &mut slots);
+                    Change {
+                        name: k.clone(),
+                        old: prev.services.get(k).cloned(),
+                        new: Some(Arc::new(build_service(
+                            &cfg,
+                            &node,
+                            sp,
+                            &changed.endpoints[k],
+                            Family::Ip,
+                            &mut slots,
+                        ))),
+                    }
                 })
                 .collect();
             let ops = plan_changes(&prev, &prev.base, &changes, &[]).tx.num_ops();
-            assert_eq!(ops, 13, "flush + 10 cascade rules + hairpin delete and add");
+            assert_eq!(
+                ops, 4,
+                "endpoint-map and hairpin elements: delete and add each"
+            );
             ops
         })
     });

@@ -129,6 +129,27 @@ fn sample(family: Family) -> Transaction {
         "svc1",
         vec![Expr::L4Proto(17), Expr::Redirect { port: 31234 }],
     ));
+    tx.add(Set::endpoint_map("endpoints"));
+    tx.add(Rule::new(
+        "svc1",
+        vec![
+            Expr::L4Proto(6),
+            Expr::DnatMap {
+                modulus: 2,
+                offset: 4,
+                map: "endpoints".into(),
+            },
+        ],
+    ));
+    for (slot, port) in [(4u32, 8080u16), (5, 8443)] {
+        tx.add(Element {
+            set: "endpoints".into(),
+            key: vec![KeyValue::Slot(slot)],
+            verdict: None,
+            target: Some(std::net::SocketAddr::new(b.parse().unwrap(), port)),
+            comment: None,
+        });
+    }
     tx.add(Chain::base(
         "nat-postrouting",
         ChainType::Nat,
@@ -161,6 +182,7 @@ fn sample(family: Family) -> Transaction {
             KeyValue::Port(80),
         ],
         verdict: Some(Verdict::Goto("svc1".into())),
+        target: None,
         comment: Some("ns1/svc1:http".into()),
     });
     tx.add(Element {
@@ -170,6 +192,7 @@ fn sample(family: Family) -> Transaction {
             KeyValue::Addr(b.parse().unwrap()),
         ],
         verdict: None,
+        target: None,
         comment: None,
     });
     tx
@@ -249,9 +272,32 @@ fn rules_list_back_as_encoded() {
             "svc1"
         ]
     );
-    assert_eq!(sets.len(), 3);
+    assert_eq!(sets.len(), 4);
     assert_eq!(elems.len(), 1);
     assert_eq!(elems[0].verdict, Some(Verdict::Goto("svc1".into())));
+    let mut eps = ns.run(|| {
+        NetlinkNftables::open()
+            .unwrap()
+            .list_elements(Family::Ip, "kube-nlproxy-test", "endpoints")
+            .unwrap()
+    });
+    eps.sort_by(|a, b| a.key.cmp(&b.key));
+    let listed: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+        eps.into_iter().map(|e| (e.key, e.value)).collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                4u32.to_ne_bytes().to_vec(),
+                Some(vec![10, 244, 1, 2, 0x1f, 0x90, 0, 0])
+            ),
+            (
+                5u32.to_ne_bytes().to_vec(),
+                Some(vec![10, 244, 1, 2, 0x20, 0xfb, 0, 0])
+            ),
+        ],
+        "slot keys in host order, address . port data"
+    );
 }
 
 #[test]
@@ -299,6 +345,7 @@ fn large_batch_goes_through() {
                     KeyValue::Port(80),
                 ],
                 verdict: Some(Verdict::Goto("c".into())),
+                target: None,
                 comment: Some("some/namespace/service:port".into()),
             });
         }
@@ -354,6 +401,7 @@ fn big_tx(table: &str, n: u32) -> Transaction {
                 std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
             )],
             verdict: None,
+            target: None,
             comment: None,
         });
     }

@@ -223,6 +223,7 @@ pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &str)
         set: set.into(),
         key,
         verdict,
+        target: None,
         comment: Some(c.into()),
     }
 }

@@ -49,6 +49,8 @@ pub struct ListedRule {
 pub struct ListedElement {
     pub key: Vec<u8>,
     pub verdict: Option<Verdict>,
+    /// Value data (endpoint maps): address then port, as the kernel stores them.
+    pub value: Option<Vec<u8>>,
 }
 
 /// A decoding failure, naming what was being decoded.
@@ -248,6 +250,7 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
         "numgen" => KExpr::Numgen {
             dreg: reg(&d, 1, "numgen")?,
             modulus: be32(&d, 2, "numgen")?,
+            offset: d.get(4).and_then(|x| x.be32()).unwrap_or(0),
         },
         "cmp" => KExpr::Cmp {
             sreg: reg(&d, 1, "cmp")?,
@@ -344,11 +347,19 @@ pub fn decode_elements(m: &RawMsg<'_>) -> Result<Vec<ListedElement>, DecodeError
         for el in list.nested().filter(|x| x.ty == NFTA_LIST_ELEM) {
             let e = el.nested();
             let key = data_value(e.get(NFTA_SET_ELEM_KEY))?;
-            let verdict = match e.get(NFTA_SET_ELEM_DATA) {
-                Some(d) => Some(decode_verdict(d)?),
-                None => None,
-            };
-            out.push(ListedElement { key, verdict });
+            let (mut verdict, mut value) = (None, None);
+            if let Some(d) = e.get(NFTA_SET_ELEM_DATA) {
+                if d.nested().get(NFTA_DATA_VERDICT).is_some() {
+                    verdict = Some(decode_verdict(d)?);
+                } else {
+                    value = Some(data_value(Some(d))?);
+                }
+            }
+            out.push(ListedElement {
+                key,
+                verdict,
+                value,
+            });
         }
     }
     Ok(out)

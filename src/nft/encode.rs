@@ -97,6 +97,35 @@ const TYPE_IP6ADDR: u32 = 8;
 const TYPE_INET_PROTOCOL: u32 = 12;
 const TYPE_INET_SERVICE: u32 = 13;
 const TYPE_BITS: u32 = 6;
+const TYPE_INTEGER: u32 = 4;
+
+/// libnftnl user data of `typeof numgen random mod 1 : ip daddr . tcp dport` (key byte
+/// order host, data byte order network, then the typeof expressions), as nft 1.0.6 sends it
+/// and the kernel returns it; `ip6` differs only in the payload base/offset/length of daddr.
+fn endpoint_map_udata(family: Family) -> &'static [u8] {
+    const IP: &[u8] = &[
+        0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x1a, 0x00,
+        0x04, 0x17, 0x00, 0x00, 0x00, 0x01, 0x12, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04,
+        0x01, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00, 0x00, 0x00, 0x00, 0x04, 0x34, 0x00, 0x04, 0x0d,
+        0x00, 0x00, 0x00, 0x01, 0x2c, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c,
+        0x00, 0x04, 0x0c, 0x00, 0x00, 0x00, 0x01, 0x04, 0x0c, 0x00, 0x00, 0x00, 0x01, 0x14, 0x00,
+        0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c, 0x00, 0x04, 0x08, 0x00, 0x00, 0x00, 0x01, 0x04,
+        0x02, 0x00, 0x00, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
+    ];
+    const IP6: &[u8] = &[
+        0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x1a, 0x00,
+        0x04, 0x17, 0x00, 0x00, 0x00, 0x01, 0x12, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04,
+        0x01, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00, 0x00, 0x00, 0x00, 0x04, 0x34, 0x00, 0x04, 0x0d,
+        0x00, 0x00, 0x00, 0x01, 0x2c, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c,
+        0x00, 0x04, 0x0d, 0x00, 0x00, 0x00, 0x01, 0x04, 0x09, 0x00, 0x00, 0x00, 0x01, 0x14, 0x00,
+        0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c, 0x00, 0x04, 0x08, 0x00, 0x00, 0x00, 0x01, 0x04,
+        0x02, 0x00, 0x00, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
+    ];
+    match family {
+        Family::Ip => IP,
+        Family::Ip6 => IP6,
+    }
+}
 
 pub fn msg_type(nft_msg: u16) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | nft_msg
@@ -332,6 +361,25 @@ fn set_attrs(w: &mut MsgWriter, table: &str, family: Family, s: &Set, set_id: u3
     if s.timeout.is_some() {
         flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
     }
+    if s.endpoints {
+        // As nft creates `typeof numgen random mod 1 : ip daddr . tcp dport`: an integer
+        // key in host byte order, address . port data, and the typeof description in the
+        // user data (so `nft list` prints it the same way).
+        w.attr_be32(NFTA_SET_FLAGS, NFT_SET_MAP);
+        w.attr_be32(NFTA_SET_KEY_TYPE, TYPE_INTEGER);
+        w.attr_be32(NFTA_SET_KEY_LEN, 4);
+        w.attr_be32(
+            NFTA_SET_DATA_TYPE,
+            key_type(&[Field::Daddr, Field::Dport], family),
+        );
+        w.attr_be32(
+            NFTA_SET_DATA_LEN,
+            key_len(&[Field::Daddr, Field::Dport], family),
+        );
+        w.attr_be32(NFTA_SET_ID, set_id);
+        w.attr(NFTA_SET_USERDATA, endpoint_map_udata(family));
+        return;
+    }
     w.attr_be32(NFTA_SET_FLAGS, flags);
     w.attr_be32(NFTA_SET_KEY_TYPE, key_type(&s.key, family));
     w.attr_be32(NFTA_SET_KEY_LEN, key_len(&s.key, family));
@@ -362,6 +410,9 @@ fn element_attrs(w: &mut MsgWriter, table: &str, e: &Element, with_data: bool) {
             w.nest_start(NFTA_SET_ELEM_DATA);
             verdict_data(w, v);
             w.nest_end();
+        }
+        if let Some(t) = &e.target {
+            data_value(w, NFTA_SET_ELEM_DATA, &super::lower::target_bytes(t));
         }
         if let Some(c) = &e.comment {
             w.attr(NFTA_SET_ELEM_USERDATA, &udata_comment(UDATA_COMMENT, c));
@@ -428,11 +479,15 @@ pub fn encode_kexpr(w: &mut MsgWriter, k: &KExpr) {
             w.attr_be32(2, *result);
             w.attr_be32(3, *flags);
         }
-        KExpr::Numgen { modulus, dreg } => {
+        KExpr::Numgen {
+            modulus,
+            offset,
+            dreg,
+        } => {
             w.attr_be32(1, *dreg);
             w.attr_be32(2, *modulus);
             w.attr_be32(3, super::lower::NFT_NG_RANDOM);
-            w.attr_be32(4, 0);
+            w.attr_be32(4, *offset);
         }
         KExpr::Cmp { sreg, op, data } => {
             w.attr_be32(1, *sreg);

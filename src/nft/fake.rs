@@ -132,7 +132,8 @@ impl FakeNftables {
                             return Err(reject(op, ENOENT, &format!("no such set {s}")));
                         };
                         let is_vmap = matches!(e, Expr::Vmap { .. });
-                        if is_vmap != fs.set.map {
+                        let is_dnat_map = matches!(e, Expr::DnatMap { .. });
+                        if is_vmap != fs.set.map || is_dnat_map != fs.set.endpoints {
                             return Err(reject(op, EINVAL, "set/map type mismatch"));
                         }
                     }
@@ -154,6 +155,7 @@ impl FakeNftables {
                 Some(old)
                     if old.set.key != s.key
                         || old.set.map != s.map
+                        || old.set.endpoints != s.endpoints
                         || old.set.timeout != s.timeout =>
                 {
                     return Err(reject(op, EEXIST, "set exists with another definition"))
@@ -195,11 +197,19 @@ impl FakeNftables {
                     .sets
                     .get_mut(&e.set)
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
-                if fs.set.key.len() != e.key.len() || fs.set.map != e.verdict.is_some() {
+                let key_fits = if fs.set.endpoints {
+                    matches!(e.key[..], [KeyValue::Slot(_)])
+                } else {
+                    fs.set.key.len() == e.key.len()
+                };
+                if !key_fits
+                    || fs.set.map != e.verdict.is_some()
+                    || fs.set.endpoints != e.target.is_some()
+                {
                     return Err(reject(op, EINVAL, "element does not fit the set"));
                 }
                 match fs.elements.get(&e.key) {
-                    Some(old) if old.verdict != e.verdict => {
+                    Some(old) if old.verdict != e.verdict || old.target != e.target => {
                         return Err(reject(op, EEXIST, "element exists with other data"))
                     }
                     _ => {
@@ -412,6 +422,7 @@ mod tests {
             set: "m".into(),
             key: vec![KeyValue::Proto(6), KeyValue::Port(80)],
             verdict: Some(Verdict::Goto("b".into())),
+            target: None,
             comment: None,
         });
         f.apply(&tx).unwrap();
@@ -429,6 +440,7 @@ mod tests {
             set: "m".into(),
             key: vec![KeyValue::Proto(6), KeyValue::Port(80)],
             verdict: Some(Verdict::Goto("a".into())),
+            target: None,
             comment: None,
         };
         tx.add(e.clone());

@@ -60,6 +60,7 @@ pub enum KExpr {
     },
     Numgen {
         modulus: u32,
+        offset: u32,
         dreg: u32,
     },
     /// `op`: 0 eq, 1 neq.
@@ -193,8 +194,16 @@ pub fn key_bytes(key: &[KeyValue]) -> Vec<u8> {
             KeyValue::Addr(a) => out.extend(ip_bytes(a)),
             KeyValue::Proto(p) => out.extend([*p, 0, 0, 0]),
             KeyValue::Port(p) => out.extend([(p >> 8) as u8, *p as u8, 0, 0]),
+            KeyValue::Slot(s) => out.extend(s.to_ne_bytes()),
         }
     }
+    out
+}
+
+/// The data of an endpoint-map element: address, then port in a 32-bit slot.
+pub fn target_bytes(t: &std::net::SocketAddr) -> Vec<u8> {
+    let mut out = ip_bytes(&t.ip());
+    out.extend([(t.port() >> 8) as u8, t.port() as u8, 0, 0]);
     out
 }
 
@@ -319,6 +328,7 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
         Expr::NumgenZero(m) => {
             out.push(KExpr::Numgen {
                 modulus: *m,
+                offset: 0,
                 dreg: r,
             });
             out.push(KExpr::Cmp {
@@ -379,6 +389,29 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
                 family: family.nfproto() as u32,
                 reg_addr: r,
                 reg_proto: Some(r + addr_regs),
+            });
+        }
+        Expr::DnatMap {
+            modulus,
+            offset,
+            map,
+        } => {
+            out.push(KExpr::Numgen {
+                modulus: *modulus,
+                offset: *offset,
+                dreg: r,
+            });
+            out.push(KExpr::Lookup {
+                set: map.clone(),
+                sreg: r,
+                dreg: Some(r),
+                flags: 0,
+            });
+            out.push(KExpr::Nat {
+                kind: NFT_NAT_DNAT,
+                family: family.nfproto() as u32,
+                reg_addr: r,
+                reg_proto: Some(r + (family.addr_len() / 4) as u32),
             });
         }
         Expr::Redirect { port } => {

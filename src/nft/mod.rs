@@ -235,6 +235,8 @@ pub enum KeyValue {
     Addr(IpAddr),
     Proto(u8),
     Port(u16),
+    /// A slot of an endpoint map (a 32-bit integer in host byte order, as `numgen` yields).
+    Slot(u32),
 }
 
 /// A named set, or a verdict map when `map` is set.
@@ -248,6 +250,9 @@ pub struct Set {
     /// Element timeout in seconds; makes the set `flags dynamic,timeout` so rules may add to it.
     pub timeout: Option<u32>,
     pub comment: Option<String>,
+    /// An endpoint map: slot (`numgen` value) → address . port of the table's family. Its
+    /// `key` is empty and `map` false.
+    pub endpoints: bool,
 }
 
 impl Set {
@@ -258,6 +263,14 @@ impl Set {
             map: false,
             timeout: None,
             comment: None,
+            endpoints: false,
+        }
+    }
+    /// An endpoint map (`typeof numgen random mod 1 : ip daddr . tcp dport`).
+    pub fn endpoint_map(name: impl Into<String>) -> Set {
+        Set {
+            endpoints: true,
+            ..Set::plain(name, vec![])
         }
     }
     pub fn vmap(name: impl Into<String>, key: Vec<Field>) -> Set {
@@ -275,6 +288,8 @@ pub struct Element {
     pub key: Vec<KeyValue>,
     /// The verdict, for verdict maps.
     pub verdict: Option<Verdict>,
+    /// The endpoint, for endpoint maps.
+    pub target: Option<std::net::SocketAddr>,
     pub comment: Option<String>,
 }
 
@@ -329,6 +344,13 @@ pub enum Expr {
     Masquerade { fully_random: bool },
     /// `dnat to ADDR:PORT`.
     Dnat { addr: IpAddr, port: u16 },
+    /// `dnat to numgen random mod MODULUS offset OFFSET map @MAP`: one of the endpoints in
+    /// slots OFFSET..OFFSET+MODULUS of an endpoint map, uniformly.
+    DnatMap {
+        modulus: u32,
+        offset: u32,
+        map: String,
+    },
     /// `redirect to :PORT`: to this host's address of the incoming interface (loopback for
     /// locally generated packets).
     Redirect { port: u16 },
@@ -347,7 +369,7 @@ impl Expr {
     pub fn set_ref(&self) -> Option<&str> {
         match self {
             Expr::InSet { set, .. } | Expr::UpdateSet { set, .. } => Some(set),
-            Expr::Vmap { map, .. } => Some(map),
+            Expr::Vmap { map, .. } | Expr::DnatMap { map, .. } => Some(map),
             _ => None,
         }
     }

@@ -77,6 +77,13 @@ fn expr(family: Family) -> impl Strategy<Value = Expr> {
         }),
         Just(Expr::Reject),
         any::<u16>().prop_map(|port| Expr::Redirect { port }),
+        (1u32..10_000, any::<u32>(), "[a-z-]{1,20}").prop_map(|(modulus, offset, map)| {
+            Expr::DnatMap {
+                modulus,
+                offset,
+                map,
+            }
+        }),
         "[a-z-]{1,20}".prop_map(|set| Expr::UpdateSet {
             set,
             key: Field::Saddr

@@ -91,6 +91,11 @@ pub fn expr(e: &Expr, family: Family) -> String {
             std::net::IpAddr::V4(a) => format!("dnat to {a}:{port}"),
             std::net::IpAddr::V6(a) => format!("dnat to [{a}]:{port}"),
         },
+        Expr::DnatMap {
+            modulus,
+            offset,
+            map,
+        } => format!("dnat {family} to numgen random mod {modulus} offset {offset} map @{map}"),
         Expr::Redirect { port } => format!("redirect to :{port}"),
         Expr::Reject => "reject".into(),
         Expr::UpdateSet { set, key } => format!("update @{set} {{ {} }}", field(*key, family)),
@@ -118,6 +123,7 @@ fn key_value(k: &KeyValue) -> String {
         KeyValue::Addr(a) => a.to_string(),
         KeyValue::Proto(p) => proto::name(*p),
         KeyValue::Port(p) => p.to_string(),
+        KeyValue::Slot(s) => s.to_string(),
     }
 }
 
@@ -129,6 +135,9 @@ pub fn element(e: &Element) -> String {
     }
     if let Some(v) = &e.verdict {
         write!(s, " : {}", verdict(v)).unwrap();
+    }
+    if let Some(t) = &e.target {
+        write!(s, " : {} . {}", t.ip(), t.port()).unwrap();
     }
     s
 }
@@ -160,7 +169,9 @@ fn set_spec(s: &Set, family: Family) -> String {
         .map(|f| type_name(*f, family))
         .collect::<Vec<_>>()
         .join(" . ");
-    let mut out = if s.map {
+    let mut out = if s.endpoints {
+        format!(" {{ typeof numgen random mod 1 : {family} daddr . tcp dport ;")
+    } else if s.map {
         format!(" {{ type {key} : verdict ;")
     } else {
         format!(" {{ type {key} ;")
@@ -193,18 +204,16 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
         }
         (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => format!("flush chain {t} {}", r.chain),
         (Op::Add(_), Object::Set(s)) => {
-            let kw = if s.map { "map" } else { "set" };
+            let kw = if s.map || s.endpoints { "map" } else { "set" };
             format!("add {kw} {t} {}{}", s.name, set_spec(s, family))
         }
         (Op::Flush(_), Object::Set(s)) => {
-            format!("flush {} {t} {}", if s.map { "map" } else { "set" }, s.name)
+            let kw = if s.map || s.endpoints { "map" } else { "set" };
+            format!("flush {kw} {t} {}", s.name)
         }
         (Op::Delete(_), Object::Set(s)) => {
-            format!(
-                "delete {} {t} {}",
-                if s.map { "map" } else { "set" },
-                s.name
-            )
+            let kw = if s.map || s.endpoints { "map" } else { "set" };
+            format!("delete {kw} {t} {}", s.name)
         }
         (Op::Add(_), Object::Element(e)) => {
             format!("add element {t} {} {{ {} }}", e.set, element(e))
@@ -252,6 +261,7 @@ mod tests {
                 KeyValue::Port(443),
             ],
             verdict: Some(Verdict::Goto("svc".into())),
+            target: None,
             comment: None,
         });
         tx.add(Rule::new(

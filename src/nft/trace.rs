@@ -203,6 +203,31 @@ impl Tracer<'_> {
                     masquerade: mark & self.mark_bit != 0,
                 }),
             )),
+            Expr::DnatMap {
+                modulus,
+                offset,
+                map,
+            } => {
+                // Every slot numgen can produce; an empty slot makes the lookup (and so the
+                // rule) fail.
+                for slot in *offset..offset.saturating_add(*modulus) {
+                    match self
+                        .fake
+                        .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
+                        .and_then(|e| e.target)
+                    {
+                        Some(t) => out.push((
+                            mark,
+                            RuleEnd::Term(Outcome::Dnat {
+                                addr: t.ip(),
+                                port: t.port(),
+                                masquerade: mark & self.mark_bit != 0,
+                            }),
+                        )),
+                        None => out.push((mark, RuleEnd::NoMatch)),
+                    }
+                }
+            }
             Expr::Redirect { port } => out.push((mark, RuleEnd::Term(Outcome::Redirect(*port)))),
             Expr::Reject => out.push((mark, RuleEnd::Term(Outcome::Reject))),
             Expr::UpdateSet { .. } | Expr::Counter => self.exprs(rest, mark, depth, out),

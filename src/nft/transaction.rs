@@ -21,7 +21,11 @@ impl Object {
             Object::Table(t) => format!("table {} {}", t.family, t.name),
             Object::Chain(c) => format!("chain {}", c.name),
             Object::Rule(r) => format!("rule in chain {}", r.chain),
-            Object::Set(s) => format!("{} {}", if s.map { "map" } else { "set" }, s.name),
+            Object::Set(s) => format!(
+                "{} {}",
+                if s.map || s.endpoints { "map" } else { "set" },
+                s.name
+            ),
             Object::Element(e) => format!("element of {}", e.set),
         }
     }

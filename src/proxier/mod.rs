@@ -4,11 +4,13 @@
 pub mod names;
 pub mod plan;
 pub mod ruleset;
+pub mod slots;
 
-pub use plan::build_ruleset;
+pub use plan::{build_ruleset, build_ruleset_with_slots};
 pub use ruleset::{
     plan_changes, plan_full, plan_transaction, Change, Existing, Fragment, Plan, Ruleset,
 };
+pub use slots::SlotAllocator;
 
 use crate::nft::Cidr;
 

@@ -34,6 +34,8 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN: &str = "hairpin-endpoints";
+/// The endpoint map (slot → endpoint) of the service chains' `dnat … map` rules.
+pub const ENDPOINTS: &str = "endpoints";
 
 /// Longest generated base (nft names are at most 255 bytes; leave room for prefixes).
 const BASE_MAX: usize = 200;

@@ -19,7 +19,7 @@ use crate::nft::{
 
 use super::names::*;
 use super::ruleset::Fragment;
-use super::{LocalDetector, NodePortAddresses, ProxierConfig, Ruleset};
+use super::{LocalDetector, NodePortAddresses, ProxierConfig, Ruleset, SlotAllocator};
 
 const DSTNAT: i32 = -100;
 const SRCNAT: i32 = 100;
@@ -267,6 +267,7 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
 
     rs.set(Set::plain(CLUSTER_IPS, vec![Field::Daddr]));
     rs.set(Set::plain(HAIRPIN, vec![Field::Saddr, Field::Daddr]));
+    rs.set(Set::endpoint_map(ENDPOINTS));
     for m in [SERVICE_IPS, NO_ENDPOINT_SERVICES, FIREWALL_IPS] {
         rs.set(Set::vmap(m, addr_key()));
     }
@@ -283,8 +284,35 @@ fn balance_rules(
     eps: &[Endpoint],
     rs: &mut Fragment,
     rules: &mut Vec<Rule>,
+    slots: &mut SlotAllocator,
 ) {
     let proto = sp.name.protocol.number();
+    // Without affinity, two or more endpoints are one rule over the endpoint map.
+    if sp.affinity_timeout.is_none() && eps.len() >= 2 {
+        let n = eps.len() as u32;
+        let offset = slots.assign(chain, n);
+        for (i, ep) in eps.iter().enumerate() {
+            rs.element(Element {
+                set: ENDPOINTS.into(),
+                key: vec![KeyValue::Slot(offset + i as u32)],
+                verdict: None,
+                target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+                comment: None,
+            });
+        }
+        rules.push(Rule::new(
+            chain,
+            vec![
+                Expr::L4Proto(proto),
+                Expr::DnatMap {
+                    modulus: n,
+                    offset,
+                    map: ENDPOINTS.into(),
+                },
+            ],
+        ));
+        return;
+    }
     let dnat = |ep: &Endpoint| Expr::Dnat {
         addr: ep.ip,
         port: ep.port,
@@ -352,6 +380,7 @@ fn elem(set: &str, key: Vec<KeyValue>, v: Verdict, comment: &str) -> Element {
         set: set.into(),
         key,
         verdict: Some(v),
+        target: None,
         comment: Some(comment.into()),
     }
 }
@@ -363,10 +392,19 @@ pub fn build_service(
     sp: &ServicePort,
     endpoints: &[Endpoint],
     family: Family,
+    slots: &mut SlotAllocator,
 ) -> Fragment {
     let mut rs = Fragment::default();
-    service_port_rules(&mut rs, cfg, node, sp, endpoints, family);
+    service_port_rules(&mut rs, cfg, node, sp, endpoints, family, slots);
     rs
+}
+
+/// Frees the endpoint-map slots of one service port's chains (before rebuilding or
+/// removing it).
+pub fn release_service_slots(spn: &crate::model::ServicePortName, slots: &mut SlotAllocator) {
+    let c = ServiceChains::new(spn);
+    slots.release(&c.service);
+    slots.release(&c.local);
 }
 
 fn service_port_rules(
@@ -376,6 +414,7 @@ fn service_port_rules(
     sp: &ServicePort,
     endpoints: &[Endpoint],
     family: Family,
+    slots: &mut SlotAllocator,
 ) {
     let cluster_ips = of_family(&sp.cluster_ips, family);
     let Some(cluster_ip) = cluster_ips.first().copied() else {
@@ -418,6 +457,7 @@ fn service_port_rules(
             set: HAIRPIN.into(),
             key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
             verdict: None,
+            target: None,
             comment: None,
         });
     }
@@ -425,6 +465,7 @@ fn service_port_rules(
         set: CLUSTER_IPS.into(),
         key: vec![KeyValue::Addr(cluster_ip)],
         verdict: None,
+        target: None,
         comment: None,
     });
 
@@ -451,14 +492,14 @@ fn service_port_rules(
                 .with_comment("masquerade traffic from outside the cluster"),
             );
         }
-        balance_rules(&svc_chain, sp, &cat.cluster, rs, &mut rules);
+        balance_rules(&svc_chain, sp, &cat.cluster, rs, &mut rules, slots);
         rs.chain(Chain::regular(&svc_chain), rules);
     }
     // Local-policy chain.
     let has_local = !cat.local.is_empty();
     if has_local {
         let mut rules = Vec::new();
-        balance_rules(&local, sp, &cat.local, rs, &mut rules);
+        balance_rules(&local, sp, &cat.local, rs, &mut rules, slots);
         rs.chain(Chain::regular(&local), rules);
     }
     // What no usable endpoint means: reject when there is none anywhere, drop when only the
@@ -613,11 +654,22 @@ pub fn table(cfg: &ProxierConfig, family: Family) -> Table {
 
 /// Builds the complete ruleset of one family's table.
 pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) -> Ruleset {
+    build_ruleset_with_slots(state, cfg, family, &mut SlotAllocator::new())
+}
+
+/// [`build_ruleset`] assigning endpoint-map slots from `slots` (the syncer keeps it for
+/// partial syncs).
+pub fn build_ruleset_with_slots(
+    state: &ProxyState,
+    cfg: &ProxierConfig,
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> Ruleset {
     let mut rs = Ruleset::new(table(cfg, family), build_base(cfg, &state.node, family));
     let none = Vec::new();
     for (spn, sp) in &state.services {
         let eps = state.endpoints.get(spn).unwrap_or(&none);
-        let f = build_service(cfg, &state.node, sp, eps, family);
+        let f = build_service(cfg, &state.node, sp, eps, family, slots);
         rs.set_service(spn, Some(Arc::new(f)));
     }
     rs

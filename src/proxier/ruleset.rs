@@ -324,7 +324,9 @@ pub fn plan_changes(
         match (before_el, after_el) {
             (Some(b), None) => tx.delete(b.clone()),
             (None, Some(a)) => adds.push(a.clone()),
-            (Some(b), Some(a)) if b.verdict != a.verdict || b.comment != a.comment => {
+            (Some(b), Some(a))
+                if b.verdict != a.verdict || b.target != a.target || b.comment != a.comment =>
+            {
                 tx.delete(b.clone());
                 adds.push(a.clone());
             }

@@ -15,10 +15,10 @@ use crate::nft::{self, Family, Nftables, Table, Transaction};
 use std::sync::Arc;
 
 use crate::model::{Endpoint, NodeInfo, ServicePort, ServicePortName};
-use crate::proxier::plan::build_service;
+use crate::proxier::plan::{build_service, release_service_slots};
 use crate::proxier::{
-    build_ruleset, names, plan_changes, plan_full, plan_transaction, Change, Existing, Fragment,
-    LocalDetector, ProxierConfig, Ruleset,
+    build_ruleset, build_ruleset_with_slots, names, plan_changes, plan_full, plan_transaction,
+    Change, Existing, Fragment, LocalDetector, ProxierConfig, Ruleset, SlotAllocator,
 };
 
 /// A failed sync.
@@ -136,6 +136,8 @@ pub struct Syncer<N: Nftables> {
     inputs: BTreeMap<ServicePortName, (ServicePort, Vec<Endpoint>)>,
     last_cfg: Option<ProxierConfig>,
     last_node: Option<NodeInfo>,
+    /// Endpoint-map slots per family, as committed.
+    slots: BTreeMap<Family, SlotAllocator>,
 }
 
 impl<N: Nftables> Syncer<N> {
@@ -154,6 +156,7 @@ impl<N: Nftables> Syncer<N> {
             inputs: BTreeMap::new(),
             last_cfg: None,
             last_node: None,
+            slots: BTreeMap::new(),
         }
     }
 
@@ -280,7 +283,8 @@ impl<N: Nftables> Syncer<N> {
     ) -> Result<(), SyncError> {
         let mut first_err = None;
         for family in self.families.clone() {
-            let rs = build_ruleset(state, cfg, family);
+            let mut slots = SlotAllocator::new();
+            let rs = build_ruleset_with_slots(state, cfg, family, &mut slots);
             let existing = match self.list_existing(family) {
                 Ok(e) => e,
                 Err(error) => {
@@ -298,6 +302,7 @@ impl<N: Nftables> Syncer<N> {
             match self.nft.apply(&plan.tx) {
                 Ok(()) => {
                     self.last.insert(family, rs);
+                    self.slots.insert(family, slots);
                     self.pending_deletes.insert(family, plan.stale_chains);
                 }
                 Err(error) => {
@@ -339,12 +344,14 @@ impl<N: Nftables> Syncer<N> {
             let Some(last) = self.last.get(&family) else {
                 continue;
             };
+            let slots = self.slots.entry(family).or_default();
             let changes: Vec<Change> = changed
                 .iter()
                 .map(|spn| {
+                    release_service_slots(spn, slots);
                     let new = state.services.get(spn).map(|sp| {
                         let eps = state.endpoints.get(spn).unwrap_or(&none);
-                        build_service(cfg, &state.node, sp, eps, family)
+                        build_service(cfg, &state.node, sp, eps, family, slots)
                     });
                     Change {
                         name: spn.clone(),

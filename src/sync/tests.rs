@@ -251,10 +251,18 @@ fn one_endpoint_change_among_1000_services_touches_a_handful_of_objects() {
     svcs[500].1[1] = ep("10.99.99.99", false);
     let st = s.sync(&state(svcs.clone())).unwrap();
     let tx = s.backend().last_transaction.clone().unwrap();
-    // flush chain + masquerade rule + 3 cascade rules + hairpin element delete + add.
+    // The endpoint-map slot and the hairpin element: delete and add each; no rule is
+    // touched, so the kernel does not re-validate the chain graph.
     assert_eq!(
         st.ops[&Family::Ip],
-        7,
+        4,
+        "{}",
+        crate::nft::render::transaction(&tx)
+    );
+    assert!(
+        tx.ops
+            .iter()
+            .all(|op| matches!(op.object(), crate::nft::transaction::Object::Element(_))),
         "{}",
         crate::nft::render::transaction(&tx)
     );
@@ -486,4 +494,65 @@ fn node_cidr_detection_uses_the_nodes_pod_cidrs() {
         nat(&mut s, &pkt("203.0.113.9", "172.30.0.41", 80)),
         [dnat("10.180.0.1", false)].into()
     );
+}
+
+#[test]
+fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
+    let mut s = syncer();
+    let eps = |n: usize| -> Vec<Endpoint> {
+        (0..n)
+            .map(|i| ep(&format!("10.180.1.{}", i + 1), false))
+            .collect()
+    };
+    let svc = || service("web", "172.30.0.10", |_| {});
+    let other = || service("other", "172.30.0.11", |_| {});
+    let p = pkt("10.180.9.9", "172.30.0.10", 80);
+    let targets = |s: &mut Syncer<FakeNftables>| -> BTreeSet<String> {
+        nat(s, &p)
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Dnat { addr, .. } => addr.to_string(),
+                o => format!("{o:?}"),
+            })
+            .collect()
+    };
+    let want =
+        |n: usize| -> BTreeSet<String> { (0..n).map(|i| format!("10.180.1.{}", i + 1)).collect() };
+    s.sync(&state(vec![(svc(), eps(3)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(3));
+    // 3 -> 4: same 4-slot block; the rule's modulus changes, one element is added.
+    let st = s
+        .sync(&state(vec![(svc(), eps(4)), (other(), eps(2))]))
+        .unwrap();
+    let text = crate::nft::render::transaction(&s.backend().last_transaction.clone().unwrap());
+    assert!(
+        text.contains("numgen random mod 4 offset 2 map @endpoints"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("delete element ip kube-nlproxy endpoints"),
+        "{text}"
+    );
+    assert_eq!(targets(&mut s), want(4));
+    assert!(st.ops[&Family::Ip] <= 6, "{text}");
+    // 4 -> 5: outgrows its block; a new 8-slot block, the old slots are deleted.
+    s.sync(&state(vec![(svc(), eps(5)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(5));
+    // Down to one endpoint: a plain dnat, its slots gone from the map.
+    s.sync(&state(vec![(svc(), eps(1)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(1));
+    let slots = s
+        .backend()
+        .elements(Family::Ip, TABLE, names::ENDPOINTS)
+        .unwrap()
+        .len();
+    assert_eq!(slots, 2, "only the other service's two endpoints remain");
+    // A full sync from scratch produces the same behaviour.
+    s.force_full_sync();
+    s.sync(&state(vec![(svc(), eps(6)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(6));
 }
