@@ -252,19 +252,8 @@ impl<N: Nftables> Syncer<N> {
                 self.need_full = false;
                 self.last_cfg = Some(cfg);
                 self.last_node = Some(state.node.clone());
-                self.inputs = state
-                    .services
-                    .iter()
-                    .map(|(k, sp)| {
-                        (
-                            k.clone(),
-                            (
-                                sp.clone(),
-                                state.endpoints.get(k).cloned().unwrap_or_default(),
-                            ),
-                        )
-                    })
-                    .collect();
+                // `inputs` was brought up to date by the full or partial sync itself: a
+                // partial sync's cost follows the change, not the cluster.
                 for rs in self.last.values() {
                     stats.rules += rs.rule_count();
                     stats.elements += rs.element_count();
