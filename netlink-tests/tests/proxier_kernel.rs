@@ -145,9 +145,17 @@ fn ten_thousand_services_sync_in_one_batch() {
             n.list_chains(Family::Ip, names::DEFAULT_TABLE)
                 .unwrap()
                 .len(),
-            n.list_elements(Family::Ip, names::DEFAULT_TABLE, names::ENDPOINTS)
-                .unwrap()
-                .len(),
+            (0..names::ENDPOINT_MAPS)
+                .map(|i| {
+                    n.list_elements(
+                        Family::Ip,
+                        names::DEFAULT_TABLE,
+                        &names::endpoint_map_name(i),
+                    )
+                    .unwrap()
+                    .len()
+                })
+                .sum::<usize>(),
         )
     });
     assert!(chains > 10_000, "{chains}");

@@ -267,7 +267,9 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
 
     rs.set(Set::plain(CLUSTER_IPS, vec![Field::Daddr]));
     rs.set(Set::plain(HAIRPIN, vec![Field::Saddr, Field::Daddr]));
-    rs.set(Set::endpoint_map(ENDPOINTS));
+    for i in 0..ENDPOINT_MAPS {
+        rs.set(Set::endpoint_map(endpoint_map_name(i)));
+    }
     for m in [SERVICE_IPS, NO_ENDPOINT_SERVICES, FIREWALL_IPS] {
         rs.set(Set::vmap(m, addr_key()));
     }
@@ -291,9 +293,10 @@ fn balance_rules(
     if sp.affinity_timeout.is_none() && eps.len() >= 2 {
         let n = eps.len() as u32;
         let offset = slots.assign(chain, n);
+        let map = endpoint_map(chain);
         for (i, ep) in eps.iter().enumerate() {
             rs.element(Element {
-                set: ENDPOINTS.into(),
+                set: map.clone(),
                 key: vec![KeyValue::Slot(offset + i as u32)],
                 verdict: None,
                 target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
@@ -307,7 +310,7 @@ fn balance_rules(
                 Expr::DnatMap {
                     modulus: n,
                     offset,
-                    map: ENDPOINTS.into(),
+                    map,
                 },
             ],
         ));

@@ -527,11 +527,11 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
         .unwrap();
     let text = crate::nft::render::transaction(&s.backend().last_transaction.clone().unwrap());
     assert!(
-        text.contains("numgen random mod 4 offset 2 map @endpoints"),
+        text.contains("numgen random mod 4 offset 2 map @endpoints-"),
         "{text}"
     );
     assert!(
-        !text.contains("delete element ip kube-nlproxy endpoints"),
+        !text.contains("delete element ip kube-nlproxy endpoints-"),
         "{text}"
     );
     assert_eq!(targets(&mut s), want(4));
@@ -544,11 +544,14 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
     s.sync(&state(vec![(svc(), eps(1)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(1));
-    let slots = s
-        .backend()
-        .elements(Family::Ip, TABLE, names::ENDPOINTS)
-        .unwrap()
-        .len();
+    let slots: usize = (0..names::ENDPOINT_MAPS)
+        .map(|i| {
+            s.backend()
+                .elements(Family::Ip, TABLE, &names::endpoint_map_name(i))
+                .unwrap()
+                .len()
+        })
+        .sum();
     assert_eq!(slots, 2, "only the other service's two endpoints remain");
     // A full sync from scratch produces the same behaviour.
     s.force_full_sync();
