@@ -199,10 +199,29 @@ pub fn encode_transaction(tx: &Transaction, first_seq: u32) -> Batch {
     w.put_raw(&nfgenmsg(libc::AF_UNSPEC as u8, NFNL_SUBSYS_NFTABLES));
     w.end_msg();
     let mut descriptions = Vec::with_capacity(tx.ops.len());
-    for op in &tx.ops {
+    let mut i = 0;
+    while i < tx.ops.len() {
         seq = seq.wrapping_add(1);
+        let op = &tx.ops[i];
+        // Consecutive element adds (or deletes) of one set travel in one message: the kernel
+        // looks the set up by name once per message, in a list of every set of the table.
+        if let Some((add, first)) = element_op(op) {
+            let n = encode_elements(&mut w, tx, &tx.ops[i..], add, seq);
+            descriptions.push(if n == 1 {
+                format!("{} {}", op.verb(), op.object().describe())
+            } else {
+                format!(
+                    "{} {n} elements of {}",
+                    if add { "add" } else { "delete" },
+                    first.set
+                )
+            });
+            i += n;
+            continue;
+        }
         encode_op(&mut w, tx, op, seq);
         descriptions.push(format!("{} {}", op.verb(), op.object().describe()));
+        i += 1;
     }
     seq = seq.wrapping_add(1);
     w.begin_msg(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq);
@@ -213,6 +232,51 @@ pub fn encode_transaction(tx: &Transaction, first_seq: u32) -> Batch {
         first_seq,
         descriptions,
     }
+}
+
+/// An element add (`true`) or delete, with its element.
+fn element_op(op: &Op) -> Option<(bool, &Element)> {
+    match op {
+        Op::Add(Object::Element(e)) => Some((true, e)),
+        Op::Delete(Object::Element(e)) => Some((false, e)),
+        _ => None,
+    }
+}
+
+/// Nested attributes are limited to 64 KiB; stay well below.
+const MAX_ELEMENTS_BYTES: usize = 48 << 10;
+
+/// One NEWSETELEM/DELSETELEM message holding the leading run of `ops` that adds (or deletes)
+/// elements of the same set; returns how many ops it holds (at least one).
+fn encode_elements(w: &mut MsgWriter, tx: &Transaction, ops: &[Op], add: bool, seq: u32) -> usize {
+    let Some((_, first)) = element_op(&ops[0]) else {
+        return 0;
+    };
+    if add {
+        begin(w, tx, NFT_MSG_NEWSETELEM, NLM_F_CREATE, seq);
+    } else {
+        begin(w, tx, NFT_MSG_DELSETELEM, 0, seq);
+    }
+    w.attr_str(NFTA_SET_ELEM_LIST_TABLE, &tx.table);
+    w.attr_str(NFTA_SET_ELEM_LIST_SET, &first.set);
+    w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
+    let start = w.len();
+    let mut n = 0;
+    for op in ops {
+        match element_op(op) {
+            Some((a, e)) if a == add && e.set == first.set => {
+                if n > 0 && w.len() - start > MAX_ELEMENTS_BYTES {
+                    break;
+                }
+                element_entry(w, e, add);
+                n += 1;
+            }
+            _ => break,
+        }
+    }
+    w.nest_end();
+    w.end_msg();
+    n
 }
 
 fn begin(w: &mut MsgWriter, tx: &Transaction, msg: u16, flags: u16, seq: u32) {
@@ -401,6 +465,12 @@ fn element_attrs(w: &mut MsgWriter, table: &str, e: &Element, with_data: bool) {
     w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
     w.attr_str(NFTA_SET_ELEM_LIST_SET, &e.set);
     w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
+    element_entry(w, e, with_data);
+    w.nest_end();
+}
+
+/// One `NFTA_LIST_ELEM` of an element list.
+fn element_entry(w: &mut MsgWriter, e: &Element, with_data: bool) {
     w.nest_start(NFTA_LIST_ELEM);
     w.nest_start(NFTA_SET_ELEM_KEY);
     w.attr(NFTA_DATA_VALUE, &key_bytes(&e.key));
@@ -418,7 +488,6 @@ fn element_attrs(w: &mut MsgWriter, table: &str, e: &Element, with_data: bool) {
             w.attr(NFTA_SET_ELEM_USERDATA, &udata_comment(UDATA_COMMENT, c));
         }
     }
-    w.nest_end();
     w.nest_end();
 }
 

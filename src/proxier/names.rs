@@ -44,9 +44,9 @@ pub const ENDPOINT_MAPS: u32 = 256;
 /// The endpoint map of a service chain: a stable hash of the chain's name picks it.
 pub fn endpoint_map(chain: &str) -> String {
     // FNV-1a: deterministic across runs and builds, unlike std's hasher.
-    let h = chain
-        .bytes()
-        .fold(0x811c_9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193));
+    let h = chain.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    });
     endpoint_map_name(h % ENDPOINT_MAPS)
 }
 
