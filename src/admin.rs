@@ -156,7 +156,7 @@ impl SyncHooks for Hooks {
         self.shared.metrics.nftables_restores.inc();
     }
 
-    fn state_changed(&mut self, state: &ProxyState) {
+    fn state_changed(&mut self, state: &Arc<ProxyState>) {
         let now = SystemTime::now();
         let m = &self.shared.metrics;
         let (svcs, eps) = match &self.prev {
@@ -174,7 +174,7 @@ impl SyncHooks for Hooks {
         }
         h.set_node_eligible(!state.node.being_deleted);
         drop(h);
-        self.prev = Some(Arc::new(state.clone()));
+        self.prev = Some(state.clone());
     }
 
     fn synced(&mut self, state: &ProxyState, res: &Result<SyncStats, SyncError>, took: Duration) {

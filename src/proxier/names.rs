@@ -34,20 +34,21 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN: &str = "hairpin-endpoints";
-/// Number of endpoint maps (slot → endpoint) the service chains' `dnat … map` rules use.
-/// The kernel checks every rule bound to a map whenever an element is added to it, and walks
-/// every element of a map whenever a rule binds to it: with one map, 10k services × 10
-/// endpoints cost 10⁹ checks (12 s). Spread over 256 maps each check touches ~40 rules or
-/// ~400 elements, while creating 256 named sets stays cheap (sets are found by name in a list).
+/// Most endpoint maps (slot → endpoint) the service chains' `dnat … map` rules use. The
+/// kernel checks every rule bound to a map whenever an element is added to it, and walks every
+/// element of a map whenever a rule binds to it: with one map, 10k services × 10 endpoints
+/// cost 10⁹ checks (12 s). A full sync spreads the chains over about one map per 32 Services
+/// (a power of two, at most this many), so each check touches a few dozen rules or a few
+/// hundred elements, while creating the maps stays cheap (sets are found by name in a list).
 pub const ENDPOINT_MAPS: u32 = 256;
 
-/// The endpoint map of a service chain: a stable hash of the chain's name picks it.
-pub fn endpoint_map(chain: &str) -> String {
+/// Which of `maps` endpoint maps a chain uses: a stable hash of its name.
+pub fn endpoint_map_index(chain: &str, maps: u32) -> u32 {
     // FNV-1a: deterministic across runs and builds, unlike std's hasher.
     let h = chain.bytes().fold(0x811c_9dc5u32, |h, b| {
         (h ^ b as u32).wrapping_mul(0x0100_0193)
     });
-    endpoint_map_name(h % ENDPOINT_MAPS)
+    h % maps.max(1)
 }
 
 /// The name of endpoint map `i`.

@@ -267,9 +267,6 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
 
     rs.set(Set::plain(CLUSTER_IPS, vec![Field::Daddr]));
     rs.set(Set::plain(HAIRPIN, vec![Field::Saddr, Field::Daddr]));
-    for i in 0..ENDPOINT_MAPS {
-        rs.set(Set::endpoint_map(endpoint_map_name(i)));
-    }
     for m in [SERVICE_IPS, NO_ENDPOINT_SERVICES, FIREWALL_IPS] {
         rs.set(Set::vmap(m, addr_key()));
     }
@@ -293,7 +290,7 @@ fn balance_rules(
     if sp.affinity_timeout.is_none() && eps.len() >= 2 {
         let n = eps.len() as u32;
         let offset = slots.assign(chain, n);
-        let map = endpoint_map(chain);
+        let map = slots.map_for(chain);
         for (i, ep) in eps.iter().enumerate() {
             rs.element(Element {
                 set: map.clone(),
@@ -657,7 +654,8 @@ pub fn table(cfg: &ProxierConfig, family: Family) -> Table {
 
 /// Builds the complete ruleset of one family's table.
 pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) -> Ruleset {
-    build_ruleset_with_slots(state, cfg, family, &mut SlotAllocator::new())
+    let mut slots = SlotAllocator::for_services(state.services.len());
+    build_ruleset_with_slots(state, cfg, family, &mut slots)
 }
 
 /// [`build_ruleset`] assigning endpoint-map slots from `slots` (the syncer keeps it for
@@ -668,7 +666,11 @@ pub fn build_ruleset_with_slots(
     family: Family,
     slots: &mut SlotAllocator,
 ) -> Ruleset {
-    let mut rs = Ruleset::new(table(cfg, family), build_base(cfg, &state.node, family));
+    let mut base = build_base(cfg, &state.node, family);
+    for i in 0..slots.maps() {
+        base.set(Set::endpoint_map(endpoint_map_name(i)));
+    }
+    let mut rs = Ruleset::new(table(cfg, family), base);
     let none = Vec::new();
     for (spn, sp) in &state.services {
         let eps = state.endpoints.get(spn).unwrap_or(&none);

@@ -13,11 +13,33 @@ pub struct SlotAllocator {
     blocks: HashMap<String, (u32, u32)>,
     free: BTreeMap<u32, Vec<u32>>,
     next: u32,
+    maps: u32,
 }
 
 impl SlotAllocator {
+    /// An allocator with one endpoint map.
     pub fn new() -> Self {
-        Self::default()
+        Self::for_services(0)
+    }
+
+    /// An allocator whose chains spread over about one endpoint map per 32 Services (see
+    /// [`ENDPOINT_MAPS`](super::names::ENDPOINT_MAPS)); fixed until the next full sync.
+    pub fn for_services(services: usize) -> Self {
+        let want = (services / 32).max(1).next_power_of_two() as u32;
+        SlotAllocator {
+            maps: want.min(super::names::ENDPOINT_MAPS),
+            ..Default::default()
+        }
+    }
+
+    /// How many endpoint maps there are.
+    pub fn maps(&self) -> u32 {
+        self.maps.max(1)
+    }
+
+    /// The endpoint map of `chain`.
+    pub fn map_for(&self, chain: &str) -> String {
+        super::names::endpoint_map_name(super::names::endpoint_map_index(chain, self.maps()))
     }
 
     /// The first slot of `owner`'s block for `n` endpoints: its current block when the

@@ -14,7 +14,7 @@ use crate::model::ProxyState;
 use crate::nft::{self, Family, Nftables, Table, Transaction};
 use std::sync::Arc;
 
-use crate::model::{Endpoint, NodeInfo, ServicePort, ServicePortName};
+use crate::model::{Endpoint, NodeInfo, ServicePortName};
 use crate::proxier::plan::{build_service, release_service_slots};
 use crate::proxier::{
     build_ruleset, build_ruleset_with_slots, names, plan_changes, plan_full, plan_transaction,
@@ -69,7 +69,7 @@ pub fn reconcile_conntrack(
 
 /// What the sync loop drives: the nftables [`Syncer`] or the IPVS reconciler.
 pub trait Backend {
-    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError>;
+    fn sync(&mut self, state: &Arc<ProxyState>) -> Result<SyncStats, SyncError>;
     /// The next sync re-reads the kernel and re-asserts everything.
     fn force_full_sync(&mut self);
     /// Work remains that needs a sync soon (chains to delete, real servers draining).
@@ -77,8 +77,8 @@ pub trait Backend {
 }
 
 impl<N: Nftables> Backend for Syncer<N> {
-    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
-        Syncer::sync(self, state)
+    fn sync(&mut self, state: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
+        Syncer::sync_shared(self, state)
     }
     fn force_full_sync(&mut self) {
         Syncer::force_full_sync(self)
@@ -91,7 +91,7 @@ impl<N: Nftables> Backend for Syncer<N> {
 impl<I: crate::ipvs::Ipvs, L: crate::rtnl::Links, N: Nftables> Backend
     for crate::ipvs::reconciler::IpvsReconciler<I, L, N>
 {
-    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+    fn sync(&mut self, state: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
         crate::ipvs::reconciler::IpvsReconciler::sync(self, state)
     }
     fn force_full_sync(&mut self) {
@@ -132,8 +132,9 @@ pub struct Syncer<N: Nftables> {
     last_node_labels: Option<BTreeMap<String, String>>,
     warned_no_podcidr: bool,
     conntrack: Option<Box<dyn Conntrack + Send>>,
-    /// The inputs of the last committed sync, per service port: the change detector.
-    inputs: BTreeMap<ServicePortName, (ServicePort, Vec<Endpoint>)>,
+    /// The state of the last committed sync: the change detector compares against it. Shared
+    /// with the sync loop (an `Arc`), never copied.
+    last_state: Option<Arc<ProxyState>>,
     last_cfg: Option<ProxierConfig>,
     last_node: Option<NodeInfo>,
     /// Endpoint-map slots per family, as committed.
@@ -153,7 +154,7 @@ impl<N: Nftables> Syncer<N> {
             last_node_labels: None,
             warned_no_podcidr: false,
             conntrack: None,
-            inputs: BTreeMap::new(),
+            last_state: None,
             last_cfg: None,
             last_node: None,
             slots: BTreeMap::new(),
@@ -215,8 +216,14 @@ impl<N: Nftables> Syncer<N> {
             .collect()
     }
 
-    /// One sync: full after start, a failure or a node label change; partial otherwise.
+    /// One sync of a state the caller owns (tests); the sync loop uses [`sync_shared`].
     pub fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+        self.sync_shared(&Arc::new(state.clone()))
+    }
+
+    /// One sync: full after start, a failure or a node label change; partial otherwise.
+    pub fn sync_shared(&mut self, shared: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
+        let state: &ProxyState = shared;
         if self.last_node_labels.as_ref() != Some(&state.node.labels) {
             if self.last_node_labels.is_some() {
                 tracing::info!("node labels changed; doing a full sync");
@@ -252,8 +259,7 @@ impl<N: Nftables> Syncer<N> {
                 self.need_full = false;
                 self.last_cfg = Some(cfg);
                 self.last_node = Some(state.node.clone());
-                // `inputs` was brought up to date by the full or partial sync itself: a
-                // partial sync's cost follows the change, not the cluster.
+                self.last_state = Some(shared.clone());
                 for rs in self.last.values() {
                     stats.rules += rs.rule_count();
                     stats.elements += rs.element_count();
@@ -272,7 +278,7 @@ impl<N: Nftables> Syncer<N> {
     ) -> Result<(), SyncError> {
         let mut first_err = None;
         for family in self.families.clone() {
-            let mut slots = SlotAllocator::new();
+            let mut slots = SlotAllocator::for_services(state.services.len());
             let rs = build_ruleset_with_slots(state, cfg, family, &mut slots);
             let existing = match self.list_existing(family) {
                 Ok(e) => e,
@@ -299,19 +305,6 @@ impl<N: Nftables> Syncer<N> {
                 }
             }
         }
-        if first_err.is_none() {
-            let none = Vec::new();
-            self.inputs = state
-                .services
-                .iter()
-                .map(|(k, sp)| {
-                    (
-                        k.clone(),
-                        (sp.clone(), state.endpoints.get(k).unwrap_or(&none).clone()),
-                    )
-                })
-                .collect();
-        }
         first_err.map_or(Ok(()), Err)
     }
 
@@ -324,10 +317,13 @@ impl<N: Nftables> Syncer<N> {
         stats: &mut SyncStats,
     ) -> Result<(), SyncError> {
         let none = Vec::new();
-        let changed: Vec<ServicePortName> = changed_service_ports(&self.inputs, state)
-            .into_iter()
-            .cloned()
-            .collect();
+        let changed: Vec<ServicePortName> = match &self.last_state {
+            Some(prev) => changed_service_ports(prev, state)
+                .into_iter()
+                .cloned()
+                .collect(),
+            None => state.services.keys().cloned().collect(),
+        };
         let mut first_err = None;
         for family in self.families.clone() {
             let Some(last) = self.last.get(&family) else {
@@ -373,19 +369,6 @@ impl<N: Nftables> Syncer<N> {
                 }
             }
         }
-        if first_err.is_none() {
-            for spn in changed {
-                match state.services.get(&spn) {
-                    Some(sp) => {
-                        let eps = state.endpoints.get(&spn).unwrap_or(&none).clone();
-                        self.inputs.insert(spn, (sp.clone(), eps));
-                    }
-                    None => {
-                        self.inputs.remove(&spn);
-                    }
-                }
-            }
-        }
         first_err.map_or(Ok(()), Err)
     }
 
@@ -405,38 +388,26 @@ impl<N: Nftables> Syncer<N> {
     }
 }
 
-/// The change detector: service ports whose Service or endpoints differ from `inputs`
-/// (both maps are sorted, so one merged walk, no lookups).
+/// The change detector: service ports whose Service or endpoints differ between the last
+/// committed state and `state`, or that exist in only one of them.
 fn changed_service_ports<'a>(
-    inputs: &'a BTreeMap<ServicePortName, (ServicePort, Vec<Endpoint>)>,
+    prev: &'a ProxyState,
     state: &'a ProxyState,
 ) -> Vec<&'a ServicePortName> {
-    let none = Vec::new();
-    let mut out = Vec::new();
-    let mut old = inputs.iter().peekable();
-    let mut eps = state.endpoints.iter().peekable();
-    for (spn, sp) in &state.services {
-        while old.peek().is_some_and(|(k, _)| *k < spn) {
-            out.push(old.next().expect("peeked").0);
-        }
-        while eps.peek().is_some_and(|(k, _)| *k < spn) {
-            eps.next();
-        }
-        let e = match eps.peek() {
-            Some((k, v)) if *k == spn => v,
-            _ => &none,
-        };
-        match old.peek() {
-            Some((k, (s, oe))) if *k == spn => {
-                if s != sp || oe != e {
-                    out.push(spn);
-                }
-                old.next();
-            }
-            _ => out.push(spn),
-        }
-    }
-    out.extend(old.map(|(k, _)| k));
+    let eps = |st: &'a ProxyState, k: &ServicePortName| -> &'a [Endpoint] {
+        st.endpoints.get(k).map(Vec::as_slice).unwrap_or(&[])
+    };
+    let mut out: Vec<&ServicePortName> = state
+        .services
+        .iter()
+        .filter(|(k, sp)| prev.services.get(*k) != Some(*sp) || eps(prev, k) != eps(state, k))
+        .map(|(k, _)| k)
+        .collect();
+    out.extend(
+        prev.services
+            .keys()
+            .filter(|k| !state.services.contains_key(*k)),
+    );
     out
 }
 

@@ -39,7 +39,7 @@ pub fn retry_delay(t: Timing, failures: u32) -> Duration {
 /// What the loop tells the rest of the daemon (health, metrics, health-check ports).
 pub trait SyncHooks {
     /// A new state arrived (an update is now queued).
-    fn state_changed(&mut self, _state: &ProxyState) {}
+    fn state_changed(&mut self, _state: &Arc<ProxyState>) {}
     /// Someone else changed our table; a full sync restores it.
     fn tampered(&mut self) {}
     /// A sync of `state` finished after `took`.

@@ -548,8 +548,7 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
         .map(|i| {
             s.backend()
                 .elements(Family::Ip, TABLE, &names::endpoint_map_name(i))
-                .unwrap()
-                .len()
+                .map_or(0, |v| v.len())
         })
         .sum();
     assert_eq!(slots, 2, "only the other service's two endpoints remain");

@@ -423,7 +423,7 @@ impl<N: Nftables> UserspaceProxier<N> {
 }
 
 impl<N: Nftables> crate::sync::Backend for UserspaceProxier<N> {
-    fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+    fn sync(&mut self, state: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
         UserspaceProxier::sync(self, state)
     }
     fn force_full_sync(&mut self) {
