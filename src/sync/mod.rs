@@ -389,25 +389,50 @@ impl<N: Nftables> Syncer<N> {
 }
 
 /// The change detector: service ports whose Service or endpoints differ between the last
-/// committed state and `state`, or that exist in only one of them.
+/// committed state and `state`, or that exist in only one of them. All four maps are sorted
+/// by service port, so this is one merged walk without lookups.
 fn changed_service_ports<'a>(
     prev: &'a ProxyState,
     state: &'a ProxyState,
 ) -> Vec<&'a ServicePortName> {
-    let eps = |st: &'a ProxyState, k: &ServicePortName| -> &'a [Endpoint] {
-        st.endpoints.get(k).map(Vec::as_slice).unwrap_or(&[])
-    };
-    let mut out: Vec<&ServicePortName> = state
-        .services
-        .iter()
-        .filter(|(k, sp)| prev.services.get(*k) != Some(*sp) || eps(prev, k) != eps(state, k))
-        .map(|(k, _)| k)
-        .collect();
-    out.extend(
-        prev.services
-            .keys()
-            .filter(|k| !state.services.contains_key(*k)),
+    // The endpoints of `k` from a sorted iterator that is advanced up to `k`.
+    fn eps_at<'b>(
+        it: &mut std::iter::Peekable<
+            std::collections::btree_map::Iter<'b, ServicePortName, Vec<Endpoint>>,
+        >,
+        k: &ServicePortName,
+    ) -> &'b [Endpoint] {
+        while it.peek().is_some_and(|(x, _)| *x < k) {
+            it.next();
+        }
+        match it.peek() {
+            Some((x, v)) if *x == k => v.as_slice(),
+            _ => &[],
+        }
+    }
+    let mut out = Vec::new();
+    let mut old = prev.services.iter().peekable();
+    let (mut old_eps, mut new_eps) = (
+        prev.endpoints.iter().peekable(),
+        state.endpoints.iter().peekable(),
     );
+    for (spn, sp) in &state.services {
+        while old.peek().is_some_and(|(k, _)| *k < spn) {
+            out.push(old.next().expect("peeked").0);
+        }
+        let same_service = match old.peek() {
+            Some((k, s)) if *k == spn => {
+                let same = *s == sp;
+                old.next();
+                same
+            }
+            _ => false,
+        };
+        if !same_service || eps_at(&mut old_eps, spn) != eps_at(&mut new_eps, spn) {
+            out.push(spn);
+        }
+    }
+    out.extend(old.map(|(k, _)| k));
     out
 }
 

@@ -102,7 +102,8 @@ fn row(
 
 fn ours_full(n: usize) -> Duration {
     let ns = NetNs::new("kb");
-    let st = state(n);
+    // The daemon hands the syncer a shared snapshot; so does the bench.
+    let st = std::sync::Arc::new(state(n));
     ns.run(move || {
         let mut s = Syncer::new(
             NetlinkNftables::open().unwrap(),
@@ -110,7 +111,7 @@ fn ours_full(n: usize) -> Duration {
             DetectLocal::ClusterCidr(vec![]),
         );
         let t0 = Instant::now();
-        s.sync(&st).unwrap();
+        s.sync_shared(&st).unwrap();
         t0.elapsed()
     })
 }
@@ -189,19 +190,22 @@ fn partial_row(rows: &mut Vec<Row>, n: usize) {
     let (x, y) = (with_ep("10.250.0.1"), with_ep("10.250.0.2"));
     // Ours: alternate between the two states, each round a real one-endpoint change.
     let ns = NetNs::new("kb");
-    let (x1, y1) = (x.clone(), y.clone());
+    let (x1, y1) = (
+        std::sync::Arc::new(x.clone()),
+        std::sync::Arc::new(y.clone()),
+    );
     let mut times = ns.run(move || {
         let mut s = Syncer::new(
             NetlinkNftables::open().unwrap(),
             cfg(),
             DetectLocal::ClusterCidr(vec![]),
         );
-        s.sync(&x1).unwrap();
+        s.sync_shared(&x1).unwrap();
         let mut v = Vec::new();
         for round in 0..20 {
             let st = if round % 2 == 0 { &y1 } else { &x1 };
             let t0 = Instant::now();
-            let stats = s.sync(st).unwrap();
+            let stats = s.sync_shared(st).unwrap();
             v.push(t0.elapsed());
             assert!(!stats.full);
         }
