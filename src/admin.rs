@@ -190,6 +190,9 @@ impl SyncHooks for Hooks {
                     m.conntrack_duration.observe(d.as_secs_f64());
                 }
                 m.conntrack_deleted.inc_by(s.conntrack_deleted as u64);
+                if s.restored > 0 {
+                    m.nftables_restores.inc();
+                }
                 let mut h = self.shared.health.lock().expect("proxy health");
                 for f in Family::all() {
                     h.updated(f, now);

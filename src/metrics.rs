@@ -166,7 +166,7 @@ impl Metrics {
         );
         r.register(
             "sync_proxy_rules_nftables_restores",
-            "Full syncs forced because another program changed our nftables table",
+            "Full syncs forced because another program changed our nftables table (in IPVS mode also kube-ipvs0, its addresses or our virtual servers)",
             m.nftables_restores.clone(),
         );
         r.register(

@@ -59,7 +59,9 @@ mod guest {
     use netlink_tests::backend::{
         tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
     };
-    use netlink_tests::cluster::{sa, yaml, Cluster, EXT_IP, EXT_IP_OTHER, NODE_IP, POD_GW};
+    use netlink_tests::cluster::{
+        sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
+    };
 
     const IPVS: &[&str] = &["--proxy-mode", "ipvs"];
 
@@ -190,6 +192,55 @@ mod guest {
         );
         // From the node itself too.
         assert!(tcp_probe(&c.node, sa("10.96.0.10", 80)).name().is_some());
+    }
+
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn ipv6_cluster_ip_and_node_port() {
+        let c = web_cluster();
+        c.add_remote_pod_ip("fd00:10:244:2::2");
+        tcp_backend(&c.pods[0], "local6", sa("fd00:10:244:1::2", 8080));
+        tcp_backend(&c.node2, "remote6", sa("fd00:10:244:2::2", 8080));
+        let mut y = yaml::service(
+            "default",
+            "web",
+            &["10.96.0.10", "fd00:96::10"],
+            &[("http", "TCP", 80, 30080)],
+            "type: NodePort",
+        );
+        y += &yaml::slice(
+            "default",
+            "web",
+            "web-v6",
+            "IPv6",
+            ("http", "TCP", 8080),
+            &[
+                yaml::ready("fd00:10:244:1::2", "node1"),
+                yaml::ready("fd00:10:244:2::2", "node2"),
+            ],
+        );
+        c.sync_once(&y, IPVS);
+        assert!(
+            ipvsadm(&c).contains("TCP [fd00:96::10]:80 rr"),
+            "{}",
+            ipvsadm(&c)
+        );
+        assert!(vips(&c).contains("fd00:96::10/128"), "{}", vips(&c));
+        let replies = tcp_probes(&c.pods[1], sa("fd00:96::10", 80), 10);
+        let n = counts(&replies);
+        assert_eq!(
+            (n.get("local6"), n.get("remote6")),
+            (Some(&5), Some(&5)),
+            "{n:?}"
+        );
+        assert!(replies.iter().all(|r| peer(r) == "fd00:10:244:1::3"));
+        let replies = tcp_probes(&c.ext, sa(NODE_IP6, 30080), 4);
+        assert_eq!(
+            names(&replies),
+            ["local6", "remote6"].map(String::from).into(),
+            "{replies:?}"
+        );
+        assert!(replies.iter().all(|r| peer(r) != EXT_IP6), "masqueraded");
     }
 
     #[test]

@@ -355,6 +355,21 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
         } else {
             self.applied.clone()
         };
+        if full {
+            // What we had applied and the kernel no longer has was removed behind our back.
+            for (key, a) in &self.applied {
+                stats.restored += match current.get(key) {
+                    None => 1 + a.dests.len(),
+                    Some(c) => a.dests.keys().filter(|d| !c.dests.contains_key(d)).count(),
+                };
+            }
+            if stats.restored > 0 {
+                tracing::warn!(
+                    restored = stats.restored,
+                    "IPVS virtual or real servers were removed by someone else; restoring them"
+                );
+            }
+        }
         let mut first_err: Option<Error> = None;
         let mut note = |r: Result<(), Error>, stats: &mut SyncStats| match r {
             Ok(()) => {
@@ -744,7 +759,8 @@ mod tests {
         };
         r.ipvs().add_service(&stale).unwrap();
         r.force_full_sync();
-        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        let st = r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        assert_eq!(st.restored, 2, "the virtual server and its real server");
         let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
         assert_eq!(
             keys,

@@ -118,6 +118,9 @@ pub struct SyncStats {
     pub ipvs_changes: usize,
     /// IPVS mode: virtual servers in place after the sync.
     pub virtual_servers: usize,
+    /// IPVS mode: virtual or real servers we had applied that a full sync found missing
+    /// (removed by someone else; IPVS sends no notifications) and restored.
+    pub restored: usize,
 }
 
 /// Keeps our tables in step with the model.
