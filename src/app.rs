@@ -222,15 +222,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             let links = NetlinkLinks::open().map_err(|e| AppError::Ipvs(e.to_string()))?;
             let links_port = links.port_id();
             remove_nftables_mode_table(&cfg);
-            let mut rec = IpvsReconciler::new(
-                ipvs,
-                links,
-                nft,
-                cfg.ipvs.clone(),
-                cfg.proxier.clone(),
-                cfg.detect_local.clone(),
-            )
-            .with_full_every(cfg.sync_period);
+            let mut rec = ipvs_reconciler(&cfg, ipvs, links, nft).with_full_every(cfg.sync_period);
             if let Some(ct) = conntrack {
                 rec = rec.with_conntrack(ct);
             }
@@ -352,6 +344,23 @@ async fn drive<B: Backend>(
     Ok(())
 }
 
+/// The IPVS backend over the kernel, as configured.
+fn ipvs_reconciler(
+    cfg: &Config,
+    ipvs: NetlinkIpvs,
+    links: NetlinkLinks,
+    nft: NetlinkNftables,
+) -> IpvsReconciler<NetlinkIpvs, NetlinkLinks, NetlinkNftables> {
+    IpvsReconciler::new(
+        ipvs,
+        links,
+        nft,
+        cfg.ipvs.clone(),
+        cfg.proxier.clone(),
+        cfg.detect_local.clone(),
+    )
+}
+
 /// `--cleanup`: removes what either mode created (our tables, our IPVS virtual servers and
 /// the dummy link) and upstream kube-proxy's nftables tables.
 fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
@@ -372,14 +381,7 @@ fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
     match NetlinkIpvs::open() {
         Ok(ipvs) => {
             let links = NetlinkLinks::open().map_err(|e| AppError::Ipvs(e.to_string()))?;
-            let mut rec = IpvsReconciler::new(
-                ipvs,
-                links,
-                nft,
-                cfg.ipvs.clone(),
-                cfg.proxier.clone(),
-                cfg.detect_local.clone(),
-            );
+            let mut rec = ipvs_reconciler(cfg, ipvs, links, nft);
             removed.extend(rec.cleanup().map_err(|e| AppError::Ipvs(e.to_string()))?);
             nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
         }
@@ -422,14 +424,7 @@ fn remove_ipvs_leftovers(cfg: &Config) {
     let (Ok(ipvs), Ok(nft)) = (NetlinkIpvs::open(), NetlinkNftables::open()) else {
         return;
     };
-    let mut rec = IpvsReconciler::new(
-        ipvs,
-        links,
-        nft,
-        cfg.ipvs.clone(),
-        cfg.proxier.clone(),
-        cfg.detect_local.clone(),
-    );
+    let mut rec = ipvs_reconciler(cfg, ipvs, links, nft);
     match rec.cleanup() {
         Ok(r) => r
             .into_iter()

@@ -247,3 +247,16 @@ impl OpenConn {
         Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
     }
 }
+
+/// How many replies each backend gave (non-answers counted under their debug form).
+pub fn tally(replies: &[Reply]) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for r in replies {
+        let k = match r {
+            Reply::Answered { name, .. } => name.clone(),
+            other => format!("{other:?}"),
+        };
+        *m.entry(k).or_default() += 1;
+    }
+    m
+}

@@ -53,11 +53,12 @@ fn ipvs_mode_in_a_vm() {
 }
 
 mod guest {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeSet;
     use std::time::{Duration, Instant};
 
     use netlink_tests::backend::{
-        tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
+        tally, tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe,
+        OpenConn, Reply,
     };
     use netlink_tests::cluster::{
         sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
@@ -110,20 +111,8 @@ mod guest {
         s
     }
 
-    fn counts(replies: &[Reply]) -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for r in replies {
-            let k = match r {
-                Reply::Answered { name, .. } => name.clone(),
-                other => format!("{other:?}"),
-            };
-            *m.entry(k).or_default() += 1;
-        }
-        m
-    }
-
     fn names(replies: &[Reply]) -> BTreeSet<String> {
-        counts(replies).into_keys().collect()
+        tally(replies).into_keys().collect()
     }
 
     fn peer(r: &Reply) -> String {
@@ -172,7 +161,7 @@ mod guest {
         assert!(vips(&c).contains("10.96.0.10/32"), "{}", vips(&c));
         // rr alternates exactly: 20 connections, 10 each.
         let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 20);
-        let n = counts(&replies);
+        let n = tally(&replies);
         assert_eq!(n.get("local"), Some(&10), "{n:?}");
         assert_eq!(n.get("remote"), Some(&10), "{n:?}");
         assert!(
@@ -180,7 +169,7 @@ mod guest {
             "pod source kept: {replies:?}"
         );
         let replies = tcp_probes(&c.ext, sa(NODE_IP, 30080), 10);
-        let n = counts(&replies);
+        let n = tally(&replies);
         assert_eq!(
             (n.get("local"), n.get("remote")),
             (Some(&5), Some(&5)),
@@ -227,7 +216,7 @@ mod guest {
         );
         assert!(vips(&c).contains("fd00:96::10/128"), "{}", vips(&c));
         let replies = tcp_probes(&c.pods[1], sa("fd00:96::10", 80), 10);
-        let n = counts(&replies);
+        let n = tally(&replies);
         assert_eq!(
             (n.get("local6"), n.get("remote6")),
             (Some(&5), Some(&5)),

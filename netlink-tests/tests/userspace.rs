@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use netlink_tests::backend::{
-    tcp_backend, tcp_probe, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
+    tally, tcp_backend, tcp_probe, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
 };
 use netlink_tests::cluster::{sa, yaml, Cluster, NODE_IP};
 
@@ -73,29 +73,17 @@ fn web_yaml(extra_spec: &str, eps: &[&str]) -> String {
     s
 }
 
-fn counts(replies: &[Reply]) -> BTreeMap<String, usize> {
-    let mut m = BTreeMap::new();
-    for r in replies {
-        let k = match r {
-            Reply::Answered { name, .. } => name.clone(),
-            other => format!("{other:?}"),
-        };
-        *m.entry(k).or_default() += 1;
-    }
-    m
-}
-
 #[test]
 fn serves_cluster_ip_and_node_port_round_robin_tcp_and_udp() {
     let c = web_cluster();
     let _d = c.start_daemon(&web_yaml("", &["10.244.1.2", "10.244.2.2"]), USERSPACE);
-    let n = counts(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10));
+    let n = tally(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10));
     assert_eq!(
         (n.get("local"), n.get("remote")),
         (Some(&5), Some(&5)),
         "round-robin: {n:?}"
     );
-    let n = counts(&tcp_probes(&c.ext, sa(NODE_IP, 30080), 10));
+    let n = tally(&tcp_probes(&c.ext, sa(NODE_IP, 30080), 10));
     assert_eq!(
         (n.get("local"), n.get("remote")),
         (Some(&5), Some(&5)),
@@ -132,9 +120,9 @@ fn affinity_and_external_policy_local() {
         ),
         USERSPACE,
     );
-    let n = counts(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 8));
+    let n = tally(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 8));
     assert_eq!(n.len(), 1, "ClientIP affinity sticks: {n:?}");
-    let n = counts(&tcp_probes(&c.ext, sa(NODE_IP, 30080), 6));
+    let n = tally(&tcp_probes(&c.ext, sa(NODE_IP, 30080), 6));
     assert_eq!(
         n.keys().collect::<Vec<_>>(),
         ["local"],
@@ -156,7 +144,7 @@ fn established_connection_survives_endpoint_change_and_listeners_follow_services
     c.write_manifests(&web_yaml("", &["10.244.2.2"]));
     let t0 = Instant::now();
     loop {
-        let n = counts(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4));
+        let n = tally(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4));
         if n.keys().collect::<Vec<_>>() == ["remote"] {
             break;
         }

@@ -131,6 +131,22 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
         cfg
     }
 
+    /// The addresses on our dummy link (`index`) and those on every other link.
+    fn split_addresses(
+        &mut self,
+        index: u32,
+    ) -> Result<(BTreeSet<IpAddr>, BTreeSet<IpAddr>), SyncError> {
+        let (mut bound, mut other) = (BTreeSet::new(), BTreeSet::new());
+        for a in self.links.addresses().map_err(link_err)? {
+            if a.index == index {
+                bound.insert(a.addr);
+            } else {
+                other.insert(a.addr);
+            }
+        }
+        Ok((bound, other))
+    }
+
     fn excluded(&self, a: &IpAddr) -> bool {
         self.cfg.exclude_cidrs.iter().any(|c| c.contains(a))
     }
@@ -199,17 +215,8 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
                 })?
             }
         };
-        let addrs = self.links.addresses().map_err(link_err)?;
-        let bound: BTreeSet<IpAddr> = addrs
-            .iter()
-            .filter(|a| a.index == link.index)
-            .map(|a| a.addr)
-            .collect();
-        let local: Vec<IpAddr> = addrs
-            .iter()
-            .filter(|a| a.index != link.index)
-            .map(|a| a.addr)
-            .collect();
+        let (bound, local) = self.split_addresses(link.index)?;
+        let local: Vec<IpAddr> = local.into_iter().collect();
         let node_addrs = nodeport_addresses(
             &local,
             &self.proxier.nodeport_addresses,
@@ -496,17 +503,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
         let mut removed = Vec::new();
         let name = self.cfg.dummy_link.clone();
         if let Some(link) = self.links.link(&name).map_err(link_err)? {
-            let addrs = self.links.addresses().map_err(link_err)?;
-            let bound: BTreeSet<IpAddr> = addrs
-                .iter()
-                .filter(|a| a.index == link.index)
-                .map(|a| a.addr)
-                .collect();
-            let node: BTreeSet<IpAddr> = addrs
-                .iter()
-                .filter(|a| a.index != link.index)
-                .map(|a| a.addr)
-                .collect();
+            let (bound, node) = self.split_addresses(link.index)?;
             let mut n = 0;
             for vs in self.ipvs.services().map_err(ipvs_err)? {
                 let ours = bound.contains(&vs.addr)
