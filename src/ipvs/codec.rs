@@ -55,18 +55,10 @@ const CTRL_CMD_GETFAMILY: u8 = 3;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
 const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
-fn af(a: &IpAddr) -> u16 {
-    match a {
-        IpAddr::V4(_) => libc::AF_INET as u16,
-        IpAddr::V6(_) => libc::AF_INET6 as u16,
-    }
-}
+use crate::netlink::msg::ip_bytes as addr_bytes;
 
-fn addr_bytes(a: &IpAddr) -> Vec<u8> {
-    match a {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
-    }
+fn af(a: &IpAddr) -> u16 {
+    crate::netlink::msg::af(a).into()
 }
 
 fn begin(w: &mut MsgWriter, family: u16, cmd: u8, flags: u16, seq: u32, version: u8) {

@@ -18,6 +18,22 @@ pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
 pub const NLM_F_APPEND: u16 = 0x800;
 
+/// An address as netlink carries it: 4 or 16 bytes, network order.
+pub fn ip_bytes(a: &std::net::IpAddr) -> Vec<u8> {
+    match a {
+        std::net::IpAddr::V4(v) => v.octets().to_vec(),
+        std::net::IpAddr::V6(v) => v.octets().to_vec(),
+    }
+}
+
+/// The address family of an address (`AF_INET` or `AF_INET6`).
+pub fn af(a: &std::net::IpAddr) -> u8 {
+    match a {
+        std::net::IpAddr::V4(_) => libc::AF_INET as u8,
+        std::net::IpAddr::V6(_) => libc::AF_INET6 as u8,
+    }
+}
+
 fn align4(n: usize) -> usize {
     (n + 3) & !3
 }

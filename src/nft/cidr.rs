@@ -33,12 +33,7 @@ fn mask_bytes(len: usize, prefix: u8) -> Vec<u8> {
         .collect()
 }
 
-fn addr_bytes(a: &IpAddr) -> Vec<u8> {
-    match a {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
-    }
-}
+use crate::netlink::msg::ip_bytes as addr_bytes;
 
 fn from_bytes(v4: bool, b: &[u8]) -> IpAddr {
     if v4 {

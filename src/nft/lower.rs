@@ -1,7 +1,6 @@
 //! Lowers typed [`Expr`]essions to the kernel's register-machine expressions ([`KExpr`]),
 //! the form that nfnetlink carries and that the kernel lists back. Pure.
 
-use std::net::IpAddr;
 
 use super::{CmpOp, Expr, Family, Field, KeyValue, Verdict};
 
@@ -178,13 +177,7 @@ fn u32_host(v: u32) -> Vec<u8> {
     v.to_ne_bytes().to_vec()
 }
 
-/// The bytes of an address as the kernel stores it.
-pub fn ip_bytes(a: &IpAddr) -> Vec<u8> {
-    match a {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
-    }
-}
+pub use crate::netlink::msg::ip_bytes;
 
 /// Encodes a set key: each component in its own 32-bit-aligned slot.
 pub fn key_bytes(key: &[KeyValue]) -> Vec<u8> {

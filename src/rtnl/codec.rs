@@ -47,19 +47,7 @@ pub struct IfAddr {
     pub prefix_len: u8,
 }
 
-fn family_of(a: &IpAddr) -> u8 {
-    match a {
-        IpAddr::V4(_) => libc::AF_INET as u8,
-        IpAddr::V6(_) => libc::AF_INET6 as u8,
-    }
-}
-
-fn addr_bytes(a: &IpAddr) -> Vec<u8> {
-    match a {
-        IpAddr::V4(v) => v.octets().to_vec(),
-        IpAddr::V6(v) => v.octets().to_vec(),
-    }
-}
+use crate::netlink::msg::{af as family_of, ip_bytes as addr_bytes};
 
 /// `struct ifinfomsg` (16 bytes).
 fn ifinfomsg(w: &mut MsgWriter, index: u32) {
