@@ -6,16 +6,16 @@
 //! nftables mode. Pure.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::model::{ProxyState, ServicePortName};
+use crate::model::{NodeInfo, ProxyState, ServicePortName};
 use crate::nft::{
-    Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Set, Table,
+    Chain, ChainType, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Set, Table,
     Verdict,
 };
 use crate::proxier::names::firewall_chain;
-use crate::proxier::{Fragment, LocalDetector, ProxierConfig, Ruleset};
+use crate::proxier::plan::{addr_key, from_pod, nodeport_guards, port_key};
+use crate::proxier::{Fragment, ProxierConfig, Ruleset};
 
 use super::plan::{IpvsPlan, VsKind};
 
@@ -46,12 +46,6 @@ const PRE_IPVS: i32 = -110;
 const DSTNAT: i32 = -100;
 const SRCNAT: i32 = 100;
 
-pub fn addr_key() -> Vec<Field> {
-    vec![Field::Daddr, Field::L4Proto, Field::Dport]
-}
-pub fn port_key() -> Vec<Field> {
-    vec![Field::L4Proto, Field::Dport]
-}
 fn jump(c: &str) -> Expr {
     Expr::Verdict(Verdict::Jump(c.into()))
 }
@@ -63,48 +57,8 @@ fn in_set(key: Vec<Field>, set: &str) -> Expr {
     }
 }
 
-pub fn nodeport_guard(family: Family) -> Vec<Expr> {
-    let loopback: Cidr = match family {
-        Family::Ip => "127.0.0.0/8".parse().expect("static"),
-        Family::Ip6 => "::1".parse().expect("static"),
-    };
-    vec![
-        Expr::FibLocal(Field::Daddr),
-        Expr::Addr {
-            field: Field::Daddr,
-            op: CmpOp::Neq,
-            value: loopback,
-        },
-    ]
-}
-
-/// "Not from a pod on this node", per the local traffic detector (`None`: cannot tell).
-fn not_from_pod(cfg: &ProxierConfig, family: Family) -> Option<Expr> {
-    match &cfg.local_detector {
-        LocalDetector::Cidrs(c) => c
-            .iter()
-            .find(|c| c.is_ipv4() == (family == Family::Ip))
-            .map(|c| Expr::Addr {
-                field: Field::Saddr,
-                op: CmpOp::Neq,
-                value: *c,
-            }),
-        LocalDetector::Bridge(name) => Some(Expr::IifName {
-            name: name.clone(),
-            prefix: false,
-            op: CmpOp::Neq,
-        }),
-        LocalDetector::InterfacePrefix(p) => Some(Expr::IifName {
-            name: p.clone(),
-            prefix: true,
-            op: CmpOp::Neq,
-        }),
-        LocalDetector::None => None,
-    }
-}
-
 /// The static part: base chains, dispatch chains, sets and maps.
-pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
+pub fn build_base(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Fragment {
     use ChainType::{Filter, Nat};
     let mut f = Fragment::default();
     let r = |chain: &str, exprs: Vec<Expr>| Rule::new(chain, exprs);
@@ -114,31 +68,41 @@ pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
             vec![r(name, vec![Expr::CtStateNew, jump(SERVICE_CHECKS)])],
         );
     }
-    let mut np = nodeport_guard(family);
-    np.push(Expr::Vmap {
-        key: port_key(),
-        map: NO_ENDPOINT_NODEPORTS.into(),
-    });
-    f.chain(
-        Chain::regular(SERVICE_CHECKS),
-        vec![
-            r(
-                SERVICE_CHECKS,
-                vec![Expr::Vmap {
-                    key: addr_key(),
-                    map: FIREWALL_IPS.into(),
-                }],
-            ),
-            r(
-                SERVICE_CHECKS,
-                vec![Expr::Vmap {
-                    key: addr_key(),
-                    map: NO_ENDPOINT_SERVICES.into(),
-                }],
-            ),
-            r(SERVICE_CHECKS, np),
-        ],
-    );
+    let guards = nodeport_guards(cfg, node, family);
+    let guarded = |chain: &str, tail: Vec<Expr>| -> Vec<Rule> {
+        guards
+            .iter()
+            .map(|g| {
+                let mut e = g.clone();
+                e.extend(tail.iter().cloned());
+                Rule::new(chain, e)
+            })
+            .collect()
+    };
+    let mut checks = vec![
+        r(
+            SERVICE_CHECKS,
+            vec![Expr::Vmap {
+                key: addr_key(),
+                map: FIREWALL_IPS.into(),
+            }],
+        ),
+        r(
+            SERVICE_CHECKS,
+            vec![Expr::Vmap {
+                key: addr_key(),
+                map: NO_ENDPOINT_SERVICES.into(),
+            }],
+        ),
+    ];
+    checks.extend(guarded(
+        SERVICE_CHECKS,
+        vec![Expr::Vmap {
+            key: port_key(),
+            map: NO_ENDPOINT_NODEPORTS.into(),
+        }],
+    ));
+    f.chain(Chain::regular(SERVICE_CHECKS), checks);
     for (name, hook) in [
         (NAT_PREROUTING, Hook::Prerouting),
         (NAT_OUTPUT, Hook::Output),
@@ -152,7 +116,7 @@ pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
     let to_cluster_ip = in_set(addr_key(), CLUSTER_IPS);
     if cfg.masquerade_all {
         services.push(r(SERVICES, vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)]));
-    } else if let Some(not_pod) = not_from_pod(cfg, family) {
+    } else if let Some(not_pod) = from_pod(&cfg.local_detector, family, CmpOp::Neq) {
         services.push(
             r(
                 SERVICES,
@@ -165,10 +129,10 @@ pub fn build_base(cfg: &ProxierConfig, family: Family) -> Fragment {
         SERVICES,
         vec![in_set(addr_key(), EXTERNAL_IPS), jump(MARK_FOR_MASQUERADE)],
     ));
-    let mut np = nodeport_guard(family);
-    np.push(in_set(port_key(), NODEPORTS));
-    np.push(jump(MARK_FOR_MASQUERADE));
-    services.push(r(SERVICES, np));
+    services.extend(guarded(
+        SERVICES,
+        vec![in_set(port_key(), NODEPORTS), jump(MARK_FOR_MASQUERADE)],
+    ));
     f.chain(Chain::regular(SERVICES), services);
     let mark = cfg.masquerade_mark();
     f.chain(
@@ -361,16 +325,11 @@ pub fn build_ruleset(
         name: cfg.table.clone(),
         comment: Some(crate::proxier::names::TABLE_COMMENT.into()),
     };
-    let mut rs = Ruleset::new(table, build_base(cfg, family));
+    let mut rs = Ruleset::new(table, build_base(cfg, &state.node, family));
     for (name, frag) in build_services(state, plan, family) {
         rs.set_service(&name, Some(Arc::new(frag)));
     }
     rs
-}
-
-/// Whether `addr` belongs to this table's family.
-pub fn of_family(addr: &IpAddr, family: Family) -> bool {
-    addr.is_ipv4() == (family == Family::Ip)
 }
 
 #[cfg(test)]
@@ -381,6 +340,7 @@ mod tests {
     use crate::nft::fake::FakeNftables;
     use crate::nft::Nftables;
     use crate::proxier::plan_transaction;
+    use crate::proxier::LocalDetector;
 
     fn spn(name: &str) -> ServicePortName {
         ServicePortName {
@@ -390,7 +350,7 @@ mod tests {
             protocol: Protocol::Tcp,
         }
     }
-    fn ip(s: &str) -> IpAddr {
+    fn ip(s: &str) -> std::net::IpAddr {
         s.parse().unwrap()
     }
 

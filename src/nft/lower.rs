@@ -1,7 +1,6 @@
 //! Lowers typed [`Expr`]essions to the kernel's register-machine expressions ([`KExpr`]),
 //! the form that nfnetlink carries and that the kernel lists back. Pure.
 
-
 use super::{CmpOp, Expr, Family, Field, KeyValue, Verdict};
 
 /// The verdict register.

@@ -31,11 +31,36 @@ fn jump(c: &str) -> Expr {
 fn goto(c: &str) -> Expr {
     Expr::Verdict(Verdict::Goto(c.into()))
 }
-fn addr_key() -> Vec<Field> {
+/// The key of the per-address maps: `ip daddr . meta l4proto . th dport`.
+pub fn addr_key() -> Vec<Field> {
     vec![Field::Daddr, Field::L4Proto, Field::Dport]
 }
-fn port_key() -> Vec<Field> {
+/// The key of the NodePort maps: `meta l4proto . th dport`.
+pub fn port_key() -> Vec<Field> {
     vec![Field::L4Proto, Field::Dport]
+}
+
+/// "From a pod on this node" (`op` Eq) or not (Neq), per the local-traffic detector;
+/// `None` when traffic cannot be told apart.
+pub fn from_pod(detector: &LocalDetector, family: Family, op: CmpOp) -> Option<Expr> {
+    match detector {
+        LocalDetector::Cidrs(c) => cidrs_of(c, family).first().map(|c| Expr::Addr {
+            field: Field::Saddr,
+            op,
+            value: *c,
+        }),
+        LocalDetector::Bridge(name) => Some(Expr::IifName {
+            name: name.clone(),
+            prefix: false,
+            op,
+        }),
+        LocalDetector::InterfacePrefix(p) => Some(Expr::IifName {
+            name: p.clone(),
+            prefix: true,
+            op,
+        }),
+        LocalDetector::None => None,
+    }
 }
 
 fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
@@ -53,7 +78,7 @@ fn cidrs_of(c: &[Cidr], family: Family) -> Vec<Cidr> {
 }
 
 /// The rules guarding NodePort lookups: which destination addresses count as "this node".
-fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Vec<Vec<Expr>> {
+pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Vec<Vec<Expr>> {
     let loopback: Cidr = match family {
         Family::Ip => "127.0.0.0/8".parse().expect("static"),
         Family::Ip6 => "::1".parse().expect("static"),
@@ -431,26 +456,7 @@ fn service_port_rules(
         firewall: fw,
     } = ServiceChains::new(spn);
     // "From a local pod": a source prefix, or an input interface.
-    let from_pod = |op: CmpOp| -> Option<Expr> {
-        match &cfg.local_detector {
-            LocalDetector::Cidrs(c) => cidrs_of(c, family).first().map(|c| Expr::Addr {
-                field: Field::Saddr,
-                op,
-                value: *c,
-            }),
-            LocalDetector::Bridge(name) => Some(Expr::IifName {
-                name: name.clone(),
-                prefix: false,
-                op,
-            }),
-            LocalDetector::InterfacePrefix(p) => Some(Expr::IifName {
-                name: p.clone(),
-                prefix: true,
-                op,
-            }),
-            LocalDetector::None => None,
-        }
-    };
+    let from_pod = |op: CmpOp| from_pod(&cfg.local_detector, family, op);
 
     for ep in &cat.all_reachable {
         rs.element(Element {

@@ -13,15 +13,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ipvs::table::{
-    addr_key, element, nodeport_guard, port_key, source_range_firewall, FIREWALL_IPS,
-};
+use crate::ipvs::table::{element, source_range_firewall, FIREWALL_IPS};
 use crate::model::topology::categorize_family;
 use crate::model::{Protocol, ProxyState, ServicePortName};
 use crate::nft::{
     self, Chain, ChainType, Expr, Family, Hook, KeyValue, Nftables, Rule, Set, Table, Verdict,
 };
 use crate::proxier::names::{userspace_chain, TABLE_COMMENT};
+use crate::proxier::plan::{addr_key, nodeport_guards, port_key};
 use crate::proxier::{plan_transaction, Existing, Fragment, ProxierConfig, Ruleset};
 use crate::sync::{SyncError, SyncStats};
 
@@ -115,7 +114,7 @@ fn vmap(key: Vec<nft::Field>, map: &str) -> Expr {
 }
 
 /// The static part of the table.
-pub fn build_base(family: Family) -> Fragment {
+pub fn build_base(cfg: &ProxierConfig, node: &crate::model::NodeInfo, family: Family) -> Fragment {
     use ChainType::{Filter, Nat};
     let mut f = Fragment::default();
     let r = |chain: &str, exprs: Vec<Expr>| Rule::new(chain, exprs);
@@ -130,16 +129,27 @@ pub fn build_base(family: Family) -> Fragment {
             vec![r(name, vec![Expr::CtStateNew, jump(SERVICE_CHECKS)])],
         );
     }
-    let mut np = nodeport_guard(family);
-    np.push(vmap(port_key(), NO_ENDPOINT_NODEPORTS));
-    f.chain(
-        Chain::regular(SERVICE_CHECKS),
-        vec![
-            r(SERVICE_CHECKS, vec![vmap(addr_key(), FIREWALL_IPS)]),
-            r(SERVICE_CHECKS, vec![vmap(addr_key(), NO_ENDPOINT_SERVICES)]),
-            r(SERVICE_CHECKS, np),
-        ],
-    );
+    // NodePorts only on the addresses `nodePortAddresses` allows (one rule per guard).
+    let guards = nodeport_guards(cfg, node, family);
+    let guarded = |chain: &str, tail: Expr| -> Vec<Rule> {
+        guards
+            .iter()
+            .map(|g| {
+                let mut e = g.clone();
+                e.push(tail.clone());
+                Rule::new(chain, e)
+            })
+            .collect()
+    };
+    let mut checks = vec![
+        r(SERVICE_CHECKS, vec![vmap(addr_key(), FIREWALL_IPS)]),
+        r(SERVICE_CHECKS, vec![vmap(addr_key(), NO_ENDPOINT_SERVICES)]),
+    ];
+    checks.extend(guarded(
+        SERVICE_CHECKS,
+        vmap(port_key(), NO_ENDPOINT_NODEPORTS),
+    ));
+    f.chain(Chain::regular(SERVICE_CHECKS), checks);
     for (name, hook) in [
         (NAT_PREROUTING, Hook::Prerouting),
         (NAT_OUTPUT, Hook::Output),
@@ -149,15 +159,9 @@ pub fn build_base(family: Family) -> Fragment {
             vec![r(name, vec![jump(SERVICES)])],
         );
     }
-    let mut np = nodeport_guard(family);
-    np.push(vmap(port_key(), SERVICE_NODEPORTS));
-    f.chain(
-        Chain::regular(SERVICES),
-        vec![
-            r(SERVICES, vec![vmap(addr_key(), SERVICE_IPS)]),
-            r(SERVICES, np),
-        ],
-    );
+    let mut services = vec![r(SERVICES, vec![vmap(addr_key(), SERVICE_IPS)])];
+    services.extend(guarded(SERVICES, vmap(port_key(), SERVICE_NODEPORTS)));
+    f.chain(Chain::regular(SERVICES), services);
     f.chain(
         Chain::regular(REJECT_CHAIN),
         vec![r(REJECT_CHAIN, vec![Expr::Reject])],
@@ -351,7 +355,7 @@ impl<N: Nftables> UserspaceProxier<N> {
                 name: self.cfg.table.clone(),
                 comment: Some(TABLE_COMMENT.into()),
             };
-            let mut rs = Ruleset::new(table, build_base(family));
+            let mut rs = Ruleset::new(table, build_base(&self.cfg, &state.node, family));
             for spn in state.services.keys() {
                 if let Some(frag) = build_service(state, spn, &ports, family) {
                     if frag != Fragment::default() {
@@ -492,6 +496,27 @@ mod tests {
             .endpoints
             .is_empty());
         assert!(!want.contains_key(&key("empty", Protocol::Udp, true)));
+    }
+
+    #[tokio::test]
+    async fn node_ports_follow_nodeport_addresses() {
+        let mut p = UserspaceProxier::new(
+            FakeNftables::default(),
+            ProxierConfig {
+                table: "t".into(),
+                nodeport_addresses: crate::proxier::NodePortAddresses::Cidrs(vec![
+                    "192.168.50.0/24".parse().unwrap(),
+                ]),
+                ..Default::default()
+            },
+        );
+        p.sync(&sample()).unwrap();
+        let dump = p.backend().dump(Family::Ip, "t");
+        assert!(
+            dump.contains("fib daddr type local ip daddr 192.168.50.0/24 meta l4proto . th dport vmap @service-nodeports"),
+            "{dump}"
+        );
+        assert!(!dump.contains("ip daddr != 127.0.0.0/8"), "{dump}");
     }
 
     #[tokio::test]
