@@ -360,7 +360,8 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsReconciler<I, L, N> {
         let current = if full {
             self.list_owned(plan, bound, node_addrs).map_err(ipvs_err)?
         } else {
-            self.applied.clone()
+            // Rebuilt below as `next`; no need to copy every virtual server each sync.
+            std::mem::take(&mut self.applied)
         };
         if full {
             // What we had applied and the kernel no longer has was removed behind our back.

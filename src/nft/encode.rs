@@ -675,3 +675,76 @@ pub fn encode_table_dump(family: Family, seq: u32) -> Vec<u8> {
     w.end_msg();
     w.into_bytes()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::msg::{parse_msgs, Attrs};
+    use crate::nft::{KeyValue, Transaction};
+
+    fn el(set: &str, i: u8) -> Element {
+        Element {
+            set: set.into(),
+            key: vec![KeyValue::Addr(std::net::Ipv4Addr::new(10, 0, 0, i).into())],
+            verdict: None,
+            target: None,
+            comment: None,
+        }
+    }
+
+    fn elements_per_message(b: &Batch) -> Vec<(u16, usize)> {
+        parse_msgs(&b.bytes)
+            .unwrap()
+            .iter()
+            .filter(|m| m.ty & 0xff == NFT_MSG_NEWSETELEM || m.ty & 0xff == NFT_MSG_DELSETELEM)
+            .map(|m| {
+                let list = Attrs::new(&m.payload[4..])
+                    .get(NFTA_SET_ELEM_LIST_ELEMENTS)
+                    .unwrap();
+                (m.ty & 0xff, list.nested().count())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn consecutive_elements_of_a_set_share_a_message() {
+        let mut tx = Transaction::new(Family::Ip, "t");
+        for i in 0..3 {
+            tx.add(el("a", i));
+        }
+        tx.add(el("b", 9));
+        tx.delete(el("a", 1));
+        tx.delete(el("a", 2));
+        let b = encode_transaction(&tx, 1);
+        assert_eq!(
+            elements_per_message(&b),
+            [
+                (NFT_MSG_NEWSETELEM, 3),
+                (NFT_MSG_NEWSETELEM, 1),
+                (NFT_MSG_DELSETELEM, 2)
+            ]
+        );
+        assert_eq!(b.descriptions[0], "add 3 elements of a");
+        assert_eq!(b.describe(b.first_seq + 2), Some("add element of b"));
+    }
+
+    #[test]
+    fn element_messages_stay_under_the_attribute_limit() {
+        let mut tx = Transaction::new(Family::Ip, "t");
+        for i in 0..5000u32 {
+            let mut e = el("a", 0);
+            e.key = vec![KeyValue::Addr(std::net::Ipv4Addr::from(i).into())];
+            e.comment = Some("ns/some-service:port".into());
+            tx.add(e);
+        }
+        let per = elements_per_message(&encode_transaction(&tx, 1));
+        assert!(per.len() > 1, "split: {per:?}");
+        assert_eq!(per.iter().map(|(_, n)| n).sum::<usize>(), 5000);
+        for m in parse_msgs(&encode_transaction(&tx, 1).bytes).unwrap() {
+            assert!(
+                m.payload.len() < 64 << 10,
+                "a nested attribute holds at most 64 KiB"
+            );
+        }
+    }
+}

@@ -86,6 +86,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn about_one_map_per_32_services_up_to_the_limit() {
+        assert_eq!(SlotAllocator::for_services(0).maps(), 1);
+        assert_eq!(SlotAllocator::for_services(40).maps(), 1);
+        assert_eq!(SlotAllocator::for_services(1000).maps(), 32);
+        assert_eq!(SlotAllocator::for_services(10_000).maps(), 256);
+        assert_eq!(SlotAllocator::for_services(30_000).maps(), 256);
+        let s = SlotAllocator::for_services(10_000);
+        assert_eq!(s.map_for("service-X"), s.map_for("service-X"), "stable");
+    }
+
+    #[test]
     fn blocks_are_stable_reused_and_disjoint() {
         let mut s = SlotAllocator::new();
         let a = s.assign("a", 3);
