@@ -43,8 +43,8 @@ fn main() -> std::process::ExitCode {
     };
     match rt.block_on(kube_nlproxy::app::run(cfg)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(kube_nlproxy::app::AppError::Usage(m)) => {
-            eprintln!("kube-nlproxy: {m}");
+        Err(e) if e.is_usage() => {
+            eprintln!("kube-nlproxy: {e}");
             std::process::ExitCode::from(2)
         }
         Err(e) => {

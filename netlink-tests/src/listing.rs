@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use kube_nlproxy::nft::lower::KExpr;
-use kube_nlproxy::nft::netlink::NetlinkNftables;
-use kube_nlproxy::nft::{Family, Nftables, Verdict};
+use kube_nlproxy::kernel::nft::lower::KExpr;
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::kernel::nft::{Family, Nftables, Verdict};
 
 /// Chains (sorted), rules per chain (in order), elements per set (sorted).
 pub type Listing = (

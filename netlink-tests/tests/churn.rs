@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube_nlproxy::nft::netlink::NetlinkNftables;
-use kube_nlproxy::nft::Family;
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::kernel::nft::Family;
 use netlink_tests::cluster::proxy_bin;
 use netlink_tests::listing::kernel_listing;
 use netlink_tests::ns::{require_root, NetNs};

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube_nlproxy::conntrack::ctnetlink::NetlinkConntrack;
-use kube_nlproxy::conntrack::{Conntrack, Flow};
-use kube_nlproxy::nft::Family;
+use kube_nlproxy::kernel::conntrack::ctnetlink::NetlinkConntrack;
+use kube_nlproxy::kernel::conntrack::{Conntrack, Flow};
+use kube_nlproxy::kernel::nft::Family;
 use netlink_tests::backend::udp_backend;
 use netlink_tests::cluster::{sa, yaml, Cluster, NODE_IP};
 

@@ -3,10 +3,10 @@
 //! ip_vs; the IPVS mode's own tests need the VM harness of issue #6).
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
-use kube_nlproxy::ipvs::codec::{
+use kube_nlproxy::kernel::ipvs::codec::{
     decode_family_id, encode_get_family, GENL_ID_CTRL, IPVS_GENL_NAME,
 };
-use kube_nlproxy::netlink::socket::{NetlinkSocket, NETLINK_GENERIC};
+use kube_nlproxy::kernel::netlink::socket::{NetlinkSocket, NETLINK_GENERIC};
 use netlink_tests::ns::{require_root, NetNs};
 
 #[test]

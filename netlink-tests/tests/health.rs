@@ -7,16 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube_nlproxy::admin::{self, Hooks, Shared};
+use kube_nlproxy::app::hooks::Hooks;
 use kube_nlproxy::config::DetectLocal;
-use kube_nlproxy::health::ProxyHealth;
-use kube_nlproxy::metrics::Metrics;
+use kube_nlproxy::kernel::nft::decode::ListedTable;
+use kube_nlproxy::kernel::nft::{Error, FakeNftables, Family, Nftables, Transaction};
 use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
-use kube_nlproxy::nft::decode::ListedTable;
-use kube_nlproxy::nft::{Error, FakeNftables, Family, Nftables, Transaction};
-use kube_nlproxy::proxier::ProxierConfig;
-use kube_nlproxy::sync::runner::{run, Timing};
-use kube_nlproxy::sync::Syncer;
+use kube_nlproxy::modes::nftables::NftablesProxier;
+use kube_nlproxy::proxy::runner::{run, Timing};
+use kube_nlproxy::proxy::ProxierConfig;
+use kube_nlproxy::serve::admin::{self, Shared};
+use kube_nlproxy::serve::metrics::Metrics;
+use kube_nlproxy::serve::proxy_health::ProxyHealth;
 use tokio::sync::watch;
 
 /// The fake kernel, with a switch that makes every transaction fail.
@@ -141,7 +142,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         fake: FakeNftables::new(),
         fail: fail.clone(),
     };
-    let syncer = Syncer::new(
+    let syncer = NftablesProxier::new(
         backend,
         ProxierConfig::default(),
         DetectLocal::ClusterCidr(vec![]),

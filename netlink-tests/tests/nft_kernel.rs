@@ -3,8 +3,8 @@
 //! rendered as text (nft is a test-time oracle only).
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
-use kube_nlproxy::nft::netlink::NetlinkNftables;
-use kube_nlproxy::nft::{
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::kernel::nft::{
     render, Chain, ChainType, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Nftables, Rule,
     Set, Table, Transaction, Verdict,
 };
@@ -247,9 +247,9 @@ fn rules_list_back_as_encoded() {
         .ops
         .iter()
         .filter_map(|o| match o.object() {
-            kube_nlproxy::nft::Object::Rule(r) => {
-                Some(kube_nlproxy::nft::lower::lower(&r.exprs, Family::Ip))
-            }
+            kube_nlproxy::kernel::nft::Object::Rule(r) => Some(
+                kube_nlproxy::kernel::nft::lower::lower(&r.exprs, Family::Ip),
+            ),
             _ => None,
         })
         .collect();
@@ -413,7 +413,7 @@ fn big_tx(table: &str, n: u32) -> Transaction {
 /// after, and a change slipped into the pause is reported as missed.
 #[test]
 fn large_batches_pause_the_monitor_and_report_what_it_missed() {
-    use kube_nlproxy::nft::monitor::Monitor;
+    use kube_nlproxy::kernel::nft::monitor::Monitor;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     use std::sync::Arc;
     require_root();

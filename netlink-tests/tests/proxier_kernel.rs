@@ -6,14 +6,14 @@
 use std::collections::BTreeMap;
 
 use kube_nlproxy::config::DetectLocal;
+use kube_nlproxy::kernel::nft::lower::{key_bytes, lower};
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::kernel::nft::{FakeNftables, Family, Nftables};
 use kube_nlproxy::model::convert::build_state;
 use kube_nlproxy::model::ProxyState;
-use kube_nlproxy::nft::lower::{key_bytes, lower};
-use kube_nlproxy::nft::netlink::NetlinkNftables;
-use kube_nlproxy::nft::{FakeNftables, Family, Nftables};
-use kube_nlproxy::proxier::{names, LocalDetector, ProxierConfig};
+use kube_nlproxy::modes::nftables::NftablesProxier;
+use kube_nlproxy::proxy::{names, LocalDetector, ProxierConfig};
 use kube_nlproxy::source::manifest;
-use kube_nlproxy::sync::Syncer;
 use netlink_tests::ns::{require_root, NetNs};
 
 use netlink_tests::listing::Listing;
@@ -87,15 +87,16 @@ fn kernel_and_fake_agree_through_full_and_partial_syncs() {
     let ns = NetNs::new("pk");
     ns.run(|| {
         let mut st = example_state();
-        let mut k = Syncer::new(
+        let mut k = NftablesProxier::new(
             NetlinkNftables::open().unwrap(),
             cfg(),
             DetectLocal::ClusterCidr(vec![]),
         );
-        let mut f = Syncer::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
+        let mut f =
+            NftablesProxier::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
         k.sync(&st).unwrap();
         f.sync(&st).unwrap();
-        compare(k.backend(), f.backend(), "after the full sync");
+        compare(k.nft(), f.nft(), "after the full sync");
         // Change one endpoint and drop a Service: partial syncs on both.
         let web = st
             .services
@@ -115,7 +116,7 @@ fn kernel_and_fake_agree_through_full_and_partial_syncs() {
         for _ in 0..2 {
             assert!(!k.sync(&st).unwrap().full);
             f.sync(&st).unwrap();
-            compare(k.backend(), f.backend(), "after partial syncs");
+            compare(k.nft(), f.nft(), "after partial syncs");
         }
     });
 }
@@ -130,14 +131,14 @@ fn ten_thousand_services_sync_in_one_batch() {
     let ns = NetNs::new("big");
     let (rules, chains, slots) = ns.run(|| {
         let st = big_state(10_000, 10);
-        let mut k = Syncer::new(
+        let mut k = NftablesProxier::new(
             NetlinkNftables::open().unwrap(),
             cfg(),
             DetectLocal::ClusterCidr(vec![]),
         );
         let stats = k.sync(&st).unwrap();
         assert!(stats.ops[&Family::Ip] > 100_000, "{:?}", stats.ops);
-        let n = k.backend();
+        let n = k.nft();
         (
             n.list_rules(Family::Ip, names::DEFAULT_TABLE)
                 .unwrap()

@@ -3,13 +3,14 @@
 
 pub mod convert;
 pub mod fixtures;
+pub mod net;
 pub mod topology;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::nft::Cidr;
+use crate::kernel::nft::Cidr;
 
 /// L4 protocol of a service port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

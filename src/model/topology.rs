@@ -142,6 +142,27 @@ pub fn categorize_endpoints(
     out
 }
 
+/// Service ports whose Local policy finds no local endpoint: (internal, external), for the
+/// `sync_proxy_rules_no_local_endpoints_total` gauge.
+pub fn count_no_local_endpoints(state: &super::ProxyState) -> (usize, usize) {
+    let (mut internal, mut external) = (0, 0);
+    let none = Vec::new();
+    for (spn, sp) in &state.services {
+        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let cat = categorize_endpoints(eps, sp, &state.node.name, state.node.zone());
+        if !cat.has_any || !cat.local.is_empty() {
+            continue;
+        }
+        if sp.internal_policy_local {
+            internal += 1;
+        }
+        if sp.external_policy_local {
+            external += 1;
+        }
+    }
+    (internal, external)
+}
+
 #[cfg(test)]
 mod tests {
     //! Cases ported from upstream's `pkg/proxy/topology_test.go`. IP conventions: endpoints

@@ -15,12 +15,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kube_nlproxy::config::DetectLocal;
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::kernel::nft::render;
 use kube_nlproxy::model::fixtures::synthetic_state;
 use kube_nlproxy::model::{Protocol, ProxyState};
-use kube_nlproxy::nft::netlink::NetlinkNftables;
-use kube_nlproxy::nft::render;
-use kube_nlproxy::proxier::{build_ruleset, plan_full, LocalDetector, ProxierConfig};
-use kube_nlproxy::sync::Syncer;
+use kube_nlproxy::modes::nftables::build_ruleset;
+use kube_nlproxy::modes::nftables::NftablesProxier;
+use kube_nlproxy::proxy::{plan_full, LocalDetector, ProxierConfig};
 use netlink_tests::baseline::{cluster_ip, endpoint_ip, upstream_iptables, upstream_nft};
 use netlink_tests::cluster::proxy_bin;
 use netlink_tests::ns::{require_root, sh, NetNs};
@@ -105,7 +106,7 @@ fn ours_full(n: usize) -> Duration {
     // The daemon hands the syncer a shared snapshot; so does the bench.
     let st = std::sync::Arc::new(state(n));
     ns.run(move || {
-        let mut s = Syncer::new(
+        let mut s = NftablesProxier::new(
             NetlinkNftables::open().unwrap(),
             cfg(),
             DetectLocal::ClusterCidr(vec![]),
@@ -121,7 +122,7 @@ fn full_sync_rows(rows: &mut Vec<Row>, sizes: &[usize], upstream_sizes: &[usize]
         let ours = ours_full(n);
         let text = render::transaction(
             &plan_full(
-                &build_ruleset(&state(n), &cfg(), kube_nlproxy::nft::Family::Ip),
+                &build_ruleset(&state(n), &cfg(), kube_nlproxy::kernel::nft::Family::Ip),
                 None,
                 &[],
             )
@@ -195,7 +196,7 @@ fn partial_row(rows: &mut Vec<Row>, n: usize) {
         std::sync::Arc::new(y.clone()),
     );
     let mut times = ns.run(move || {
-        let mut s = Syncer::new(
+        let mut s = NftablesProxier::new(
             NetlinkNftables::open().unwrap(),
             cfg(),
             DetectLocal::ClusterCidr(vec![]),
@@ -214,17 +215,17 @@ fn partial_row(rows: &mut Vec<Row>, n: usize) {
     times.sort();
     let ours = times[times.len() / 2];
     // Baseline: the same change as nft text, applied with nft -f to a table holding x.
-    let mut f = Syncer::new(
-        kube_nlproxy::nft::FakeNftables::new(),
+    let mut f = NftablesProxier::new(
+        kube_nlproxy::kernel::nft::FakeNftables::new(),
         cfg(),
         DetectLocal::ClusterCidr(vec![]),
     );
     f.sync(&x).unwrap();
     f.sync(&y).unwrap();
-    let text = render::transaction(f.backend().last_transaction.as_ref().unwrap());
+    let text = render::transaction(f.nft().last_transaction.as_ref().unwrap());
     let ns2 = NetNs::new("kb");
     ns2.run(move || {
-        let mut s = Syncer::new(
+        let mut s = NftablesProxier::new(
             NetlinkNftables::open().unwrap(),
             cfg(),
             DetectLocal::ClusterCidr(vec![]),
@@ -278,7 +279,7 @@ fn connect_latency(n: usize, connects: usize, iptables: bool) -> (Duration, Dura
     } else {
         let st = state(n);
         node.run(move || {
-            let mut s = Syncer::new(
+            let mut s = NftablesProxier::new(
                 NetlinkNftables::open().unwrap(),
                 cfg(),
                 DetectLocal::ClusterCidr(vec![]),
@@ -472,9 +473,9 @@ fn daemon_rows(rows: &mut Vec<Row>, sizes: &[usize], churn_secs: u64) {
 /// Reconciling a conntrack table of 100k UDP entries of which 1k are stale: dump, decide,
 /// delete (ours) against `conntrack -L` merely listing the same table.
 fn conntrack_row(rows: &mut Vec<Row>) {
-    use kube_nlproxy::conntrack::cleanup::{service_destinations, stale_flows};
-    use kube_nlproxy::conntrack::ctnetlink::NetlinkConntrack;
-    use kube_nlproxy::conntrack::{Conntrack, Flow};
+    use kube_nlproxy::kernel::conntrack::ctnetlink::NetlinkConntrack;
+    use kube_nlproxy::kernel::conntrack::{Conntrack, Flow};
+    use kube_nlproxy::proxy::conntrack::{service_destinations, stale_flows};
     let ns = NetNs::new("kc");
     let mut st = state(1000);
     let keys: Vec<_> = st.services.keys().cloned().collect();
@@ -517,8 +518,8 @@ fn conntrack_row(rows: &mut Vec<Row>) {
             .collect();
         ct.create(&flows).unwrap();
         let t0 = Instant::now();
-        let dests = service_destinations(&st, kube_nlproxy::nft::Family::Ip, Protocol::Udp);
-        let all = ct.list(kube_nlproxy::nft::Family::Ip, 17).unwrap();
+        let dests = service_destinations(&st, kube_nlproxy::kernel::nft::Family::Ip, Protocol::Udp);
+        let all = ct.list(kube_nlproxy::kernel::nft::Family::Ip, 17).unwrap();
         let n = ct.delete(&stale_flows(&dests, &all)).unwrap();
         (t0.elapsed(), n)
     });
@@ -540,11 +541,11 @@ fn conntrack_row(rows: &mut Vec<Row>) {
 /// sync (VIPs on kube-ipvs0 and the companion nftables table included). Needs a kernel
 /// with IPVS: run inside the VM (see BENCHMARKS.md).
 fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
-    use kube_nlproxy::ipvs::netlink::NetlinkIpvs;
-    use kube_nlproxy::ipvs::plan::{build_plan, IpvsConfig};
-    use kube_nlproxy::ipvs::reconciler::IpvsReconciler;
-    use kube_nlproxy::ipvs::Ipvs;
-    use kube_nlproxy::rtnl::NetlinkLinks;
+    use kube_nlproxy::kernel::ipvs::netlink::NetlinkIpvs;
+    use kube_nlproxy::kernel::ipvs::Ipvs;
+    use kube_nlproxy::kernel::rtnl::NetlinkLinks;
+    use kube_nlproxy::modes::ipvs::plan::{build_plan, IpvsConfig};
+    use kube_nlproxy::modes::ipvs::IpvsProxier;
     assert!(
         std::path::Path::new("/proc/net/ip_vs").exists(),
         "--ipvs-only needs a kernel with IPVS: netlink-tests/vm/run-in-vm.sh --share $PWD -- ./target/release/kernel-bench --ipvs-only"
@@ -590,13 +591,13 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
         let ns = NetNs::new("kbipvsfull");
         let st2 = st.clone();
         let whole = ns.run(move || {
-            let mut rec = IpvsReconciler::new(
+            let mut rec = IpvsProxier::new(
                 NetlinkIpvs::open().unwrap(),
                 NetlinkLinks::open().unwrap(),
                 NetlinkNftables::open().unwrap(),
                 IpvsConfig::default(),
                 ProxierConfig {
-                    table: kube_nlproxy::ipvs::table::DEFAULT_TABLE.into(),
+                    table: kube_nlproxy::modes::ipvs::table::DEFAULT_TABLE.into(),
                     ..cfg()
                 },
                 DetectLocal::ClusterCidr(vec![]),

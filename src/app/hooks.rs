@@ -1,0 +1,133 @@
+//! [`Hooks`]: what the sync loop feeds after each change and sync: health, metrics, the
+//! health-check node ports, localhost NodePorts, warning events. I/O (servers, sockets).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::kernel::nft::Family;
+use crate::model::{count_changes, ProxyState};
+use crate::proxy::runner::SyncHooks;
+use crate::proxy::{SyncError, SyncStats};
+use crate::serve::admin::Shared;
+use crate::serve::metrics::{unix_secs, PolicyLabel};
+use crate::serve::service_health::{plan_health_checks, ServiceHealthServers};
+
+/// Feeds health, metrics and health-check ports from the sync loop.
+pub struct Hooks {
+    /// The localhost NodePort forwarder, when enabled.
+    pub localhost: Option<crate::modes::userspace::localhost::LocalhostNodePorts>,
+    /// Where warning events go when the API source is in use.
+    pub warnings: Option<tokio::sync::mpsc::UnboundedSender<crate::source::kube::Warning>>,
+    shared: Shared,
+    hc: ServiceHealthServers,
+    prev: Option<Arc<ProxyState>>,
+    observed_triggers: BTreeMap<crate::model::ServicePortName, SystemTime>,
+}
+
+impl Hooks {
+    pub fn new(shared: Shared) -> Self {
+        Hooks {
+            localhost: None,
+            warnings: None,
+            hc: ServiceHealthServers::new(shared.health.clone()),
+            shared,
+            prev: None,
+            observed_triggers: BTreeMap::new(),
+        }
+    }
+}
+
+impl SyncHooks for Hooks {
+    fn tampered(&mut self) {
+        self.shared.metrics.nftables_restores.inc();
+    }
+
+    fn state_changed(&mut self, state: &Arc<ProxyState>) {
+        let now = SystemTime::now();
+        let m = &self.shared.metrics;
+        let (svcs, eps) = match &self.prev {
+            Some(p) => count_changes(p, state),
+            None => (state.services.len(), state.endpoints.len()),
+        };
+        m.service_changes_total.inc_by(svcs as u64);
+        m.endpoint_changes_total.inc_by(eps as u64);
+        m.service_changes_pending.inc_by(svcs as i64);
+        m.endpoint_changes_pending.inc_by(eps as i64);
+        m.last_queued_timestamp.set(unix_secs(now));
+        let mut h = self.shared.health.lock().expect("proxy health");
+        for f in Family::all() {
+            h.queued_update(f, now);
+        }
+        h.set_node_eligible(!state.node.being_deleted);
+        drop(h);
+        self.prev = Some(state.clone());
+    }
+
+    fn synced(&mut self, state: &ProxyState, res: &Result<SyncStats, SyncError>, took: Duration) {
+        let now = SystemTime::now();
+        let m = &self.shared.metrics;
+        match res {
+            Ok(s) => {
+                m.observe_sync(s.full, took, true);
+                tracing::info!(full = s.full, rules = s.rules, elements = s.elements, ops = ?s.ops, took = ?took, "synced");
+                m.service_changes_pending.set(0);
+                m.endpoint_changes_pending.set(0);
+                if let Some(d) = s.conntrack_duration {
+                    m.conntrack_duration.observe(d.as_secs_f64());
+                }
+                m.conntrack_deleted.inc_by(s.conntrack_deleted as u64);
+                if s.restored > 0 {
+                    m.nftables_restores.inc();
+                }
+                let mut h = self.shared.health.lock().expect("proxy health");
+                for f in Family::all() {
+                    h.updated(f, now);
+                }
+                drop(h);
+                // Network programming latency: from the EndpointSlice change to now, once per
+                // trigger time.
+                for (spn, t) in &state.trigger_times {
+                    if self.observed_triggers.get(spn) != Some(t) {
+                        if let Ok(d) = now.duration_since(*t) {
+                            m.network_programming_duration.observe(d.as_secs_f64());
+                        }
+                        self.observed_triggers.insert(spn.clone(), *t);
+                    }
+                }
+                self.observed_triggers
+                    .retain(|k, _| state.trigger_times.contains_key(k));
+                let (internal, external) = crate::model::topology::count_no_local_endpoints(state);
+                for (policy, n) in [("internal", internal), ("external", external)] {
+                    m.no_local_endpoints
+                        .get_or_create(&PolicyLabel {
+                            traffic_policy: policy.into(),
+                        })
+                        .set(n as i64);
+                }
+                if let Some(l) = self.localhost.as_mut() {
+                    l.sync(crate::modes::userspace::localhost::plan_localhost(state));
+                }
+                for (port, svc, err) in self.hc.sync(plan_health_checks(state)) {
+                    if let Some(w) = &self.warnings {
+                        let _ = w.send(crate::source::kube::Warning {
+                            reference: k8s_openapi::api::core::v1::ObjectReference {
+                                api_version: Some("v1".into()),
+                                kind: Some("Service".into()),
+                                namespace: Some(svc.namespace.clone()),
+                                name: Some(svc.name.clone()),
+                                ..Default::default()
+                            },
+                            reason: "FailedToStartServiceHealthcheck".into(),
+                            note: format!(
+                                "node {} failed to start healthcheck on port {port}: {err}",
+                                state.node.name
+                            ),
+                        });
+                    }
+                }
+            }
+            Err(_) => m.observe_sync(true, took, false),
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! Wiring of the daemon: sources → model → the mode's proxier → kernel, with the HTTP
+//! servers and change notifications around it. The one `match` on the mode is
+//! [`open_mode`]; nothing here names a mode's tables, chains or constants.
+
+pub mod hooks;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::{Config, ProxyMode};
+use crate::kernel::conntrack::ctnetlink::NetlinkConntrack;
+use crate::kernel::conntrack::Conntrack;
+use crate::kernel::nft::monitor::Monitor;
+use crate::kernel::nft::netlink::NetlinkNftables;
+use crate::kernel::rtnl;
+use crate::model::convert::build_state;
+use crate::model::ProxyState;
+use crate::modes::{ipvs, nftables, userspace};
+use crate::proxy::runner::{self, Timing};
+use crate::proxy::{cleanup, Options, Proxier, SyncError};
+use crate::serve::admin::{self, Shared};
+use crate::serve::metrics::Metrics;
+use crate::serve::proxy_health::ProxyHealth;
+use crate::source::kube as kube_source;
+use crate::source::manifest::{self, ManifestCache};
+
+use hooks::Hooks;
+
+/// A failure that ends the daemon. [`AppError::is_usage`] tells a usage error (exit 2) from
+/// a runtime failure (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot read manifests at {path}: {error}")]
+    Manifests {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("cannot open the nftables netlink socket: {0}")]
+    Netlink(crate::kernel::nft::Error),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    #[error("the configuration file changed; exiting so that the new one is used on restart")]
+    ConfigChanged,
+    #[error("cannot configure the Kubernetes client: {0} (give --kubeconfig or --master, or --manifests PATH to run from files)")]
+    Kube(String),
+    #[error("the source ended before delivering a state")]
+    SourceEnded,
+    #[error("cannot start the {0} thread: {1}")]
+    Thread(&'static str, std::io::Error),
+}
+
+impl AppError {
+    /// Whether the command line or configuration is at fault (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, AppError::Manifests { .. } | AppError::Kube(_))
+    }
+}
+
+/// The API client: `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,
+/// ~/.kube/config); `--master` overrides the server address either way.
+async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let err = |e: &dyn std::fmt::Display| AppError::Kube(e.to_string());
+    let mut config = match (&cfg.kubeconfig, &cfg.master) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| AppError::Kube(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| err(&e))?
+        }
+        // Inside a pod keep the service account's token and CA, only the address changes.
+        (None, Some(m)) => match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(_) => kube::Config::new(m.parse().map_err(|e| err(&e))?),
+        },
+        (None, None) => kube::Config::infer().await.map_err(|e| err(&e))?,
+    };
+    if let Some(m) = &cfg.master {
+        config.cluster_url = m.parse().map_err(|e| err(&e))?;
+    }
+    kube::Client::try_from(config).map_err(|e| err(&e))
+}
+
+fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
+    let (snap, mut warnings) = cache
+        .load(path, node)
+        .map_err(|error| AppError::Manifests {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    let (state, w2) = build_state(&snap, node);
+    warnings.extend(w2);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(state)
+}
+
+/// The options every mode is opened with.
+fn options(cfg: &Config) -> Options {
+    Options {
+        proxier: cfg.proxier.clone(),
+        detect_local: cfg.detect_local.clone(),
+        sync_period: cfg.sync_period,
+    }
+}
+
+/// Runs the proxy as configured.
+pub async fn run(cfg: Config) -> Result<(), AppError> {
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    if cfg.cleanup {
+        return cleanup_everything(&cfg);
+    }
+    let (tx, mut rx) = watch::channel(None);
+    let mut warnings = None;
+    let watcher = match cfg.manifests.clone() {
+        Some(path) => {
+            let mut cache = ManifestCache::new();
+            let state = load_state(&mut cache, &path, &cfg.node_name)?;
+            tx.send_replace(Some(Arc::new(state)));
+            tokio::spawn(watch_manifests(cache, path, cfg.node_name.clone(), tx))
+        }
+        None => {
+            let client = kube_client(&cfg).await?;
+            if !cfg.dry_run {
+                let (wtx, wrx) = tokio::sync::mpsc::unbounded_channel();
+                tokio::spawn(kube_source::run_events(
+                    client.clone(),
+                    cfg.node_name.clone(),
+                    wrx,
+                ));
+                warnings = Some(wtx);
+            }
+            tokio::spawn(kube_source::run(
+                client,
+                cfg.node_name.clone(),
+                tx,
+                cfg.config_sync_period,
+            ))
+        }
+    };
+    // The first sync waits until every source delivered its initial state.
+    let state = loop {
+        if let Some(s) = rx.borrow_and_update().clone() {
+            break s;
+        }
+        tokio::select! {
+            r = rx.changed() => if r.is_err() {
+                return Err(AppError::SourceEnded);
+            },
+            _ = shutdown_signal() => return Ok(()),
+        }
+    };
+    if cfg.dry_run {
+        if let Opened::DryRun(text) = open_mode(&cfg, None, &state)? {
+            print!("{text}");
+        }
+        watcher.abort();
+        return Ok(());
+    }
+    set_oom_score_adj(cfg.oom_score_adj);
+    for w in crate::kernel::conntrack::tuning::apply(&cfg.conntrack) {
+        tracing::warn!("{w}");
+    }
+    let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    let nft_port = nft.port_id();
+    // Someone else changed our state: a full sync restores it at once.
+    let tamper = Arc::new(tokio::sync::Notify::new());
+    let monitor = if cfg.once {
+        None
+    } else {
+        match Monitor::open() {
+            Ok(m) => {
+                match m.switch() {
+                    Ok(sw) => {
+                        let t = tamper.clone();
+                        nft.quiet_large_batches(sw, Box::new(move || t.notify_one()));
+                    }
+                    Err(e) => tracing::warn!("large batches will carry notifications: {e}"),
+                }
+                Some(m)
+            }
+            Err(e) => {
+                tracing::error!("nftables change notifications unavailable: {e}");
+                None
+            }
+        }
+    };
+    let conntrack = if cfg.conntrack_cleanup {
+        match NetlinkConntrack::open() {
+            Ok(ct) => Some(Box::new(ct) as Box<dyn Conntrack + Send>),
+            Err(e) => {
+                tracing::warn!("conntrack cleanup disabled: cannot open ctnetlink: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let Opened::Proxier { proxier, link } = open_mode(&cfg, Some((nft, conntrack)), &state)? else {
+        return Ok(());
+    };
+    let watch = Watch {
+        tamper,
+        monitor,
+        nft_port,
+        link,
+    };
+    let res = drive(&cfg, proxier, rx, state, watch, warnings).await;
+    watcher.abort();
+    res
+}
+
+/// What [`open_mode`] gives: a proxier over the kernel, or a dry run's text.
+enum Opened {
+    Proxier {
+        proxier: Box<dyn Proxier + Send>,
+        /// IPVS mode: the dummy link and our rtnetlink socket's port, to watch.
+        link: Option<(String, u32)>,
+    },
+    DryRun(String),
+}
+
+/// The kernel clients a running proxier gets (none for `--dry-run`).
+type Kernel = Option<(NetlinkNftables, Option<Box<dyn Conntrack + Send>>)>;
+
+/// The one match on the mode. With kernel clients: removes what another mode left and opens
+/// this mode's proxier. Without (`--dry-run`): renders what a full sync of `state` would
+/// program, touching nothing.
+fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened, AppError> {
+    let opts = options(cfg);
+    let proxier = |p: Box<dyn Proxier + Send>| Opened::Proxier {
+        proxier: p,
+        link: None,
+    };
+    Ok(match (cfg.mode, kernel) {
+        (ProxyMode::Nftables, None) => Opened::DryRun(nftables::dry_run(&opts, state)?),
+        (ProxyMode::Nftables, Some((nft, conntrack))) => {
+            remove_leftovers("IPVS-mode", || {
+                ipvs::cleanup_leftovers(open_nft()?, &opts, &cfg.ipvs)
+            });
+            proxier(Box::new(nftables::open(nft, &opts, conntrack)))
+        }
+        (ProxyMode::Userspace, None) => Opened::DryRun(userspace::dry_run(state)?),
+        (ProxyMode::Userspace, Some((nft, _))) => {
+            // The proxy's own sessions are the flows; conntrack cleanup would cut them.
+            remove_leftovers("IPVS-mode", || {
+                ipvs::cleanup_leftovers(open_nft()?, &opts, &cfg.ipvs)
+            });
+            proxier(Box::new(userspace::open(nft, &opts)))
+        }
+        (ProxyMode::Ipvs, None) => Opened::DryRun(ipvs::dry_run(&opts, &cfg.ipvs, state)?),
+        (ProxyMode::Ipvs, Some((nft, conntrack))) => {
+            remove_leftovers("nftables-mode", || {
+                nftables::cleanup_leftovers(&mut open_nft()?, &opts)
+            });
+            let (p, port) = ipvs::open(nft, &opts, &cfg.ipvs, conntrack)?;
+            Opened::Proxier {
+                proxier: Box::new(p),
+                link: Some((cfg.ipvs.dummy_link.clone(), port)),
+            }
+        }
+    })
+}
+
+/// A second nftables socket for cleanups (the proxier owns the first).
+fn open_nft() -> Result<NetlinkNftables, SyncError> {
+    NetlinkNftables::open().map_err(SyncError::NftCleanup)
+}
+
+/// Runs a leftover cleanup of another mode; failures are warnings (this mode works
+/// regardless).
+fn remove_leftovers(what: &str, f: impl FnOnce() -> Result<Vec<String>, SyncError>) {
+    match f() {
+        Ok(removed) => removed
+            .into_iter()
+            .for_each(|r| tracing::info!("removed {what} {r}")),
+        Err(e) => tracing::warn!("cannot remove the {what} leftovers: {e}"),
+    }
+}
+
+/// `--cleanup`: removes what every mode created (our tables, our IPVS virtual servers and
+/// the dummy link) and upstream kube-proxy's nftables tables.
+fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
+    let opts = options(cfg);
+    let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    let mut removed = nftables::cleanup(&mut nft, &opts)?;
+    removed.extend(userspace::cleanup(&mut nft, &opts)?);
+    removed.extend(ipvs::cleanup(nft, &opts, &cfg.ipvs)?);
+    if removed.is_empty() {
+        tracing::info!("nothing to clean up");
+    }
+    for r in removed {
+        tracing::info!("removed {r}");
+    }
+    let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
+    for r in cleanup::cleanup_upstream(&mut nft).map_err(SyncError::NftCleanup)? {
+        tracing::info!("removed upstream kube-proxy's {r}");
+    }
+    Ok(())
+}
+
+/// Change notifications that restore our state when someone else changes it.
+struct Watch {
+    tamper: Arc<tokio::sync::Notify>,
+    monitor: Option<Monitor>,
+    /// Our nftables socket's port (its changes are ours).
+    nft_port: u32,
+    /// IPVS mode: the dummy link and our rtnetlink socket's port.
+    link: Option<(String, u32)>,
+}
+
+/// Runs the sync loop over `proxier` with health, metrics, health-check ports and change
+/// notifications, until a signal or a config file change.
+async fn drive<P: Proxier>(
+    cfg: &Config,
+    mut proxier: P,
+    rx: watch::Receiver<Option<Arc<ProxyState>>>,
+    state: Arc<ProxyState>,
+    w: Watch,
+    warnings: Option<tokio::sync::mpsc::UnboundedSender<kube_source::Warning>>,
+) -> Result<(), AppError> {
+    let Watch {
+        tamper,
+        monitor,
+        nft_port,
+        link,
+    } = w;
+    if cfg.once {
+        let stats = proxier.sync(&state)?;
+        tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops,
+            virtual_servers = stats.virtual_servers, "synced once");
+        return Ok(());
+    }
+    let timing = Timing {
+        min_sync_period: cfg.min_sync_period,
+        sync_period: cfg.sync_period,
+    };
+    let shared = Shared {
+        health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
+        metrics: Arc::new(Metrics::new()),
+        configz: Arc::new(cfg.to_kube_proxy_configuration()),
+    };
+    admin::serve(
+        cfg.healthz_bind_address,
+        "healthz",
+        admin::healthz_router(shared.clone()),
+    )
+    .await;
+    admin::serve(
+        cfg.metrics_bind_address,
+        "metrics",
+        admin::metrics_router(shared.clone()),
+    )
+    .await;
+    let mut hooks = Hooks::new(shared);
+    hooks.warnings = warnings;
+    if cfg.localhost_nodeports {
+        hooks.localhost = Some(userspace::localhost::LocalhostNodePorts::new());
+    }
+    // Restore our state at once when someone else changes it (nf_tables and rtnetlink
+    // notifications).
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map(|_| ())
+            .map_err(|e| AppError::Thread("notification", e))
+    };
+    if let Some(monitor) = monitor {
+        let (tamper, table) = (tamper.clone(), cfg.proxier.table.clone());
+        spawn(
+            "nft-monitor",
+            Box::new(move || {
+                if let Err(e) = monitor.run(table, || nft_port, || tamper.notify_one()) {
+                    tracing::error!("nftables change notifications unavailable: {e}");
+                }
+            }),
+        )?;
+    }
+    if let Some((name, port)) = link {
+        let tamper = tamper.clone();
+        spawn(
+            "link-monitor",
+            Box::new(move || {
+                if let Err(e) = rtnl::watch(name, || port, || tamper.notify_one()) {
+                    tracing::error!("link change notifications unavailable: {e}");
+                }
+            }),
+        )?;
+    }
+    let config_changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = {
+        let (flag, path) = (config_changed.clone(), cfg.config_path.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = watch_config_file(path) => flag.store(true, std::sync::atomic::Ordering::SeqCst),
+            }
+        }
+    };
+    runner::run(proxier, rx, timing, &mut hooks, Some(tamper), stop).await;
+    if config_changed.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(AppError::ConfigChanged);
+    }
+    tracing::info!("shutting down; rules stay in place");
+    Ok(())
+}
+
+/// Polls the manifests and publishes a new state whenever they change. Polling (250 ms)
+/// catches in-place edits and replacement by rename alike, with no inotify dependency.
+async fn watch_manifests(
+    mut cache: ManifestCache,
+    path: PathBuf,
+    node: String,
+    tx: watch::Sender<Option<Arc<ProxyState>>>,
+) {
+    let mut fp = manifest::fingerprint(&path);
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = manifest::fingerprint(&path);
+        if now == fp {
+            continue;
+        }
+        fp = now;
+        match load_state(&mut cache, &path, &node) {
+            Ok(s) => {
+                tracing::info!(path = %path.display(), "manifests changed");
+                let _ = tx.send(Some(Arc::new(s)));
+            }
+            Err(e) => tracing::error!("{e}; keeping the last good state"),
+        }
+    }
+}
+
+/// Resolves when the `--config` file changes (never without one).
+async fn watch_config_file(path: Option<PathBuf>) {
+    let Some(path) = path else {
+        return std::future::pending().await;
+    };
+    let read = || std::fs::read(&path).ok();
+    let original = read();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if read() != original {
+            tracing::error!(path = %path.display(), "the configuration file changed");
+            return;
+        }
+    }
+}
+
+/// Writes /proc/self/oom_score_adj; lowering it needs CAP_SYS_RESOURCE, so a failure is a
+/// warning.
+fn set_oom_score_adj(v: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", v.to_string()) {
+        tracing::warn!("cannot set oom_score_adj to {v}: {e}");
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot listen for SIGTERM: {e}");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = tokio::signal::ctrl_c() => {},
+    }
+}

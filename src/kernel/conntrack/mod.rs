@@ -1,0 +1,73 @@
+//! Conntrack: stale UDP/SCTP entries deleted over ctnetlink after each sync (so clients keep
+//! reaching live endpoints), and conntrack sysctl tuning. The decision (`cleanup`) and the
+//! codec (`codec`) are pure; `ctnetlink` is the only I/O.
+
+pub mod codec;
+pub mod ctnetlink;
+pub mod tuning;
+
+use std::net::IpAddr;
+
+use crate::kernel::nft::Family;
+
+/// One conntrack entry, as far as the cleanup needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Flow {
+    pub proto: u8,
+    pub orig_src: IpAddr,
+    pub orig_dst: IpAddr,
+    pub orig_sport: u16,
+    pub orig_dport: u16,
+    pub reply_src: IpAddr,
+    pub reply_dst: IpAddr,
+    pub reply_sport: u16,
+    pub reply_dport: u16,
+    pub zone: u16,
+    /// The kernel's entry id: a delete carrying it never hits a newer entry with the same tuple.
+    pub id: Option<u32>,
+}
+
+impl Flow {
+    pub fn family(&self) -> Family {
+        Family::of(&self.orig_src)
+    }
+}
+
+/// An error talking ctnetlink.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Netlink(#[from] crate::kernel::netlink::Error),
+    #[error("malformed conntrack entry: {0}")]
+    Decode(String),
+}
+
+/// What the reconciler needs from the kernel's connection tracking.
+pub trait Conntrack {
+    /// Entries of one family and L4 protocol.
+    fn list(&mut self, family: Family, proto: u8) -> Result<Vec<Flow>, Error>;
+    /// Deletes entries; those already gone are not errors. Returns how many were deleted.
+    fn delete(&mut self, flows: &[Flow]) -> Result<usize, Error>;
+}
+
+/// An in-memory conntrack table for unit tests.
+#[derive(Debug, Default, Clone)]
+pub struct FakeConntrack {
+    pub flows: Vec<Flow>,
+}
+
+impl Conntrack for FakeConntrack {
+    fn list(&mut self, family: Family, proto: u8) -> Result<Vec<Flow>, Error> {
+        Ok(self
+            .flows
+            .iter()
+            .filter(|f| f.family() == family && f.proto == proto)
+            .cloned()
+            .collect())
+    }
+    fn delete(&mut self, flows: &[Flow]) -> Result<usize, Error> {
+        let before = self.flows.len();
+        self.flows.retain(|f| !flows.contains(f));
+        Ok(before - self.flows.len())
+    }
+}

@@ -1,0 +1,431 @@
+//! Pure codec for the `IPVS` generic netlink family. Integers are native-endian except ports
+//! (big-endian) and the IPv4 netmask (big-endian), as `ip_vs_genl_parse_*` reads them.
+
+use std::net::IpAddr;
+
+use crate::kernel::netlink::msg::{
+    Attr, Attrs, MsgWriter, RawMsg, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
+
+use super::{Forward, RealServer, Timeouts, VirtualServer};
+
+pub const IPVS_GENL_NAME: &str = "IPVS";
+pub const IPVS_GENL_VERSION: u8 = 1;
+
+pub const CMD_NEW_SERVICE: u8 = 1;
+pub const CMD_SET_SERVICE: u8 = 2;
+pub const CMD_DEL_SERVICE: u8 = 3;
+pub const CMD_GET_SERVICE: u8 = 4;
+pub const CMD_NEW_DEST: u8 = 5;
+pub const CMD_SET_DEST: u8 = 6;
+pub const CMD_DEL_DEST: u8 = 7;
+pub const CMD_GET_DEST: u8 = 8;
+pub const CMD_SET_CONFIG: u8 = 12;
+pub const CMD_GET_CONFIG: u8 = 13;
+pub const CMD_FLUSH: u8 = 17;
+
+const CMD_ATTR_SERVICE: u16 = 1;
+const CMD_ATTR_DEST: u16 = 2;
+const CMD_ATTR_TIMEOUT_TCP: u16 = 4;
+const CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
+const CMD_ATTR_TIMEOUT_UDP: u16 = 6;
+
+const SVC_AF: u16 = 1;
+const SVC_PROTOCOL: u16 = 2;
+const SVC_ADDR: u16 = 3;
+const SVC_PORT: u16 = 4;
+const SVC_SCHED_NAME: u16 = 6;
+const SVC_FLAGS: u16 = 7;
+const SVC_TIMEOUT: u16 = 8;
+const SVC_NETMASK: u16 = 9;
+
+const DEST_ADDR: u16 = 1;
+const DEST_PORT: u16 = 2;
+const DEST_FWD_METHOD: u16 = 3;
+const DEST_WEIGHT: u16 = 4;
+const DEST_U_THRESH: u16 = 5;
+const DEST_L_THRESH: u16 = 6;
+const DEST_ACTIVE_CONNS: u16 = 7;
+const DEST_INACT_CONNS: u16 = 8;
+const DEST_ADDR_FAMILY: u16 = 11;
+
+const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
+
+// The generic netlink controller (to resolve the IPVS family id).
+pub const GENL_ID_CTRL: u16 = 0x10;
+const CTRL_CMD_GETFAMILY: u8 = 3;
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+const CTRL_ATTR_FAMILY_NAME: u16 = 2;
+
+use crate::kernel::netlink::msg::ip_bytes as addr_bytes;
+
+fn af(a: &IpAddr) -> u16 {
+    crate::kernel::netlink::msg::af(a).into()
+}
+
+fn begin(w: &mut MsgWriter, family: u16, cmd: u8, flags: u16, seq: u32, version: u8) {
+    w.begin_msg(family, NLM_F_REQUEST | flags, seq);
+    w.put_raw(&[cmd, version, 0, 0]);
+}
+
+/// `CTRL_CMD_GETFAMILY` for `name` ("IPVS"): the reply carries the family id to use as
+/// message type.
+pub fn encode_get_family(name: &str, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    begin(&mut w, GENL_ID_CTRL, CTRL_CMD_GETFAMILY, NLM_F_ACK, seq, 1);
+    w.attr_str(CTRL_ATTR_FAMILY_NAME, name);
+    w.end_msg();
+    w.into_bytes()
+}
+
+/// The family id from a `CTRL_CMD_NEWFAMILY` reply.
+pub fn decode_family_id(m: &RawMsg<'_>) -> Option<u16> {
+    Attrs::new(m.payload.get(4..)?)
+        .get(CTRL_ATTR_FAMILY_ID)?
+        .u16()
+}
+
+fn service_key(w: &mut MsgWriter, vs: &VirtualServer) {
+    w.attr_u16(SVC_AF, af(&vs.addr));
+    w.attr_u16(SVC_PROTOCOL, vs.protocol as u16);
+    w.attr(SVC_ADDR, &addr_bytes(&vs.addr));
+    w.attr_be16(SVC_PORT, vs.port);
+}
+
+fn service_full(w: &mut MsgWriter, vs: &VirtualServer) {
+    service_key(w, vs);
+    w.attr_str(SVC_SCHED_NAME, &vs.scheduler);
+    let flags = if vs.persistence > 0 {
+        IP_VS_SVC_F_PERSISTENT
+    } else {
+        0
+    };
+    let mut f = Vec::with_capacity(8);
+    f.extend_from_slice(&flags.to_ne_bytes());
+    f.extend_from_slice(&u32::MAX.to_ne_bytes());
+    w.attr(SVC_FLAGS, &f);
+    w.attr_u32(SVC_TIMEOUT, vs.persistence);
+    match vs.addr {
+        IpAddr::V4(_) => w.attr_be32(SVC_NETMASK, u32::MAX),
+        IpAddr::V6(_) => w.attr_u32(SVC_NETMASK, 128),
+    }
+}
+
+/// NEW/SET/DEL of a virtual server (`cmd` one of the `CMD_*_SERVICE`).
+pub fn encode_service(family: u16, cmd: u8, vs: &VirtualServer, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    begin(&mut w, family, cmd, NLM_F_ACK, seq, IPVS_GENL_VERSION);
+    w.nest_start(CMD_ATTR_SERVICE);
+    if cmd == CMD_DEL_SERVICE {
+        service_key(&mut w, vs);
+    } else {
+        service_full(&mut w, vs);
+    }
+    w.nest_end();
+    w.end_msg();
+    w.into_bytes()
+}
+
+fn fwd_code(f: Forward) -> u32 {
+    match f {
+        Forward::Masquerade => 0,
+        Forward::Local => 1,
+        Forward::Tunnel => 2,
+        Forward::DirectRoute => 3,
+    }
+}
+
+/// NEW/SET/DEL of a real server of `vs`.
+pub fn encode_dest(family: u16, cmd: u8, vs: &VirtualServer, rs: &RealServer, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    begin(&mut w, family, cmd, NLM_F_ACK, seq, IPVS_GENL_VERSION);
+    w.nest_start(CMD_ATTR_SERVICE);
+    service_key(&mut w, vs);
+    w.nest_end();
+    w.nest_start(CMD_ATTR_DEST);
+    w.attr(DEST_ADDR, &addr_bytes(&rs.addr));
+    w.attr_be16(DEST_PORT, rs.port);
+    if cmd != CMD_DEL_DEST {
+        w.attr_u32(DEST_FWD_METHOD, fwd_code(rs.forward));
+        w.attr_u32(DEST_WEIGHT, rs.weight);
+        w.attr_u32(DEST_U_THRESH, 0);
+        w.attr_u32(DEST_L_THRESH, 0);
+    }
+    w.attr_u16(DEST_ADDR_FAMILY, af(&rs.addr));
+    w.nest_end();
+    w.end_msg();
+    w.into_bytes()
+}
+
+/// A dump of every virtual server.
+pub fn encode_get_services(family: u16, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    begin(
+        &mut w,
+        family,
+        CMD_GET_SERVICE,
+        NLM_F_DUMP,
+        seq,
+        IPVS_GENL_VERSION,
+    );
+    w.end_msg();
+    w.into_bytes()
+}
+
+/// A dump of the real servers of `vs`.
+pub fn encode_get_dests(family: u16, vs: &VirtualServer, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    begin(
+        &mut w,
+        family,
+        CMD_GET_DEST,
+        NLM_F_DUMP,
+        seq,
+        IPVS_GENL_VERSION,
+    );
+    w.nest_start(CMD_ATTR_SERVICE);
+    service_key(&mut w, vs);
+    w.nest_end();
+    w.end_msg();
+    w.into_bytes()
+}
+
+/// FLUSH: delete every virtual server (only for `--cleanup` of a node we fully own).
+pub fn encode_flush(family: u16, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    begin(&mut w, family, CMD_FLUSH, NLM_F_ACK, seq, IPVS_GENL_VERSION);
+    w.end_msg();
+    w.into_bytes()
+}
+
+/// SET_CONFIG (timeouts) or, with `None`, a GET_CONFIG request.
+pub fn encode_config(family: u16, t: Option<Timeouts>, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    match t {
+        Some(t) => {
+            begin(
+                &mut w,
+                family,
+                CMD_SET_CONFIG,
+                NLM_F_ACK,
+                seq,
+                IPVS_GENL_VERSION,
+            );
+            w.attr_u32(CMD_ATTR_TIMEOUT_TCP, t.tcp);
+            w.attr_u32(CMD_ATTR_TIMEOUT_TCP_FIN, t.tcp_fin);
+            w.attr_u32(CMD_ATTR_TIMEOUT_UDP, t.udp);
+        }
+        None => begin(&mut w, family, CMD_GET_CONFIG, 0, seq, IPVS_GENL_VERSION),
+    }
+    w.end_msg();
+    w.into_bytes()
+}
+
+fn ip_of(a: Attr<'_>, af: u16) -> Option<IpAddr> {
+    if af == libc::AF_INET as u16 {
+        Some(IpAddr::from(<[u8; 4]>::try_from(a.data.get(..4)?).ok()?))
+    } else {
+        Some(IpAddr::from(<[u8; 16]>::try_from(a.data.get(..16)?).ok()?))
+    }
+}
+
+/// Decodes a service from a GET_SERVICE reply. Unknown attributes are skipped.
+pub fn decode_service(m: &RawMsg<'_>) -> Result<VirtualServer, String> {
+    let top = Attrs::new(m.payload.get(4..).ok_or("short message")?);
+    let s = top
+        .get(CMD_ATTR_SERVICE)
+        .ok_or("no service attribute")?
+        .nested();
+    let af = s
+        .get(SVC_AF)
+        .and_then(|a| a.u16())
+        .ok_or("no address family")?;
+    let flags = s.get(SVC_FLAGS).and_then(|a| a.u32()).unwrap_or(0);
+    Ok(VirtualServer {
+        addr: s
+            .get(SVC_ADDR)
+            .and_then(|a| ip_of(a, af))
+            .ok_or("no address (fwmark service?)")?,
+        port: s.get(SVC_PORT).and_then(|a| a.be16()).ok_or("no port")?,
+        protocol: s
+            .get(SVC_PROTOCOL)
+            .and_then(|a| a.u16())
+            .ok_or("no protocol")? as u8,
+        scheduler: s
+            .get(SVC_SCHED_NAME)
+            .and_then(|a| a.str())
+            .unwrap_or("")
+            .to_string(),
+        persistence: if flags & IP_VS_SVC_F_PERSISTENT != 0 {
+            s.get(SVC_TIMEOUT).and_then(|a| a.u32()).unwrap_or(0)
+        } else {
+            0
+        },
+    })
+}
+
+/// Decodes a real server from a GET_DEST reply.
+pub fn decode_dest(m: &RawMsg<'_>, vs_af: u16) -> Result<RealServer, String> {
+    let top = Attrs::new(m.payload.get(4..).ok_or("short message")?);
+    let d = top.get(CMD_ATTR_DEST).ok_or("no dest attribute")?.nested();
+    let af = d
+        .get(DEST_ADDR_FAMILY)
+        .and_then(|a| a.u16())
+        .unwrap_or(vs_af);
+    Ok(RealServer {
+        addr: d
+            .get(DEST_ADDR)
+            .and_then(|a| ip_of(a, af))
+            .ok_or("no address")?,
+        port: d.get(DEST_PORT).and_then(|a| a.be16()).ok_or("no port")?,
+        weight: d.get(DEST_WEIGHT).and_then(|a| a.u32()).unwrap_or(0),
+        forward: match d.get(DEST_FWD_METHOD).and_then(|a| a.u32()).unwrap_or(0) & 0x7 {
+            1 => Forward::Local,
+            2 => Forward::Tunnel,
+            3 => Forward::DirectRoute,
+            _ => Forward::Masquerade,
+        },
+        active_conns: d.get(DEST_ACTIVE_CONNS).and_then(|a| a.u32()).unwrap_or(0),
+        inactive_conns: d.get(DEST_INACT_CONNS).and_then(|a| a.u32()).unwrap_or(0),
+    })
+}
+
+/// Decodes a GET_CONFIG reply.
+pub fn decode_config(m: &RawMsg<'_>) -> Option<Timeouts> {
+    let a = Attrs::new(m.payload.get(4..)?);
+    Some(Timeouts {
+        tcp: a.get(CMD_ATTR_TIMEOUT_TCP)?.u32()?,
+        tcp_fin: a.get(CMD_ATTR_TIMEOUT_TCP_FIN)?.u32()?,
+        udp: a.get(CMD_ATTR_TIMEOUT_UDP)?.u32()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::netlink::msg::parse_msgs;
+
+    fn vs() -> VirtualServer {
+        VirtualServer {
+            addr: "10.96.0.10".parse().unwrap(),
+            port: 80,
+            protocol: 6,
+            scheduler: "rr".into(),
+            persistence: 10800,
+        }
+    }
+
+    fn rs() -> RealServer {
+        RealServer {
+            addr: "10.244.1.2".parse().unwrap(),
+            port: 8080,
+            weight: 1,
+            forward: Forward::Masquerade,
+            active_conns: 0,
+            inactive_conns: 0,
+        }
+    }
+
+    #[test]
+    fn new_service_bytes_follow_ip_vs_h() {
+        let b = encode_service(0x22, CMD_NEW_SERVICE, &vs(), 9);
+        // nlmsghdr type = family id, flags REQUEST|ACK; genlmsghdr cmd 1 version 1.
+        assert_eq!(&b[4..8], &[0x22, 0, 5, 0]);
+        assert_eq!(&b[16..20], &[1, 1, 0, 0]);
+        let m = parse_msgs(&b).unwrap()[0];
+        let s = Attrs::new(&m.payload[4..]).get(1).unwrap();
+        assert!(s.nested);
+        let a: Vec<_> = s.nested().map(|a| (a.ty, a.data.to_vec())).collect();
+        assert_eq!(
+            a[0],
+            (1, 2u16.to_ne_bytes().to_vec()),
+            "AF_INET, native u16"
+        );
+        assert_eq!(a[1], (2, 6u16.to_ne_bytes().to_vec()), "protocol");
+        assert_eq!(a[2], (3, vec![10, 96, 0, 10]), "address");
+        assert_eq!(a[3], (4, vec![0, 80]), "port big-endian");
+        assert_eq!(a[4], (6, b"rr\0".to_vec()), "scheduler");
+        assert_eq!(a[5].1[..4], 1u32.to_ne_bytes(), "persistent flag");
+        assert_eq!(
+            a[6],
+            (8, 10800u32.to_ne_bytes().to_vec()),
+            "persistence timeout"
+        );
+        assert_eq!(a[7], (9, vec![0xff; 4]), "netmask");
+        assert_eq!(decode_service(&m).unwrap(), vs());
+    }
+
+    #[test]
+    fn dest_round_trips_and_delete_carries_only_the_key() {
+        let b = encode_dest(0x22, CMD_NEW_DEST, &vs(), &rs(), 1);
+        let m = parse_msgs(&b).unwrap()[0];
+        assert_eq!(decode_dest(&m, 2).unwrap(), rs());
+        let del = encode_dest(0x22, CMD_DEL_DEST, &vs(), &rs(), 2);
+        let m = parse_msgs(&del).unwrap()[0];
+        let d = Attrs::new(&m.payload[4..]).get(2).unwrap();
+        let types: Vec<u16> = d.nested().map(|a| a.ty).collect();
+        assert_eq!(types, vec![1, 2, 11]);
+    }
+
+    #[test]
+    fn ipv6_service_uses_prefix_length_netmask() {
+        let mut v = vs();
+        v.addr = "fd00::10".parse().unwrap();
+        v.persistence = 0;
+        let b = encode_service(0x22, CMD_NEW_SERVICE, &v, 1);
+        let m = parse_msgs(&b).unwrap()[0];
+        assert_eq!(decode_service(&m).unwrap(), v);
+    }
+
+    #[test]
+    fn config_and_family_messages() {
+        let t = Timeouts {
+            tcp: 900,
+            tcp_fin: 120,
+            udp: 300,
+        };
+        let b = encode_config(0x22, Some(t), 1);
+        let m = parse_msgs(&b).unwrap()[0];
+        assert_eq!(decode_config(&m), Some(t));
+        let g = encode_get_family(IPVS_GENL_NAME, 3);
+        assert_eq!(&g[4..6], &GENL_ID_CTRL.to_ne_bytes());
+        let m = parse_msgs(&g).unwrap()[0];
+        assert_eq!(
+            Attrs::new(&m.payload[4..]).get(2).unwrap().str(),
+            Some("IPVS")
+        );
+    }
+
+    #[test]
+    fn unknown_attributes_and_garbage_are_no_panic() {
+        let mut w = MsgWriter::new();
+        w.begin_msg(0x22, 0, 1);
+        w.put_raw(&[CMD_NEW_SERVICE, 1, 0, 0]);
+        w.nest_start(1);
+        w.attr_u16(1, 2);
+        w.attr_u16(2, 17);
+        w.attr(3, &[10, 0, 0, 1]);
+        w.attr_be16(4, 53);
+        w.attr(99, &[1, 2, 3]); // unknown: skipped
+        w.nest_end();
+        w.end_msg();
+        let b = w.into_bytes();
+        let m = parse_msgs(&b).unwrap()[0];
+        let v = decode_service(&m).unwrap();
+        assert_eq!((v.port, v.protocol), (53, 17));
+        for n in 0..40 {
+            let p = vec![0xa5u8; n];
+            let m = RawMsg {
+                ty: 0,
+                flags: 0,
+                seq: 0,
+                pid: 0,
+                payload: &p,
+            };
+            let _ = decode_service(&m);
+            let _ = decode_dest(&m, 2);
+            let _ = decode_config(&m);
+            let _ = decode_family_id(&m);
+        }
+    }
+}

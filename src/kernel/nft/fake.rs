@@ -1,0 +1,453 @@
+//! [`FakeNftables`]: an in-memory nftables that applies transactions atomically with the
+//! kernel's existence and reference rules (missing objects, dangling jumps, deleting what is
+//! still referenced), so unit tests can run whole syncs without root. A test-time twin of
+//! the kernel: netlink-tests keep it honest by comparing against the real thing.
+
+use std::collections::BTreeMap;
+
+use super::decode::ListedTable;
+use super::render;
+use super::{
+    Chain, Element, Error, Expr, Family, KeyValue, Nftables, Object, Op, Rule, Set, Transaction,
+};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FakeChain {
+    chain: Chain,
+    rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FakeSet {
+    set: Set,
+    elements: BTreeMap<Vec<KeyValue>, Element>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct FakeTable {
+    comment: Option<String>,
+    chains: BTreeMap<String, FakeChain>,
+    sets: BTreeMap<String, FakeSet>,
+}
+
+/// An in-memory nftables.
+#[derive(Debug, Clone, Default)]
+pub struct FakeNftables {
+    tables: BTreeMap<(Family, String), FakeTable>,
+    /// The last transaction applied successfully.
+    pub last_transaction: Option<Transaction>,
+    /// Number of transactions applied successfully.
+    pub applied: usize,
+    /// When set, the next `apply` fails with this errno and changes nothing.
+    pub fail_next: Option<i32>,
+}
+
+fn reject(op: &Op, errno: i32, why: &str) -> Error {
+    Error::Rejected {
+        op: format!("{} {}", op.verb(), op.object().describe()),
+        errno,
+        reason: Some(why.to_string()),
+    }
+}
+
+impl FakeTable {
+    fn chain_referenced(&self, name: &str) -> bool {
+        self.chains
+            .values()
+            .flat_map(|c| &c.rules)
+            .any(|r| r.exprs.iter().any(|e| e.chain_ref() == Some(name)))
+            || self
+                .sets
+                .values()
+                .flat_map(|s| s.elements.values())
+                .any(|e| e.verdict.as_ref().and_then(|v| v.target()) == Some(name))
+    }
+    fn set_referenced(&self, name: &str) -> bool {
+        self.chains
+            .values()
+            .flat_map(|c| &c.rules)
+            .any(|r| r.exprs.iter().any(|e| e.set_ref() == Some(name)))
+    }
+}
+
+impl FakeNftables {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn apply_op(t: &mut FakeTable, op: &Op) -> Result<(), Error> {
+        use libc::{EBUSY, EEXIST, EINVAL, ENOENT};
+        match (op, op.object()) {
+            (Op::Add(_), Object::Table(tb)) => t.comment = tb.comment.clone(),
+            (Op::Flush(_), Object::Table(_)) => {
+                for c in t.chains.values_mut() {
+                    c.rules.clear();
+                }
+            }
+            (Op::Delete(_), Object::Table(_)) => unreachable!("handled by apply"),
+            (Op::Add(_), Object::Chain(c)) => match t.chains.get(&c.name) {
+                Some(old) if old.chain.base != c.base => {
+                    return Err(reject(op, EEXIST, "chain exists with another hook"))
+                }
+                Some(_) => {}
+                None => {
+                    t.chains.insert(
+                        c.name.clone(),
+                        FakeChain {
+                            chain: c.clone(),
+                            rules: vec![],
+                        },
+                    );
+                }
+            },
+            (Op::Flush(_), Object::Chain(c)) => {
+                t.chains
+                    .get_mut(&c.name)
+                    .ok_or_else(|| reject(op, ENOENT, "no such chain"))?
+                    .rules
+                    .clear();
+            }
+            (Op::Delete(_), Object::Chain(c)) => {
+                let fc = t
+                    .chains
+                    .get(&c.name)
+                    .ok_or_else(|| reject(op, ENOENT, "no such chain"))?;
+                if !fc.rules.is_empty() || t.chain_referenced(&c.name) {
+                    return Err(reject(op, EBUSY, "chain is not empty or still referenced"));
+                }
+                t.chains.remove(&c.name);
+            }
+            (Op::Add(_), Object::Rule(r)) => {
+                if !t.chains.contains_key(&r.chain) {
+                    return Err(reject(op, ENOENT, "no such chain"));
+                }
+                for e in &r.exprs {
+                    if let Some(c) = e.chain_ref() {
+                        if !t.chains.contains_key(c) {
+                            return Err(reject(op, ENOENT, &format!("jump to missing chain {c}")));
+                        }
+                    }
+                    if let Some(s) = e.set_ref() {
+                        let Some(fs) = t.sets.get(s) else {
+                            return Err(reject(op, ENOENT, &format!("no such set {s}")));
+                        };
+                        let is_vmap = matches!(e, Expr::Vmap { .. });
+                        let is_dnat_map = matches!(e, Expr::DnatMap { .. });
+                        if is_vmap != fs.set.map || is_dnat_map != fs.set.endpoints {
+                            return Err(reject(op, EINVAL, "set/map type mismatch"));
+                        }
+                    }
+                }
+                t.chains
+                    .get_mut(&r.chain)
+                    .expect("checked")
+                    .rules
+                    .push(r.clone());
+            }
+            (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => {
+                t.chains
+                    .get_mut(&r.chain)
+                    .ok_or_else(|| reject(op, ENOENT, "no such chain"))?
+                    .rules
+                    .clear();
+            }
+            (Op::Add(_), Object::Set(s)) => match t.sets.get(&s.name) {
+                Some(old)
+                    if old.set.key != s.key
+                        || old.set.map != s.map
+                        || old.set.endpoints != s.endpoints
+                        || old.set.timeout != s.timeout =>
+                {
+                    return Err(reject(op, EEXIST, "set exists with another definition"))
+                }
+                Some(_) => {}
+                None => {
+                    t.sets.insert(
+                        s.name.clone(),
+                        FakeSet {
+                            set: s.clone(),
+                            elements: BTreeMap::new(),
+                        },
+                    );
+                }
+            },
+            (Op::Flush(_), Object::Set(s)) => {
+                t.sets
+                    .get_mut(&s.name)
+                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?
+                    .elements
+                    .clear();
+            }
+            (Op::Delete(_), Object::Set(s)) => {
+                if !t.sets.contains_key(&s.name) {
+                    return Err(reject(op, ENOENT, "no such set"));
+                }
+                if t.set_referenced(&s.name) {
+                    return Err(reject(op, EBUSY, "set still referenced"));
+                }
+                t.sets.remove(&s.name);
+            }
+            (Op::Add(_), Object::Element(e)) => {
+                if let Some(c) = e.verdict.as_ref().and_then(|v| v.target()) {
+                    if !t.chains.contains_key(c) {
+                        return Err(reject(op, ENOENT, &format!("verdict to missing chain {c}")));
+                    }
+                }
+                let fs = t
+                    .sets
+                    .get_mut(&e.set)
+                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
+                let key_fits = if fs.set.endpoints {
+                    matches!(e.key[..], [KeyValue::Slot(_)])
+                } else {
+                    fs.set.key.len() == e.key.len()
+                };
+                if !key_fits
+                    || fs.set.map != e.verdict.is_some()
+                    || fs.set.endpoints != e.target.is_some()
+                {
+                    return Err(reject(op, EINVAL, "element does not fit the set"));
+                }
+                match fs.elements.get(&e.key) {
+                    Some(old) if old.verdict != e.verdict || old.target != e.target => {
+                        return Err(reject(op, EEXIST, "element exists with other data"))
+                    }
+                    _ => {
+                        fs.elements.insert(e.key.clone(), e.clone());
+                    }
+                }
+            }
+            (Op::Delete(_), Object::Element(e)) => {
+                let fs = t
+                    .sets
+                    .get_mut(&e.set)
+                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
+                if fs.elements.remove(&e.key).is_none() {
+                    return Err(reject(op, ENOENT, "no such element"));
+                }
+            }
+            (Op::Flush(_), Object::Element(e)) => {
+                t.sets
+                    .get_mut(&e.set)
+                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?
+                    .elements
+                    .clear();
+            }
+        }
+        Ok(())
+    }
+
+    /// The rules of a chain, if it exists.
+    pub fn rules(&self, family: Family, table: &str, chain: &str) -> Option<&[Rule]> {
+        self.tables
+            .get(&(family, table.to_string()))?
+            .chains
+            .get(chain)
+            .map(|c| c.rules.as_slice())
+    }
+
+    /// The elements of a set, if it exists.
+    pub fn elements(&self, family: Family, table: &str, set: &str) -> Option<Vec<&Element>> {
+        Some(
+            self.tables
+                .get(&(family, table.to_string()))?
+                .sets
+                .get(set)?
+                .elements
+                .values()
+                .collect(),
+        )
+    }
+
+    /// Looks up a map element's verdict.
+    pub fn lookup(
+        &self,
+        family: Family,
+        table: &str,
+        set: &str,
+        key: &[KeyValue],
+    ) -> Option<&Element> {
+        self.tables
+            .get(&(family, table.to_string()))?
+            .sets
+            .get(set)?
+            .elements
+            .get(key)
+    }
+
+    pub fn has_table(&self, family: Family, table: &str) -> bool {
+        self.tables.contains_key(&(family, table.to_string()))
+    }
+
+    /// A canonical listing of a table as `nft` commands (sorted), for golden comparisons.
+    pub fn dump(&self, family: Family, table: &str) -> String {
+        let Some(t) = self.tables.get(&(family, table.to_string())) else {
+            return String::new();
+        };
+        let mut tx = Transaction::new(family, table);
+        tx.add(super::Table {
+            family,
+            name: table.into(),
+            comment: t.comment.clone(),
+        });
+        for s in t.sets.values() {
+            tx.add(s.set.clone());
+        }
+        for c in t.chains.values() {
+            tx.add(c.chain.clone());
+        }
+        for c in t.chains.values() {
+            for r in &c.rules {
+                tx.add(r.clone());
+            }
+        }
+        for s in t.sets.values() {
+            for e in s.elements.values() {
+                tx.add(e.clone());
+            }
+        }
+        render::transaction(&tx)
+    }
+}
+
+impl Nftables for FakeNftables {
+    fn apply(&mut self, tx: &Transaction) -> Result<(), Error> {
+        if tx.is_empty() {
+            return Ok(()); // as the kernel backend: nothing is sent
+        }
+        if let Some(errno) = self.fail_next.take() {
+            return Err(Error::Rejected {
+                op: "injected failure".into(),
+                errno,
+                reason: None,
+            });
+        }
+        let mut next = self.tables.clone();
+        let key = (tx.family, tx.table.clone());
+        for op in &tx.ops {
+            match (op, op.object()) {
+                (Op::Add(_), Object::Table(_)) => {
+                    next.entry(key.clone()).or_default();
+                }
+                (Op::Delete(_), Object::Table(_)) => {
+                    if next.remove(&key).is_none() {
+                        return Err(reject(op, libc::ENOENT, "no such table"));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let t = next
+                .get_mut(&key)
+                .ok_or_else(|| reject(op, libc::ENOENT, "no such table"))?;
+            Self::apply_op(t, op)?;
+        }
+        self.tables = next;
+        self.last_transaction = Some(tx.clone());
+        self.applied += 1;
+        Ok(())
+    }
+
+    fn list_tables(&mut self, family: Family) -> Result<Vec<ListedTable>, Error> {
+        Ok(self
+            .tables
+            .iter()
+            .filter(|((f, _), _)| *f == family)
+            .map(|((f, n), t)| ListedTable {
+                family: *f,
+                name: n.clone(),
+                comment: t.comment.clone(),
+            })
+            .collect())
+    }
+
+    fn list_chains(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error> {
+        Ok(self
+            .tables
+            .get(&(family, table.to_string()))
+            .map(|t| t.chains.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    fn list_sets(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error> {
+        Ok(self
+            .tables
+            .get(&(family, table.to_string()))
+            .map(|t| t.sets.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::{Field, Table, Verdict};
+
+    fn base(tx: &mut Transaction) {
+        tx.add(Table {
+            family: Family::Ip,
+            name: "t".into(),
+            comment: None,
+        });
+        tx.add(Chain::regular("a"));
+        tx.add(Chain::regular("b"));
+        tx.add(Set::vmap("m", vec![Field::L4Proto, Field::Dport]));
+    }
+
+    #[test]
+    fn failed_transaction_changes_nothing() {
+        let mut f = FakeNftables::new();
+        let mut tx = Transaction::new(Family::Ip, "t");
+        base(&mut tx);
+        f.apply(&tx).unwrap();
+        let before = f.dump(Family::Ip, "t");
+        let mut bad = Transaction::new(Family::Ip, "t");
+        bad.add(Chain::regular("c"));
+        bad.add(Rule::new(
+            "c",
+            vec![Expr::Verdict(Verdict::Goto("missing".into()))],
+        ));
+        let e = f.apply(&bad).unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        assert!(e.to_string().contains("rule in chain c"), "{e}");
+        assert_eq!(f.dump(Family::Ip, "t"), before);
+    }
+
+    #[test]
+    fn referenced_chain_cannot_be_deleted() {
+        let mut f = FakeNftables::new();
+        let mut tx = Transaction::new(Family::Ip, "t");
+        base(&mut tx);
+        tx.add(Element {
+            set: "m".into(),
+            key: vec![KeyValue::Proto(6), KeyValue::Port(80)],
+            verdict: Some(Verdict::Goto("b".into())),
+            target: None,
+            comment: None,
+        });
+        f.apply(&tx).unwrap();
+        let mut del = Transaction::new(Family::Ip, "t");
+        del.delete(Chain::regular("b"));
+        assert!(f.apply(&del).unwrap_err().is_busy());
+    }
+
+    #[test]
+    fn element_data_cannot_change_in_place() {
+        let mut f = FakeNftables::new();
+        let mut tx = Transaction::new(Family::Ip, "t");
+        base(&mut tx);
+        let mut e = Element {
+            set: "m".into(),
+            key: vec![KeyValue::Proto(6), KeyValue::Port(80)],
+            verdict: Some(Verdict::Goto("a".into())),
+            target: None,
+            comment: None,
+        };
+        tx.add(e.clone());
+        f.apply(&tx).unwrap();
+        e.verdict = Some(Verdict::Goto("b".into()));
+        let mut tx = Transaction::new(Family::Ip, "t");
+        tx.add(e);
+        assert!(f.apply(&tx).unwrap_err().is_exists());
+    }
+}

@@ -1,0 +1,483 @@
+//! Lowers typed [`Expr`]essions to the kernel's register-machine expressions ([`KExpr`]),
+//! the form that nfnetlink carries and that the kernel lists back. Pure.
+
+use super::{CmpOp, Expr, Family, Field, KeyValue, Verdict};
+
+/// The verdict register.
+pub const REG_VERDICT: u32 = 0;
+/// First 32-bit data register (`NFT_REG32_00`); concatenations fill consecutive ones.
+pub const REG32_00: u32 = 8;
+
+const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+pub const NFT_META_MARK: u32 = 3;
+pub const NFT_META_L4PROTO: u32 = 16;
+pub const NFT_META_IIFNAME: u32 = 6;
+pub const NFT_CT_STATE: u32 = 0;
+pub const NFT_CT_STATUS: u32 = 2;
+/// `NF_CT_STATE_BIT(IP_CT_NEW)`.
+pub const CT_STATE_NEW: u32 = 1 << 3;
+/// `IPS_DST_NAT`.
+pub const CT_STATUS_DNAT: u32 = 1 << 5;
+pub const NFTA_FIB_F_SADDR: u32 = 1;
+pub const NFTA_FIB_F_DADDR: u32 = 2;
+pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+pub const RTN_LOCAL: u32 = 2;
+pub const NFT_NG_RANDOM: u32 = 1;
+pub const NFT_NAT_DNAT: u32 = 1;
+pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 1 << 4;
+pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;
+pub const NFT_DYNSET_OP_UPDATE: u32 = 1;
+pub const NFT_LOOKUP_F_INV: u32 = 1;
+
+/// A kernel expression, one `NFTA_LIST_ELEM` of `NFTA_RULE_EXPRESSIONS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KExpr {
+    Payload {
+        base: u32,
+        offset: u32,
+        len: u32,
+        dreg: u32,
+    },
+    Meta {
+        key: u32,
+        dreg: u32,
+    },
+    MetaSet {
+        key: u32,
+        sreg: u32,
+    },
+    Ct {
+        key: u32,
+        dreg: u32,
+    },
+    Fib {
+        flags: u32,
+        result: u32,
+        dreg: u32,
+    },
+    Numgen {
+        modulus: u32,
+        offset: u32,
+        dreg: u32,
+    },
+    /// `op`: 0 eq, 1 neq.
+    Cmp {
+        sreg: u32,
+        op: u32,
+        data: Vec<u8>,
+    },
+    Bitwise {
+        sreg: u32,
+        dreg: u32,
+        mask: Vec<u8>,
+        xor: Vec<u8>,
+    },
+    Lookup {
+        set: String,
+        sreg: u32,
+        dreg: Option<u32>,
+        flags: u32,
+    },
+    ImmData {
+        dreg: u32,
+        data: Vec<u8>,
+    },
+    ImmVerdict(Verdict),
+    Nat {
+        kind: u32,
+        family: u32,
+        reg_addr: u32,
+        reg_proto: Option<u32>,
+    },
+    Masq {
+        flags: u32,
+    },
+    Redir {
+        reg_proto: u32,
+    },
+    Reject {
+        kind: u32,
+        code: u8,
+    },
+    Dynset {
+        set: String,
+        op: u32,
+        sreg_key: u32,
+    },
+    Counter,
+}
+
+impl KExpr {
+    /// The kernel's expression name (`NFTA_EXPR_NAME`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            KExpr::Payload { .. } => "payload",
+            KExpr::Meta { .. } | KExpr::MetaSet { .. } => "meta",
+            KExpr::Ct { .. } => "ct",
+            KExpr::Fib { .. } => "fib",
+            KExpr::Numgen { .. } => "numgen",
+            KExpr::Cmp { .. } => "cmp",
+            KExpr::Bitwise { .. } => "bitwise",
+            KExpr::Lookup { .. } => "lookup",
+            KExpr::ImmData { .. } | KExpr::ImmVerdict(_) => "immediate",
+            KExpr::Nat { .. } => "nat",
+            KExpr::Masq { .. } => "masq",
+            KExpr::Redir { .. } => "redir",
+            KExpr::Reject { .. } => "reject",
+            KExpr::Dynset { .. } => "dynset",
+            KExpr::Counter => "counter",
+        }
+    }
+}
+
+fn addr_offset(field: Field, family: Family) -> u32 {
+    match (field, family) {
+        (Field::Saddr, Family::Ip) => 12,
+        (Field::Daddr, Family::Ip) => 16,
+        (Field::Saddr, Family::Ip6) => 8,
+        (Field::Daddr, Family::Ip6) => 24,
+        _ => unreachable!("not an address field"),
+    }
+}
+
+/// Loads one field into `dreg`.
+fn load(field: Field, family: Family, dreg: u32) -> KExpr {
+    match field {
+        Field::Saddr | Field::Daddr => KExpr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: addr_offset(field, family),
+            len: family.addr_len() as u32,
+            dreg,
+        },
+        Field::L4Proto => KExpr::Meta {
+            key: NFT_META_L4PROTO,
+            dreg,
+        },
+        Field::Dport => KExpr::Payload {
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 2,
+            len: 2,
+            dreg,
+        },
+    }
+}
+
+/// Loads a concatenation into consecutive 32-bit registers from `REG32_00`.
+fn load_concat(key: &[Field], family: Family, out: &mut Vec<KExpr>) {
+    let mut reg = REG32_00;
+    for f in key {
+        out.push(load(*f, family, reg));
+        reg += (f.reg_len(family) / 4) as u32;
+    }
+}
+
+fn u32_host(v: u32) -> Vec<u8> {
+    v.to_ne_bytes().to_vec()
+}
+
+pub use crate::kernel::netlink::msg::ip_bytes;
+
+/// Encodes a set key: each component in its own 32-bit-aligned slot.
+pub fn key_bytes(key: &[KeyValue]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for k in key {
+        match k {
+            KeyValue::Addr(a) => out.extend(ip_bytes(a)),
+            KeyValue::Proto(p) => out.extend([*p, 0, 0, 0]),
+            KeyValue::Port(p) => out.extend([(p >> 8) as u8, *p as u8, 0, 0]),
+            KeyValue::Slot(s) => out.extend(s.to_ne_bytes()),
+        }
+    }
+    out
+}
+
+/// The data of an endpoint-map element: address, then port in a 32-bit slot.
+pub fn target_bytes(t: &std::net::SocketAddr) -> Vec<u8> {
+    let mut out = ip_bytes(&t.ip());
+    out.extend([(t.port() >> 8) as u8, t.port() as u8, 0, 0]);
+    out
+}
+
+/// Lowers a rule's expressions for a table of `family`.
+pub fn lower(exprs: &[Expr], family: Family) -> Vec<KExpr> {
+    let mut out = Vec::new();
+    for e in exprs {
+        lower_one(e, family, &mut out);
+    }
+    out
+}
+
+fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
+    let r = REG32_00;
+    match e {
+        Expr::Addr { field, op, value } => {
+            out.push(load(*field, family, r));
+            if !value.is_host() {
+                let len = family.addr_len();
+                out.push(KExpr::Bitwise {
+                    sreg: r,
+                    dreg: r,
+                    mask: value.mask(),
+                    xor: vec![0; len],
+                });
+            }
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: match op {
+                    CmpOp::Eq => 0,
+                    CmpOp::Neq => 1,
+                },
+                data: value.bytes(),
+            });
+        }
+        Expr::L4Proto(p) => {
+            out.push(load(Field::L4Proto, family, r));
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: 0,
+                data: vec![*p],
+            });
+        }
+        Expr::IifName { name, prefix, op } => {
+            out.push(KExpr::Meta {
+                key: NFT_META_IIFNAME,
+                dreg: r,
+            });
+            // An exact name compares with its NUL terminator; a prefix compares only its
+            // own bytes (what nft does for `iifname "veth*"`).
+            let mut data = name.as_bytes().to_vec();
+            if !prefix {
+                data.push(0);
+            }
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: if *op == CmpOp::Eq { 0 } else { 1 },
+                data,
+            });
+        }
+        Expr::InSet { key, set, negate } => {
+            load_concat(key, family, out);
+            out.push(KExpr::Lookup {
+                set: set.clone(),
+                sreg: r,
+                dreg: None,
+                flags: if *negate { NFT_LOOKUP_F_INV } else { 0 },
+            });
+        }
+        Expr::CtStateNew | Expr::CtStatusDnat => {
+            let (key, bit) = if *e == Expr::CtStateNew {
+                (NFT_CT_STATE, CT_STATE_NEW)
+            } else {
+                (NFT_CT_STATUS, CT_STATUS_DNAT)
+            };
+            out.push(KExpr::Ct { key, dreg: r });
+            out.push(KExpr::Bitwise {
+                sreg: r,
+                dreg: r,
+                mask: u32_host(bit),
+                xor: u32_host(0),
+            });
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: 1,
+                data: u32_host(0),
+            });
+        }
+        Expr::FibLocal(field) => {
+            out.push(KExpr::Fib {
+                flags: if *field == Field::Saddr {
+                    NFTA_FIB_F_SADDR
+                } else {
+                    NFTA_FIB_F_DADDR
+                },
+                result: NFT_FIB_RESULT_ADDRTYPE,
+                dreg: r,
+            });
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: 0,
+                data: u32_host(RTN_LOCAL),
+            });
+        }
+        Expr::MarkBitClear(bit) => {
+            out.push(KExpr::Meta {
+                key: NFT_META_MARK,
+                dreg: r,
+            });
+            out.push(KExpr::Bitwise {
+                sreg: r,
+                dreg: r,
+                mask: u32_host(*bit),
+                xor: u32_host(0),
+            });
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: 0,
+                data: u32_host(0),
+            });
+        }
+        Expr::NumgenZero(m) => {
+            out.push(KExpr::Numgen {
+                modulus: *m,
+                offset: 0,
+                dreg: r,
+            });
+            out.push(KExpr::Cmp {
+                sreg: r,
+                op: 0,
+                data: u32_host(0),
+            });
+        }
+        Expr::Vmap { key, map } => {
+            load_concat(key, family, out);
+            out.push(KExpr::Lookup {
+                set: map.clone(),
+                sreg: r,
+                dreg: Some(REG_VERDICT),
+                flags: 0,
+            });
+        }
+        Expr::MarkOr(bit) | Expr::MarkXor(bit) => {
+            // mark = (mark & mask) ^ xor: "or" clears the bit then sets it, "xor" flips it.
+            let (mask, xor) = match e {
+                Expr::MarkOr(_) => (!bit, *bit),
+                _ => (u32::MAX, *bit),
+            };
+            out.push(KExpr::Meta {
+                key: NFT_META_MARK,
+                dreg: r,
+            });
+            out.push(KExpr::Bitwise {
+                sreg: r,
+                dreg: r,
+                mask: u32_host(mask),
+                xor: u32_host(xor),
+            });
+            out.push(KExpr::MetaSet {
+                key: NFT_META_MARK,
+                sreg: r,
+            });
+        }
+        Expr::Masquerade { fully_random } => out.push(KExpr::Masq {
+            flags: if *fully_random {
+                NF_NAT_RANGE_PROTO_RANDOM_FULLY
+            } else {
+                0
+            },
+        }),
+        Expr::Dnat { addr, port } => {
+            let addr_regs = (family.addr_len() / 4) as u32;
+            out.push(KExpr::ImmData {
+                dreg: r,
+                data: ip_bytes(addr),
+            });
+            out.push(KExpr::ImmData {
+                dreg: r + addr_regs,
+                data: port.to_be_bytes().to_vec(),
+            });
+            out.push(KExpr::Nat {
+                kind: NFT_NAT_DNAT,
+                family: family.nfproto() as u32,
+                reg_addr: r,
+                reg_proto: Some(r + addr_regs),
+            });
+        }
+        Expr::DnatMap {
+            modulus,
+            offset,
+            map,
+        } => {
+            out.push(KExpr::Numgen {
+                modulus: *modulus,
+                offset: *offset,
+                dreg: r,
+            });
+            out.push(KExpr::Lookup {
+                set: map.clone(),
+                sreg: r,
+                dreg: Some(r),
+                flags: 0,
+            });
+            out.push(KExpr::Nat {
+                kind: NFT_NAT_DNAT,
+                family: family.nfproto() as u32,
+                reg_addr: r,
+                reg_proto: Some(r + (family.addr_len() / 4) as u32),
+            });
+        }
+        Expr::Redirect { port } => {
+            out.push(KExpr::ImmData {
+                dreg: r,
+                data: port.to_be_bytes().to_vec(),
+            });
+            out.push(KExpr::Redir { reg_proto: r });
+        }
+        Expr::Reject => out.push(KExpr::Reject {
+            kind: NFT_REJECT_ICMP_UNREACH,
+            // ICMP port unreachable (3) / ICMPv6 port unreachable (4): "connection refused".
+            code: if family == Family::Ip { 3 } else { 4 },
+        }),
+        Expr::UpdateSet { set, key } => {
+            out.push(load(*key, family, r));
+            out.push(KExpr::Dynset {
+                set: set.clone(),
+                op: NFT_DYNSET_OP_UPDATE,
+                sreg_key: r,
+            });
+        }
+        Expr::Counter => out.push(KExpr::Counter),
+        Expr::Verdict(v) => out.push(KExpr::ImmVerdict(v.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::Cidr;
+
+    #[test]
+    fn concat_uses_consecutive_32bit_registers() {
+        let k = lower(
+            &[Expr::Vmap {
+                key: vec![Field::Daddr, Field::L4Proto, Field::Dport],
+                map: "m".into(),
+            }],
+            Family::Ip6,
+        );
+        let regs: Vec<u32> = k
+            .iter()
+            .filter_map(|e| match e {
+                KExpr::Payload { dreg, .. } | KExpr::Meta { dreg, .. } => Some(*dreg),
+                _ => None,
+            })
+            .collect();
+        // 16-byte address takes 4 registers, proto 1, then the port.
+        assert_eq!(regs, vec![8, 12, 13]);
+    }
+
+    #[test]
+    fn prefix_match_masks_before_compare() {
+        let k = lower(
+            &[Expr::Addr {
+                field: Field::Saddr,
+                op: CmpOp::Neq,
+                value: "10.0.0.0/8".parse::<Cidr>().unwrap(),
+            }],
+            Family::Ip,
+        );
+        assert_eq!(k.len(), 3);
+        assert!(matches!(&k[1], KExpr::Bitwise { mask, .. } if mask == &vec![255, 0, 0, 0]));
+        assert!(matches!(&k[2], KExpr::Cmp { op: 1, data, .. } if data == &vec![10, 0, 0, 0]));
+    }
+
+    #[test]
+    fn key_bytes_pad_each_component() {
+        let b = key_bytes(&[
+            KeyValue::Addr("10.0.0.1".parse().unwrap()),
+            KeyValue::Proto(6),
+            KeyValue::Port(80),
+        ]);
+        assert_eq!(b, vec![10, 0, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0]);
+    }
+}

@@ -1,0 +1,419 @@
+//! A small typed model of the nftables objects kube-nlproxy owns (after sigs.k8s.io/knftables):
+//! [`Table`], [`Chain`], [`Rule`] with typed [`Expr`]essions, [`Set`]s and maps, and
+//! [`Element`]s, batched in a [`Transaction`]. Everything here is pure; `encode` lowers a
+//! transaction to one nfnetlink batch, `render` prints it as `nft` syntax, `fake` applies it
+//! in memory, and `netlink` (the only I/O file) sends it to the kernel.
+
+pub mod decode;
+pub mod encode;
+pub mod fake;
+pub mod lower;
+pub mod monitor;
+pub mod netlink;
+pub mod plan_only;
+#[cfg(test)]
+mod proptests;
+pub mod render;
+pub mod trace;
+pub mod transaction;
+
+use std::net::IpAddr;
+
+pub use crate::model::net::{Cidr, Family};
+
+pub use fake::FakeNftables;
+pub use plan_only::PlanOnly;
+pub use transaction::{Object, Op, Transaction};
+
+/// A table: the unit of ownership. We never touch a table we did not name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub family: Family,
+    pub name: String,
+    pub comment: Option<String>,
+}
+
+/// Chain type of a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChainType {
+    Filter,
+    Nat,
+}
+
+impl ChainType {
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainType::Filter => "filter",
+            ChainType::Nat => "nat",
+        }
+    }
+}
+
+/// Netfilter hooks of the ip/ip6 families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+impl Hook {
+    /// `NF_INET_*` hook number.
+    pub fn number(self) -> u32 {
+        match self {
+            Hook::Prerouting => 0,
+            Hook::Input => 1,
+            Hook::Forward => 2,
+            Hook::Output => 3,
+            Hook::Postrouting => 4,
+        }
+    }
+    pub fn from_number(n: u32) -> Option<Hook> {
+        Some(match n {
+            0 => Hook::Prerouting,
+            1 => Hook::Input,
+            2 => Hook::Forward,
+            3 => Hook::Output,
+            4 => Hook::Postrouting,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Prerouting => "prerouting",
+            Hook::Input => "input",
+            Hook::Forward => "forward",
+            Hook::Output => "output",
+            Hook::Postrouting => "postrouting",
+        }
+    }
+}
+
+/// What makes a chain a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BaseChain {
+    pub kind: ChainType,
+    pub hook: Hook,
+    pub priority: i32,
+}
+
+/// A chain. Regular chains are only reached by jump/goto/vmap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    pub base: Option<BaseChain>,
+    pub comment: Option<String>,
+}
+
+impl Chain {
+    pub fn regular(name: impl Into<String>) -> Chain {
+        Chain {
+            name: name.into(),
+            base: None,
+            comment: None,
+        }
+    }
+    pub fn base(name: impl Into<String>, kind: ChainType, hook: Hook, priority: i32) -> Chain {
+        Chain {
+            name: name.into(),
+            base: Some(BaseChain {
+                kind,
+                hook,
+                priority,
+            }),
+            comment: None,
+        }
+    }
+}
+
+/// A verdict: the end of a rule, or the data of a verdict-map element.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    Accept,
+    Drop,
+    Return,
+    Jump(String),
+    Goto(String),
+}
+
+impl Verdict {
+    /// The chain this verdict refers to, if any.
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Verdict::Jump(c) | Verdict::Goto(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// A packet field usable in matches, set keys and concatenations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Field {
+    /// Source address of the table's family.
+    Saddr,
+    /// Destination address of the table's family.
+    Daddr,
+    /// `meta l4proto`.
+    L4Proto,
+    /// `th dport` (TCP, UDP, SCTP destination port).
+    Dport,
+}
+
+impl Field {
+    /// Length of the field's value in bytes.
+    pub fn len(self, family: Family) -> usize {
+        match self {
+            Field::Saddr | Field::Daddr => family.addr_len(),
+            Field::L4Proto => 1,
+            Field::Dport => 2,
+        }
+    }
+    /// Length rounded up to the 32-bit registers a concatenation uses.
+    pub fn reg_len(self, family: Family) -> usize {
+        (self.len(family) + 3) & !3
+    }
+}
+
+/// One component of a set element's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeyValue {
+    Addr(IpAddr),
+    Proto(u8),
+    Port(u16),
+    /// A slot of an endpoint map (a 32-bit integer in host byte order, as `numgen` yields).
+    Slot(u32),
+}
+
+/// A named set, or a verdict map when `map` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Set {
+    pub name: String,
+    /// The key: one field, or a concatenation.
+    pub key: Vec<Field>,
+    /// A verdict map (`type … : verdict`).
+    pub map: bool,
+    /// Element timeout in seconds; makes the set `flags dynamic,timeout` so rules may add to it.
+    pub timeout: Option<u32>,
+    pub comment: Option<String>,
+    /// An endpoint map: slot (`numgen` value) → address . port of the table's family. Its
+    /// `key` is empty and `map` false.
+    pub endpoints: bool,
+}
+
+impl Set {
+    pub fn plain(name: impl Into<String>, key: Vec<Field>) -> Set {
+        Set {
+            name: name.into(),
+            key,
+            map: false,
+            timeout: None,
+            comment: None,
+            endpoints: false,
+        }
+    }
+    /// An endpoint map (`typeof numgen random mod 1 : ip daddr . tcp dport`).
+    pub fn endpoint_map(name: impl Into<String>) -> Set {
+        Set {
+            endpoints: true,
+            ..Set::plain(name, vec![])
+        }
+    }
+    pub fn vmap(name: impl Into<String>, key: Vec<Field>) -> Set {
+        Set {
+            map: true,
+            ..Set::plain(name, key)
+        }
+    }
+}
+
+/// An element of a set or verdict map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    pub set: String,
+    pub key: Vec<KeyValue>,
+    /// The verdict, for verdict maps.
+    pub verdict: Option<Verdict>,
+    /// The endpoint, for endpoint maps.
+    pub target: Option<std::net::SocketAddr>,
+    pub comment: Option<String>,
+}
+
+/// Comparison of a field with a value or prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Neq,
+}
+
+/// A typed rule expression: a match (which may end evaluation of the rule) or a statement.
+/// Each lowers to one or more kernel expressions in [`lower`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expr {
+    /// `ip saddr 10.0.0.0/8`, `ip daddr != 127.0.0.0/8`.
+    Addr {
+        field: Field,
+        op: CmpOp,
+        value: Cidr,
+    },
+    /// `meta l4proto tcp`.
+    L4Proto(u8),
+    /// `iifname "cni0"`, or with `prefix` `iifname "veth*"` (`!=` with `CmpOp::Neq`).
+    IifName {
+        name: String,
+        prefix: bool,
+        op: CmpOp,
+    },
+    /// `ip saddr . ip daddr @set` (or `!= @set`).
+    InSet {
+        key: Vec<Field>,
+        set: String,
+        negate: bool,
+    },
+    /// `ct state new`.
+    CtStateNew,
+    /// `ct status dnat`: the connection was destination-NATed.
+    CtStatusDnat,
+    /// `fib daddr type local` / `fib saddr type local`.
+    FibLocal(Field),
+    /// `meta mark & BIT == 0`.
+    MarkBitClear(u32),
+    /// `numgen random mod N == 0`: true with probability 1/N.
+    NumgenZero(u32),
+    /// `ip daddr . meta l4proto . th dport vmap @map`.
+    Vmap { key: Vec<Field>, map: String },
+    /// `meta mark set meta mark | BIT`.
+    MarkOr(u32),
+    /// `meta mark set meta mark ^ BIT`.
+    MarkXor(u32),
+    /// `masquerade [fully-random]`.
+    Masquerade { fully_random: bool },
+    /// `dnat to ADDR:PORT`.
+    Dnat { addr: IpAddr, port: u16 },
+    /// `dnat to numgen random mod MODULUS offset OFFSET map @MAP`: one of the endpoints in
+    /// slots OFFSET..OFFSET+MODULUS of an endpoint map, uniformly.
+    DnatMap {
+        modulus: u32,
+        offset: u32,
+        map: String,
+    },
+    /// `redirect to :PORT`: to this host's address of the incoming interface (loopback for
+    /// locally generated packets).
+    Redirect { port: u16 },
+    /// `reject` (ICMP port unreachable).
+    Reject,
+    /// `update @set { ip saddr }`: refresh or add the key with the set's timeout.
+    UpdateSet { set: String, key: Field },
+    /// `counter`.
+    Counter,
+    /// The rule's verdict.
+    Verdict(Verdict),
+}
+
+impl Expr {
+    /// Sets this expression reads or writes.
+    pub fn set_ref(&self) -> Option<&str> {
+        match self {
+            Expr::InSet { set, .. } | Expr::UpdateSet { set, .. } => Some(set),
+            Expr::Vmap { map, .. } | Expr::DnatMap { map, .. } => Some(map),
+            _ => None,
+        }
+    }
+    /// The chain this expression jumps to, if any.
+    pub fn chain_ref(&self) -> Option<&str> {
+        match self {
+            Expr::Verdict(v) => v.target(),
+            _ => None,
+        }
+    }
+}
+
+/// A rule, appended to its chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub chain: String,
+    pub exprs: Vec<Expr>,
+    pub comment: Option<String>,
+}
+
+impl Rule {
+    pub fn new(chain: impl Into<String>, exprs: Vec<Expr>) -> Rule {
+        Rule {
+            chain: chain.into(),
+            exprs,
+            comment: None,
+        }
+    }
+    pub fn with_comment(mut self, c: impl Into<String>) -> Rule {
+        self.comment = Some(c.into());
+        self
+    }
+}
+
+/// Protocol numbers we handle.
+pub mod proto {
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const SCTP: u8 = 132;
+    pub fn name(p: u8) -> String {
+        match p {
+            TCP => "tcp".into(),
+            UDP => "udp".into(),
+            SCTP => "sctp".into(),
+            n => n.to_string(),
+        }
+    }
+}
+
+/// An error applying or listing nftables state.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kernel (or the fake, imitating it) rejected an operation of a transaction; nothing
+    /// of the transaction was applied.
+    #[error("{op}: {}{}", std::io::Error::from_raw_os_error(*errno), reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default())]
+    Rejected {
+        /// The failing operation, e.g. `add rule in chain services`.
+        op: String,
+        errno: i32,
+        reason: Option<String>,
+    },
+    /// The netlink transport failed.
+    #[error(transparent)]
+    Netlink(#[from] crate::kernel::netlink::Error),
+    /// A kernel reply could not be decoded.
+    #[error(transparent)]
+    Decode(#[from] decode::DecodeError),
+}
+
+impl Error {
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Error::Rejected { errno, .. } => Some(*errno),
+            Error::Netlink(e) => e.errno(),
+            Error::Decode(_) => None,
+        }
+    }
+    pub fn is_not_found(&self) -> bool {
+        self.errno() == Some(libc::ENOENT)
+    }
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(libc::EEXIST)
+    }
+    pub fn is_busy(&self) -> bool {
+        self.errno() == Some(libc::EBUSY)
+    }
+}
+
+/// What the proxy needs from nftables: apply a transaction atomically, and list the names of
+/// what exists in one of its tables (to reconcile after a restart and clean up).
+pub trait Nftables {
+    /// Applies every operation of `tx`, or none of them.
+    fn apply(&mut self, tx: &Transaction) -> Result<(), Error>;
+    /// Tables of a family (name and comment).
+    fn list_tables(&mut self, family: Family) -> Result<Vec<decode::ListedTable>, Error>;
+    /// Chain names of a table; an absent table lists as empty.
+    fn list_chains(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error>;
+    /// Set and map names of a table; an absent table lists as empty.
+    fn list_sets(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error>;
+}

@@ -1,0 +1,112 @@
+//! The IPVS mode: virtual and real servers planned from the model ([`plan`]), a companion
+//! nftables table for what IPVS cannot do ([`table`]), sysctls ([`sysctl`]), and the
+//! [`proxier::IpvsProxier`] that applies them.
+
+pub mod plan;
+pub mod proxier;
+pub mod sysctl;
+pub mod table;
+
+use crate::kernel::conntrack::Conntrack;
+use crate::kernel::ipvs::netlink::NetlinkIpvs;
+use crate::kernel::ipvs::Error as IpvsError;
+use crate::kernel::nft::Nftables;
+use crate::kernel::rtnl::{Links, NetlinkLinks};
+use crate::model::ProxyState;
+use crate::proxy::{LocalDetectorResolver, Options, SyncError};
+
+pub use plan::IpvsConfig;
+pub use proxier::IpvsProxier;
+
+/// The IPVS mode over the kernel: writes the sysctls it needs, opens IPVS and rtnetlink.
+/// Returns the proxier and the rtnetlink socket's port (its own link changes are told apart
+/// from others' by it).
+pub fn open<N: Nftables>(
+    nft: N,
+    opts: &Options,
+    cfg: &IpvsConfig,
+    conntrack: Option<Box<dyn Conntrack + Send>>,
+) -> Result<(IpvsProxier<NetlinkIpvs, NetlinkLinks, N>, u32), SyncError> {
+    for w in sysctl::apply(cfg).map_err(SyncError::Sysctl)? {
+        tracing::warn!("{w}");
+    }
+    let ipvs = NetlinkIpvs::open()?;
+    let links = NetlinkLinks::open()?;
+    let port = links.port_id();
+    let mut p = IpvsProxier::new(
+        ipvs,
+        links,
+        nft,
+        cfg.clone(),
+        opts.proxier.clone(),
+        opts.detect_local.clone(),
+    )
+    .with_full_every(opts.sync_period);
+    if let Some(ct) = conntrack {
+        p = p.with_conntrack(ct);
+    }
+    Ok((p, port))
+}
+
+/// `--dry-run`: virtual servers and the companion table for `state`, touching nothing.
+pub fn dry_run(opts: &Options, cfg: &IpvsConfig, state: &ProxyState) -> Result<String, SyncError> {
+    let mut links = NetlinkLinks::open()?;
+    let mut local = LocalDetectorResolver::new(opts.detect_local.clone());
+    proxier::render_plan(&mut links, cfg, &opts.proxier, &mut local, state)
+}
+
+/// Removes what the IPVS mode created: our virtual servers, the dummy link, the companion
+/// table (the configured name and the default). A kernel without IPVS has none of it.
+pub fn cleanup<N: Nftables>(
+    mut nft: N,
+    opts: &Options,
+    cfg: &IpvsConfig,
+) -> Result<Vec<String>, SyncError> {
+    let mut removed = crate::proxy::cleanup::delete_tables(&mut nft, &[table::DEFAULT_TABLE])?;
+    let ipvs = match NetlinkIpvs::open() {
+        Ok(i) => i,
+        Err(IpvsError::Unavailable) => {
+            tracing::debug!("no IPVS in this kernel: nothing of the IPVS mode to clean up");
+            return Ok(removed);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let links = NetlinkLinks::open()?;
+    let mut p = IpvsProxier::new(
+        ipvs,
+        links,
+        nft,
+        cfg.clone(),
+        opts.proxier.clone(),
+        opts.detect_local.clone(),
+    );
+    removed.extend(p.cleanup()?);
+    Ok(removed)
+}
+
+/// When another mode starts: what an earlier IPVS-mode run left (its table, virtual servers
+/// on the dummy link, the link) would take ClusterIP traffic first; remove it, as upstream
+/// does when switching modes. Never touches `opts`' own table.
+pub fn cleanup_leftovers<N: Nftables>(
+    mut nft: N,
+    opts: &Options,
+    cfg: &IpvsConfig,
+) -> Result<Vec<String>, SyncError> {
+    let mut removed = crate::proxy::cleanup::delete_tables(&mut nft, &[table::DEFAULT_TABLE])?;
+    let mut links = NetlinkLinks::open()?;
+    if links.link(&cfg.dummy_link)?.is_none() {
+        return Ok(removed);
+    }
+    let mut proxier = opts.proxier.clone();
+    proxier.table = table::DEFAULT_TABLE.into();
+    let mut p = IpvsProxier::new(
+        NetlinkIpvs::open()?,
+        links,
+        nft,
+        cfg.clone(),
+        proxier,
+        opts.detect_local.clone(),
+    );
+    removed.extend(p.cleanup()?);
+    Ok(removed)
+}

@@ -1,0 +1,811 @@
+//! Applies [`IpvsPlan`]s: the companion nftables table in one atomic batch per family,
+//! VIPs on the dummy link, then virtual and real servers, one acknowledged request per
+//! change. Removed real servers drain at weight 0 until their connections are gone or the
+//! grace period ends (UDP has no connections to drain: deleted at once). Virtual servers we
+//! do not own (address neither on our dummy link nor a node address serving a NodePort) are
+//! never touched, nor are any inside `excludeCIDRs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::kernel::conntrack::Conntrack;
+use crate::kernel::ipvs::{Error, Ipvs, RealServer, Timeouts, VirtualServer, VsKey};
+use crate::kernel::nft::{render, Family, Nftables};
+use crate::kernel::rtnl::{host_prefix, IfAddr, Links};
+use crate::model::ProxyState;
+use crate::proxy::conntrack::reconcile_conntrack;
+use crate::proxy::{
+    plan_transaction, DetectLocal, LocalDetectorResolver, Proxier, ProxierConfig, SyncError,
+    SyncStats, TableSync,
+};
+
+use super::plan::{build_plan, nodeport_addresses, IpvsConfig, IpvsPlan};
+use super::table;
+
+/// The NodePort range of a default apiserver: after a restart, virtual servers on node
+/// addresses in this range are ours even when their Service is gone.
+pub const NODEPORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
+
+/// What we last left in the kernel for one virtual server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Applied {
+    vs: VirtualServer,
+    /// Weight per real server (0: draining).
+    dests: BTreeMap<(IpAddr, u16), u32>,
+}
+
+/// Keeps IPVS, the dummy link and the companion table in step with the model.
+pub struct IpvsProxier<I: Ipvs, L: Links, N: Nftables> {
+    ipvs: I,
+    links: L,
+    nft: N,
+    cfg: IpvsConfig,
+    proxier: ProxierConfig,
+    local: LocalDetectorResolver,
+    applied: BTreeMap<VsKey, Applied>,
+    /// Draining real servers and when their grace period ends.
+    draining: BTreeMap<(VsKey, IpAddr, u16), Instant>,
+    table: TableSync,
+    need_full: bool,
+    last_full: Option<Instant>,
+    /// A full sync re-lists the kernel at least this often, restoring anything removed
+    /// behind our back (IPVS has no change notifications).
+    full_every: Duration,
+    timeouts_done: bool,
+    conntrack: Option<Box<dyn Conntrack + Send>>,
+}
+
+impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
+    pub fn new(
+        ipvs: I,
+        links: L,
+        nft: N,
+        cfg: IpvsConfig,
+        proxier: ProxierConfig,
+        detect_local: DetectLocal,
+    ) -> Self {
+        IpvsProxier {
+            ipvs,
+            links,
+            nft,
+            cfg,
+            table: TableSync::new(proxier.table.clone()),
+            proxier,
+            local: LocalDetectorResolver::new(detect_local),
+            applied: BTreeMap::new(),
+            draining: BTreeMap::new(),
+            need_full: true,
+            last_full: None,
+            full_every: Duration::from_secs(30),
+            timeouts_done: false,
+            conntrack: None,
+        }
+    }
+
+    /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
+    pub fn with_conntrack(mut self, ct: Box<dyn Conntrack + Send>) -> Self {
+        self.conntrack = Some(ct);
+        self
+    }
+
+    /// How often a sync re-lists the kernel (the sync period).
+    pub fn with_full_every(mut self, d: Duration) -> Self {
+        self.full_every = d;
+        self
+    }
+
+    pub fn ipvs(&mut self) -> &mut I {
+        &mut self.ipvs
+    }
+    pub fn links(&mut self) -> &mut L {
+        &mut self.links
+    }
+    pub fn nft(&mut self) -> &mut N {
+        &mut self.nft
+    }
+
+    pub fn force_full_sync(&mut self) {
+        self.need_full = true;
+    }
+
+    /// Whether real servers are draining or chains await deletion (sync again soon).
+    pub fn has_pending_work(&self) -> bool {
+        !self.draining.is_empty() || self.table.has_pending_deletes()
+    }
+
+    /// The addresses on our dummy link (`index`) and those on every other link.
+    fn split_addresses(
+        &mut self,
+        index: u32,
+    ) -> Result<(BTreeSet<IpAddr>, BTreeSet<IpAddr>), SyncError> {
+        let (mut bound, mut other) = (BTreeSet::new(), BTreeSet::new());
+        for a in self.links.addresses()? {
+            if a.index == index {
+                bound.insert(a.addr);
+            } else {
+                other.insert(a.addr);
+            }
+        }
+        Ok((bound, other))
+    }
+
+    fn excluded(&self, a: &IpAddr) -> bool {
+        self.cfg.exclude_cidrs.iter().any(|c| c.contains(a))
+    }
+
+    /// One sync. Every step runs even when an earlier one failed (a bad object never stops
+    /// the rest); the first error is returned and the next sync is a full one.
+    pub fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+        let full = self.need_full
+            || self
+                .last_full
+                .is_none_or(|t| t.elapsed() >= self.full_every);
+        let mut stats = SyncStats {
+            full,
+            ..Default::default()
+        };
+        let res = self.sync_inner(state, full, &mut stats);
+        match &res {
+            Ok(()) => {
+                if let Some(ct) = self.conntrack.as_mut() {
+                    reconcile_conntrack(ct.as_mut(), state, &Family::all(), &mut stats);
+                }
+                self.need_full = false;
+                if full {
+                    self.last_full = Some(Instant::now());
+                }
+            }
+            Err(_) => {
+                self.need_full = true;
+                self.table.forget();
+            }
+        }
+        res.map(|()| stats)
+    }
+
+    fn sync_inner(
+        &mut self,
+        state: &ProxyState,
+        full: bool,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        if !self.timeouts_done {
+            let t = Timeouts {
+                tcp: self.cfg.tcp_timeout,
+                tcp_fin: self.cfg.tcp_fin_timeout,
+                udp: self.cfg.udp_timeout,
+            };
+            if t != Timeouts::default() {
+                self.ipvs.set_timeouts(t)?;
+            }
+            self.timeouts_done = true;
+        }
+        // The dummy link and the addresses around it.
+        let name = self.cfg.dummy_link.clone();
+        let link = match self.links.link(&name)? {
+            Some(l) => l,
+            None => {
+                tracing::info!(link = %name, "creating the dummy link for service addresses");
+                self.links.add_dummy(&name)?;
+                self.links
+                    .link(&name)?
+                    .ok_or_else(|| SyncError::LinkVanished(name.clone()))?
+            }
+        };
+        let (bound, local) = self.split_addresses(link.index)?;
+        let local: Vec<IpAddr> = local.into_iter().collect();
+        let node_addrs = nodeport_addresses(
+            &local,
+            &self.proxier.nodeport_addresses,
+            &state.node.addresses,
+        );
+        let plan = build_plan(state, &self.cfg, &node_addrs);
+        let mut first_err: Option<SyncError> = None;
+
+        // 1. The companion table first, so no-endpoint rejects and source-range firewalls
+        //    are in force before a virtual server can take traffic.
+        let pcfg = self.local.resolve(&self.proxier, &state.node);
+        for family in Family::all() {
+            if let Err(e) = self.sync_table(state, &plan, &pcfg, family, full, stats) {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.table.count(stats);
+        // 2. New VIPs, so virtual servers are reachable the moment they exist.
+        for vip in plan.vips.difference(&bound) {
+            let a = IfAddr {
+                index: link.index,
+                addr: *vip,
+                prefix_len: host_prefix(vip),
+            };
+            match self.links.add_address(&a) {
+                Ok(()) => stats.ipvs_changes += 1,
+                Err(e) if e.source.errno() == Some(libc::EEXIST) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e.into());
+                }
+            }
+        }
+        // 3. Virtual and real servers.
+        if let Err(e) = self.sync_ipvs(&plan, &bound, &node_addrs, full, stats) {
+            first_err.get_or_insert(e);
+        }
+        // 4. VIPs of services that are gone.
+        for vip in bound.difference(&plan.vips) {
+            let a = IfAddr {
+                index: link.index,
+                addr: *vip,
+                prefix_len: host_prefix(vip),
+            };
+            match self.links.delete_address(&a) {
+                Ok(()) => stats.ipvs_changes += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e.into());
+                }
+            }
+        }
+        stats.virtual_servers = self.applied.len();
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn sync_table(
+        &mut self,
+        state: &ProxyState,
+        plan: &IpvsPlan,
+        pcfg: &ProxierConfig,
+        family: Family,
+        full: bool,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let rs = table::build_ruleset(state, plan, pcfg, family);
+        self.table.sync(&mut self.nft, rs, full, stats)
+    }
+
+    /// What the kernel has that is ours, listed (full sync).
+    fn list_owned(
+        &mut self,
+        plan: &IpvsPlan,
+        bound: &BTreeSet<IpAddr>,
+        node_addrs: &[IpAddr],
+    ) -> Result<BTreeMap<VsKey, Applied>, Error> {
+        let mut out = BTreeMap::new();
+        for vs in self.ipvs.services()? {
+            let k = vs.key();
+            let ours = bound.contains(&k.addr)
+                || plan.vips.contains(&k.addr)
+                || plan.services.contains_key(&k)
+                || (node_addrs.contains(&k.addr) && NODEPORT_RANGE.contains(&k.port));
+            if !ours {
+                continue;
+            }
+            let dests = self
+                .ipvs
+                .dests(&vs)?
+                .into_iter()
+                .map(|d| ((d.addr, d.port), d.weight))
+                .collect();
+            out.insert(k, Applied { vs, dests });
+        }
+        Ok(out)
+    }
+
+    fn sync_ipvs(
+        &mut self,
+        plan: &IpvsPlan,
+        bound: &BTreeSet<IpAddr>,
+        node_addrs: &[IpAddr],
+        full: bool,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let current = if full {
+            self.list_owned(plan, bound, node_addrs)?
+        } else {
+            // Rebuilt below as `next`; no need to copy every virtual server each sync.
+            std::mem::take(&mut self.applied)
+        };
+        if full {
+            // What we had applied and the kernel no longer has was removed behind our back.
+            for (key, a) in &self.applied {
+                stats.restored += match current.get(key) {
+                    None => 1 + a.dests.len(),
+                    Some(c) => a.dests.keys().filter(|d| !c.dests.contains_key(d)).count(),
+                };
+            }
+            if stats.restored > 0 {
+                tracing::warn!(
+                    restored = stats.restored,
+                    "IPVS virtual or real servers were removed by someone else; restoring them"
+                );
+            }
+        }
+        let mut first_err: Option<Error> = None;
+        let mut note = |r: Result<(), Error>, stats: &mut SyncStats| match r {
+            Ok(()) => {
+                stats.ipvs_changes += 1;
+                true
+            }
+            Err(e) => {
+                tracing::warn!("{e}");
+                first_err.get_or_insert(e);
+                false
+            }
+        };
+        let now = Instant::now();
+        let mut next: BTreeMap<VsKey, Applied> = BTreeMap::new();
+        for (key, d) in &plan.services {
+            let mut applied = Applied {
+                vs: d.vs.clone(),
+                dests: BTreeMap::new(),
+            };
+            let cur = current.get(key);
+            match cur {
+                None => {
+                    if !note(self.ipvs.add_service(&d.vs), stats) {
+                        continue;
+                    }
+                }
+                Some(c)
+                    if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence =>
+                {
+                    note(self.ipvs.update_service(&d.vs), stats);
+                }
+                Some(_) => {}
+            }
+            let empty = BTreeMap::new();
+            let cur_dests = cur.map(|c| &c.dests).unwrap_or(&empty);
+            for (k, rs) in &d.dests {
+                let ok = match cur_dests.get(k) {
+                    None => note(self.ipvs.add_dest(&d.vs, rs), stats),
+                    Some(&w) if w != rs.weight => note(self.ipvs.update_dest(&d.vs, rs), stats),
+                    Some(_) => true,
+                };
+                self.draining.remove(&(*key, k.0, k.1));
+                if ok {
+                    applied.dests.insert(*k, rs.weight);
+                }
+            }
+            for (k, &w) in cur_dests {
+                if d.dests.contains_key(k) {
+                    continue;
+                }
+                let rs = RealServer {
+                    weight: 0,
+                    ..RealServer::masq(k.0, k.1)
+                };
+                if key.protocol == crate::kernel::nft::proto::UDP {
+                    // Nothing to drain; expire_nodest_conn drops its flows on the next packet.
+                    note(self.ipvs.delete_dest(&d.vs, &rs), stats);
+                    continue;
+                }
+                if w != 0 && !note(self.ipvs.update_dest(&d.vs, &rs), stats) {
+                    continue;
+                }
+                self.draining
+                    .entry((*key, k.0, k.1))
+                    .or_insert(now + self.cfg.graceful_termination);
+                applied.dests.insert(*k, 0);
+            }
+            next.insert(*key, applied);
+        }
+        for (key, c) in &current {
+            if plan.services.contains_key(key) {
+                continue;
+            }
+            if self.excluded(&key.addr) {
+                continue;
+            }
+            note(self.ipvs.delete_service(&c.vs), stats);
+            self.draining.retain(|(k, _, _), _| k != key);
+        }
+        self.applied = next;
+        // Draining real servers: delete those with no connections left or out of time.
+        let keys: BTreeSet<VsKey> = self.draining.keys().map(|(k, _, _)| *k).collect();
+        for key in keys {
+            let Some(a) = self.applied.get(&key).cloned() else {
+                self.draining.retain(|(k, _, _), _| *k != key);
+                continue;
+            };
+            let dests = match self.ipvs.dests(&a.vs) {
+                Ok(d) => d,
+                Err(e) => {
+                    note(Err(e), stats);
+                    continue;
+                }
+            };
+            let mine: Vec<((VsKey, IpAddr, u16), Instant)> = self
+                .draining
+                .iter()
+                .filter(|((k, _, _), _)| *k == key)
+                .map(|(k, t)| (*k, *t))
+                .collect();
+            for ((k, ip, port), deadline) in mine {
+                let found = dests.iter().find(|d| (d.addr, d.port) == (ip, port));
+                let done = match found {
+                    None => true,
+                    Some(d) if d.active_conns + d.inactive_conns == 0 || now >= deadline => {
+                        note(self.ipvs.delete_dest(&a.vs, d), stats)
+                    }
+                    Some(_) => false,
+                };
+                if done {
+                    self.draining.remove(&(k, ip, port));
+                    if let Some(ap) = self.applied.get_mut(&key) {
+                        ap.dests.remove(&(ip, port));
+                    }
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Removes everything we created: our virtual servers, the dummy link and the
+    /// companion table. Returns what was removed.
+    pub fn cleanup(&mut self) -> Result<Vec<String>, SyncError> {
+        let mut removed = Vec::new();
+        let name = self.cfg.dummy_link.clone();
+        if let Some(link) = self.links.link(&name)? {
+            let (bound, node) = self.split_addresses(link.index)?;
+            let mut n = 0;
+            for vs in self.ipvs.services()? {
+                let ours = bound.contains(&vs.addr)
+                    || (node.contains(&vs.addr) && NODEPORT_RANGE.contains(&vs.port));
+                if ours && !self.excluded(&vs.addr) {
+                    self.ipvs.delete_service(&vs)?;
+                    n += 1;
+                }
+            }
+            removed.push(format!("{n} IPVS virtual servers on {name} addresses"));
+            self.links.delete_link(link.index)?;
+            removed.push(format!("link {name}"));
+        }
+        let t = self.proxier.table.clone();
+        removed.extend(crate::proxy::cleanup::delete_tables(&mut self.nft, &[&t])?);
+        Ok(removed)
+    }
+}
+
+/// `--dry-run`: the virtual servers and the companion table a full sync would program,
+/// reading the node's addresses through `links` but changing nothing.
+pub fn render_plan<L: Links>(
+    links: &mut L,
+    cfg: &IpvsConfig,
+    proxier: &ProxierConfig,
+    local: &mut LocalDetectorResolver,
+    state: &ProxyState,
+) -> Result<String, SyncError> {
+    let index = links.link(&cfg.dummy_link)?.map(|l| l.index);
+    let addrs: Vec<IpAddr> = links
+        .addresses()?
+        .into_iter()
+        .filter(|a| Some(a.index) != index)
+        .map(|a| a.addr)
+        .collect();
+    let node_addrs = nodeport_addresses(&addrs, &proxier.nodeport_addresses, &state.node.addresses);
+    let plan = build_plan(state, cfg, &node_addrs);
+    let mut out = super::plan::render(&plan);
+    let pcfg = local.resolve(proxier, &state.node);
+    for family in Family::all() {
+        let rs = table::build_ruleset(state, &plan, &pcfg, family);
+        out.push_str(&render::transaction(
+            &plan_transaction(None, &rs, None, &[]).tx,
+        ));
+    }
+    Ok(out)
+}
+
+impl<I: Ipvs, L: Links, N: Nftables> Proxier for IpvsProxier<I, L, N> {
+    fn sync(&mut self, state: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
+        IpvsProxier::sync(self, state)
+    }
+    fn force_full_sync(&mut self) {
+        IpvsProxier::force_full_sync(self)
+    }
+    fn has_pending_work(&self) -> bool {
+        IpvsProxier::has_pending_work(self)
+    }
+    fn dry_run(&mut self, state: &ProxyState) -> Result<String, SyncError> {
+        render_plan(
+            &mut self.links,
+            &self.cfg,
+            &self.proxier,
+            &mut self.local,
+            state,
+        )
+    }
+    fn cleanup(&mut self) -> Result<Vec<String>, SyncError> {
+        IpvsProxier::cleanup(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::ipvs::fake::FakeIpvs;
+    use crate::kernel::nft::fake::FakeNftables;
+    use crate::kernel::rtnl::{FakeLinks, Link};
+    use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
+
+    type R = IpvsProxier<FakeIpvs, FakeLinks, FakeNftables>;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+    fn spn(name: &str, proto: Protocol) -> ServicePortName {
+        ServicePortName {
+            namespace: "ns".into(),
+            name: name.into(),
+            port: "p".into(),
+            protocol: proto,
+        }
+    }
+    fn key(a: &str, port: u16, protocol: u8) -> VsKey {
+        VsKey {
+            addr: ip(a),
+            port,
+            protocol,
+        }
+    }
+
+    fn reconciler() -> R {
+        let links = FakeLinks {
+            links: vec![Link {
+                index: 2,
+                name: "eth0".into(),
+                kind: String::new(),
+            }],
+            addrs: vec![IfAddr {
+                index: 2,
+                addr: ip("192.168.50.1"),
+                prefix_len: 24,
+            }],
+        };
+        IpvsProxier::new(
+            FakeIpvs::default(),
+            links,
+            FakeNftables::default(),
+            IpvsConfig::default(),
+            ProxierConfig {
+                table: table::DEFAULT_TABLE.into(),
+                ..Default::default()
+            },
+            DetectLocal::ClusterCidr(vec![]),
+        )
+    }
+
+    fn state(eps: &[&str], proto: Protocol) -> ProxyState {
+        let mut st = ProxyState::default();
+        st.node.name = "node1".into();
+        let mut sp = ServicePort::new(spn("web", proto), ip("10.96.0.10"), 80);
+        sp.node_port = Some(30080);
+        st.endpoints.insert(
+            sp.name.clone(),
+            eps.iter()
+                .map(|e| Endpoint::ready(ip(e), 8080, true))
+                .collect(),
+        );
+        st.services.insert(sp.name.clone(), sp);
+        st
+    }
+
+    fn dest_weights(r: &mut R, k: &VsKey) -> Vec<(String, u32)> {
+        r.ipvs()
+            .dests_of(k)
+            .into_iter()
+            .map(|d| (d.addr.to_string(), d.weight))
+            .collect()
+    }
+
+    #[test]
+    fn creates_link_vips_and_servers_then_idles() {
+        let mut r = reconciler();
+        let st = state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp);
+        let s = r.sync(&st).unwrap();
+        assert!(s.full);
+        let link = r.links().link("kube-ipvs0").unwrap().expect("dummy link");
+        assert_eq!(link.kind, "dummy");
+        let bound: Vec<IpAddr> = r
+            .links()
+            .addrs
+            .iter()
+            .filter(|a| a.index == link.index)
+            .map(|a| a.addr)
+            .collect();
+        assert_eq!(bound, [ip("10.96.0.10")]);
+        let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
+        assert_eq!(
+            keys,
+            [key("10.96.0.10", 80, 6), key("192.168.50.1", 30080, 6)]
+        );
+        assert_eq!(
+            dest_weights(&mut r, &key("10.96.0.10", 80, 6)),
+            [("10.244.1.2".into(), 1), ("10.244.1.3".into(), 1)]
+        );
+        // Nothing changed: nothing is written.
+        let before = r.ipvs().writes;
+        let s = r.sync(&st).unwrap();
+        assert!(!s.full);
+        assert_eq!(s.ipvs_changes, 0);
+        assert_eq!(r.ipvs().writes, before);
+    }
+
+    #[test]
+    fn removed_tcp_endpoint_drains_then_goes() {
+        let mut r = reconciler();
+        r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp))
+            .unwrap();
+        let k = key("10.96.0.10", 80, 6);
+        r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 1, 0);
+        let st = state(&["10.244.1.2"], Protocol::Tcp);
+        r.sync(&st).unwrap();
+        assert_eq!(
+            dest_weights(&mut r, &k),
+            [("10.244.1.2".into(), 1), ("10.244.1.3".into(), 0)],
+            "a draining real server stays at weight 0 while it has connections"
+        );
+        assert!(r.has_pending_work());
+        r.sync(&st).unwrap();
+        assert_eq!(dest_weights(&mut r, &k).len(), 2);
+        r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 0, 0);
+        r.sync(&st).unwrap();
+        assert_eq!(dest_weights(&mut r, &k), [("10.244.1.2".into(), 1)]);
+        // The NodePort virtual server drained with no connections: gone at once.
+        assert_eq!(
+            dest_weights(&mut r, &key("192.168.50.1", 30080, 6)),
+            [("10.244.1.2".into(), 1)]
+        );
+        assert!(!r.has_pending_work());
+    }
+
+    #[test]
+    fn a_draining_endpoint_that_comes_back_gets_weight_again() {
+        let mut r = reconciler();
+        let k = key("10.96.0.10", 80, 6);
+        r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp))
+            .unwrap();
+        r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 3, 0);
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp))
+            .unwrap();
+        assert_eq!(
+            dest_weights(&mut r, &k),
+            [("10.244.1.2".into(), 1), ("10.244.1.3".into(), 1)]
+        );
+    }
+
+    #[test]
+    fn grace_period_ends_draining() {
+        let mut r = reconciler();
+        r.cfg.graceful_termination = Duration::ZERO;
+        let k = key("10.96.0.10", 80, 6);
+        r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp))
+            .unwrap();
+        r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 5, 5);
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        assert_eq!(dest_weights(&mut r, &k), [("10.244.1.2".into(), 1)]);
+    }
+
+    #[test]
+    fn udp_real_servers_are_deleted_at_once() {
+        let mut r = reconciler();
+        let k = key("10.96.0.10", 80, 17);
+        r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Udp))
+            .unwrap();
+        r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 0, 4);
+        r.sync(&state(&["10.244.1.2"], Protocol::Udp)).unwrap();
+        assert_eq!(dest_weights(&mut r, &k), [("10.244.1.2".into(), 1)]);
+    }
+
+    #[test]
+    fn foreign_and_excluded_virtual_servers_survive() {
+        let mut r = reconciler();
+        r.cfg.exclude_cidrs = vec!["10.200.0.0/16".parse().unwrap()];
+        let foreign = VirtualServer {
+            addr: ip("172.16.0.1"),
+            port: 80,
+            protocol: 6,
+            scheduler: "wlc".into(),
+            persistence: 0,
+        };
+        r.ipvs().add_service(&foreign).unwrap();
+        // On a node address but outside the NodePort range: not ours either.
+        let on_node = VirtualServer {
+            addr: ip("192.168.50.1"),
+            port: 8443,
+            ..foreign.clone()
+        };
+        r.ipvs().add_service(&on_node).unwrap();
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        // An excluded VIP we bound earlier is ours, yet never deleted.
+        let mut st = state(&["10.244.1.2"], Protocol::Tcp);
+        let sp = st.services.values_mut().next().unwrap();
+        sp.external_ips = vec![ip("10.200.0.5")];
+        r.sync(&st).unwrap();
+        assert!(r.ipvs().services.contains_key(&key("10.200.0.5", 80, 6)));
+        r.force_full_sync();
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
+        assert!(keys.contains(&foreign.key()));
+        assert!(keys.contains(&on_node.key()));
+        assert!(keys.contains(&key("10.200.0.5", 80, 6)), "{keys:?}");
+        assert_eq!(r.ipvs().services[&foreign.key()].0.scheduler, "wlc");
+    }
+
+    #[test]
+    fn a_full_sync_restores_what_others_removed_and_drops_stale_services() {
+        let mut r = reconciler();
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        // Someone deletes our virtual server and leaves a stale one of ours on a VIP.
+        r.ipvs().services.remove(&key("10.96.0.10", 80, 6));
+        let stale = VirtualServer {
+            addr: ip("192.168.50.1"),
+            port: 31000,
+            protocol: 6,
+            scheduler: "rr".into(),
+            persistence: 0,
+        };
+        r.ipvs().add_service(&stale).unwrap();
+        r.force_full_sync();
+        let st = r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        assert_eq!(st.restored, 2, "the virtual server and its real server");
+        let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
+        assert_eq!(
+            keys,
+            [key("10.96.0.10", 80, 6), key("192.168.50.1", 30080, 6)]
+        );
+    }
+
+    #[test]
+    fn scheduler_and_affinity_changes_update_in_place() {
+        let mut r = reconciler();
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        let mut st = state(&["10.244.1.2"], Protocol::Tcp);
+        st.services.values_mut().next().unwrap().affinity_timeout = Some(10800);
+        r.sync(&st).unwrap();
+        let (vs, dests) = &r.ipvs().services[&key("10.96.0.10", 80, 6)];
+        assert_eq!(vs.persistence, 10800);
+        assert_eq!(dests.len(), 1, "real servers kept across the update");
+    }
+
+    #[test]
+    fn service_removal_unbinds_its_vip() {
+        let mut r = reconciler();
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        let mut st = state(&[], Protocol::Tcp);
+        st.services.clear();
+        st.endpoints.clear();
+        r.sync(&st).unwrap();
+        assert!(r.ipvs().services.is_empty());
+        let idx = r.links().link("kube-ipvs0").unwrap().unwrap().index;
+        assert!(r.links().addrs.iter().all(|a| a.index != idx));
+    }
+
+    #[test]
+    fn cleanup_removes_ours_only() {
+        let mut r = reconciler();
+        let foreign = VirtualServer {
+            addr: ip("172.16.0.1"),
+            port: 80,
+            protocol: 6,
+            scheduler: "wlc".into(),
+            persistence: 0,
+        };
+        r.ipvs().add_service(&foreign).unwrap();
+        r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
+        let removed = r.cleanup().unwrap();
+        assert!(
+            removed.iter().any(|s| s == "link kube-ipvs0"),
+            "{removed:?}"
+        );
+        let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
+        assert_eq!(keys, [foreign.key()]);
+        assert!(r.links().link("kube-ipvs0").unwrap().is_none());
+        assert!(r
+            .nft()
+            .list_tables(Family::Ip)
+            .unwrap()
+            .iter()
+            .all(|t| t.name != table::DEFAULT_TABLE));
+    }
+}

@@ -1,0 +1,573 @@
+//! Builds the [`Ruleset`] of one family from the model. Pure.
+//!
+//! Layout (see README "Ruleset design"): upstream nftables mode's base chains, static chains
+//! and verdict maps keyed on `daddr . l4proto . dport`; per service port a chain holding a
+//! cascade of `numgen random mod (N-i) 0 … dnat to endpoint_i` rules instead of upstream's
+//! per-endpoint chains and anonymous numgen vmaps (the kernel's commit cost grows with the
+//! number of chains and anonymous sets); hairpin masquerade through one `saddr . daddr` set.
+
+use std::net::IpAddr;
+
+use crate::model::topology::categorize_family;
+use std::sync::Arc;
+
+use crate::kernel::nft::{
+    Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Set, Table,
+    Verdict,
+};
+use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
+
+use crate::proxy::names::*;
+use crate::proxy::rules::{
+    addr_key, cidrs_of, from_pod, goto, jump, nat_dispatch, nodeport_guards, of_family, port_key,
+    pre_dnat_checks, reject_chain, FILTER, SRCNAT,
+};
+use crate::proxy::{Fragment, ProxierConfig, Ruleset};
+
+use super::SlotAllocator;
+
+/// The static part of the table: base chains, dispatch chains, shared sets and maps.
+pub fn build_base(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Fragment {
+    let mut rs = Fragment::default();
+    base_chains(&mut rs, cfg, node, family);
+    rs
+}
+
+fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: Family) {
+    let new = Expr::CtStateNew;
+    let b = |name: &str, kind, hook, prio| Chain::base(name, kind, hook, prio);
+    let r = |chain: &str, exprs: Vec<Expr>| Rule::new(chain, exprs);
+    use ChainType::{Filter, Nat};
+    pre_dnat_checks(
+        rs,
+        [
+            (FILTER_PREROUTING_PRE_DNAT, Hook::Prerouting),
+            (FILTER_OUTPUT_PRE_DNAT, Hook::Output),
+        ],
+        FIREWALL_CHECK,
+    );
+    rs.chain(
+        b(FILTER_FORWARD, Filter, Hook::Forward, FILTER),
+        vec![
+            r(
+                FILTER_FORWARD,
+                vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
+            ),
+            r(FILTER_FORWARD, vec![new.clone(), jump(CLUSTER_IPS_CHECK)]),
+        ],
+    );
+    rs.chain(
+        b(FILTER_INPUT, Filter, Hook::Input, FILTER),
+        vec![
+            r(
+                FILTER_INPUT,
+                vec![new.clone(), jump(NODEPORT_ENDPOINTS_CHECK)],
+            ),
+            r(
+                FILTER_INPUT,
+                vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
+            ),
+        ],
+    );
+    rs.chain(
+        b(FILTER_OUTPUT, Filter, Hook::Output, FILTER),
+        vec![
+            r(
+                FILTER_OUTPUT,
+                vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
+            ),
+            r(FILTER_OUTPUT, vec![new, jump(CLUSTER_IPS_CHECK)]),
+        ],
+    );
+    nat_dispatch(rs, SERVICES);
+    rs.chain(
+        b(NAT_POSTROUTING, Nat, Hook::Postrouting, SRCNAT),
+        vec![r(NAT_POSTROUTING, vec![jump(MASQUERADING)])],
+    );
+
+    let mark = cfg.masquerade_mark();
+    rs.chain(
+        Chain::regular(MARK_FOR_MASQUERADE),
+        vec![r(MARK_FOR_MASQUERADE, vec![Expr::MarkOr(mark)])],
+    );
+    rs.chain(
+        Chain::regular(MASQUERADING),
+        vec![
+            r(
+                MASQUERADING,
+                vec![
+                    Expr::CtStatusDnat,
+                    Expr::InSet {
+                        key: vec![Field::Saddr, Field::Daddr],
+                        set: HAIRPIN.into(),
+                        negate: false,
+                    },
+                    Expr::Masquerade { fully_random: true },
+                ],
+            )
+            .with_comment("hairpin: a pod reaching itself through a service"),
+            r(
+                MASQUERADING,
+                vec![Expr::MarkBitClear(mark), Expr::Verdict(Verdict::Return)],
+            ),
+            r(MASQUERADING, vec![Expr::MarkXor(mark)]),
+            r(MASQUERADING, vec![Expr::Masquerade { fully_random: true }]),
+        ],
+    );
+    reject_chain(rs);
+    rs.chain(
+        Chain::regular(CLUSTER_IPS_CHECK),
+        vec![r(
+            CLUSTER_IPS_CHECK,
+            vec![
+                Expr::InSet {
+                    key: vec![Field::Daddr],
+                    set: CLUSTER_IPS.into(),
+                    negate: false,
+                },
+                Expr::Reject,
+            ],
+        )
+        .with_comment("reject traffic to invalid ports of ClusterIPs")],
+    );
+    rs.chain(
+        Chain::regular(FIREWALL_CHECK),
+        vec![r(
+            FIREWALL_CHECK,
+            vec![Expr::Vmap {
+                key: addr_key(),
+                map: FIREWALL_IPS.into(),
+            }],
+        )],
+    );
+    rs.chain(
+        Chain::regular(SERVICE_ENDPOINTS_CHECK),
+        vec![r(
+            SERVICE_ENDPOINTS_CHECK,
+            vec![Expr::Vmap {
+                key: addr_key(),
+                map: NO_ENDPOINT_SERVICES.into(),
+            }],
+        )],
+    );
+    let guards = nodeport_guards(cfg, node, family);
+    let mut np_check = Vec::new();
+    let mut services = vec![r(
+        SERVICES,
+        vec![Expr::Vmap {
+            key: addr_key(),
+            map: SERVICE_IPS.into(),
+        }],
+    )];
+    for g in guards {
+        let mut e = g.clone();
+        e.push(Expr::Vmap {
+            key: port_key(),
+            map: NO_ENDPOINT_NODEPORTS.into(),
+        });
+        np_check.push(r(NODEPORT_ENDPOINTS_CHECK, e));
+        let mut e = g;
+        e.push(Expr::Vmap {
+            key: port_key(),
+            map: SERVICE_NODEPORTS.into(),
+        });
+        services.push(r(SERVICES, e));
+    }
+    rs.chain(Chain::regular(NODEPORT_ENDPOINTS_CHECK), np_check);
+    rs.chain(Chain::regular(SERVICES), services);
+
+    rs.set(Set::plain(CLUSTER_IPS, vec![Field::Daddr]));
+    rs.set(Set::plain(HAIRPIN, vec![Field::Saddr, Field::Daddr]));
+    for m in [SERVICE_IPS, NO_ENDPOINT_SERVICES, FIREWALL_IPS] {
+        rs.set(Set::vmap(m, addr_key()));
+    }
+    for m in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS] {
+        rs.set(Set::vmap(m, port_key()));
+    }
+}
+
+/// The load-balancing rules of one chain: affinity lookups first, then a cascade in which
+/// rule i matches with probability 1/(N-i), which picks each endpoint with probability 1/N.
+fn balance_rules(
+    chain: &str,
+    sp: &ServicePort,
+    eps: &[Endpoint],
+    rs: &mut Fragment,
+    rules: &mut Vec<Rule>,
+    slots: &mut SlotAllocator,
+) {
+    let proto = sp.name.protocol.number();
+    // Without affinity, two or more endpoints are one rule over the endpoint map.
+    if sp.affinity_timeout.is_none() && eps.len() >= 2 {
+        let n = eps.len() as u32;
+        let offset = slots.assign(chain, n);
+        let map = slots.map_for(chain);
+        for (i, ep) in eps.iter().enumerate() {
+            rs.element(Element {
+                set: map.clone(),
+                key: vec![KeyValue::Slot(offset + i as u32)],
+                verdict: None,
+                target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+                comment: None,
+            });
+        }
+        rules.push(Rule::new(
+            chain,
+            vec![
+                Expr::L4Proto(proto),
+                Expr::DnatMap {
+                    modulus: n,
+                    offset,
+                    map,
+                },
+            ],
+        ));
+        return;
+    }
+    let dnat = |ep: &Endpoint| Expr::Dnat {
+        addr: ep.ip,
+        port: ep.port,
+    };
+    let affinity: Vec<Option<String>> = eps
+        .iter()
+        .map(|ep| {
+            sp.affinity_timeout.map(|t| {
+                let name = affinity_set(&sp.name, ep);
+                let mut s = Set::plain(name.clone(), vec![Field::Saddr]);
+                s.timeout = Some(t);
+                rs.set(s);
+                name
+            })
+        })
+        .collect();
+    for (ep, aff) in eps.iter().zip(&affinity) {
+        if let Some(set) = aff {
+            rules.push(Rule::new(
+                chain,
+                vec![
+                    Expr::InSet {
+                        key: vec![Field::Saddr],
+                        set: set.clone(),
+                        negate: false,
+                    },
+                    Expr::UpdateSet {
+                        set: set.clone(),
+                        key: Field::Saddr,
+                    },
+                    Expr::L4Proto(proto),
+                    dnat(ep),
+                ],
+            ));
+        }
+    }
+    let n = eps.len();
+    for (i, (ep, aff)) in eps.iter().zip(&affinity).enumerate() {
+        let mut e = Vec::new();
+        if i + 1 < n {
+            e.push(Expr::NumgenZero((n - i) as u32));
+        }
+        if let Some(set) = aff {
+            e.push(Expr::UpdateSet {
+                set: set.clone(),
+                key: Field::Saddr,
+            });
+        }
+        e.push(Expr::L4Proto(proto));
+        e.push(dnat(ep));
+        rules.push(Rule::new(chain, e));
+    }
+}
+
+fn key(addr: IpAddr, proto: u8, port: u16) -> Vec<KeyValue> {
+    vec![
+        KeyValue::Addr(addr),
+        KeyValue::Proto(proto),
+        KeyValue::Port(port),
+    ]
+}
+
+fn elem(set: &str, key: Vec<KeyValue>, v: Verdict, comment: &str) -> Element {
+    Element {
+        set: set.into(),
+        key,
+        verdict: Some(v),
+        target: None,
+        comment: Some(comment.into()),
+    }
+}
+
+/// The objects of one service port in one family (empty when it has no ClusterIP there).
+pub fn build_service(
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> Fragment {
+    let mut rs = Fragment::default();
+    service_port_rules(&mut rs, cfg, node, sp, endpoints, family, slots);
+    rs
+}
+
+/// Frees the endpoint-map slots of one service port's chains (before rebuilding or
+/// removing it).
+pub fn release_service_slots(spn: &crate::model::ServicePortName, slots: &mut SlotAllocator) {
+    let c = ServiceChains::new(spn);
+    slots.release(&c.service);
+    slots.release(&c.local);
+}
+
+fn service_port_rules(
+    rs: &mut Fragment,
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    family: Family,
+    slots: &mut SlotAllocator,
+) {
+    let cluster_ips = of_family(&sp.cluster_ips, family);
+    let Some(cluster_ip) = cluster_ips.first().copied() else {
+        return; // not a service of this family
+    };
+    let cat = categorize_family(endpoints, sp, node, family == Family::Ip);
+    let spn = &sp.name;
+    let comment = spn.to_string();
+    let proto = spn.protocol.number();
+    let ServiceChains {
+        service: svc_chain,
+        local,
+        external: ext_chain,
+        firewall: fw,
+    } = ServiceChains::new(spn);
+    // "From a local pod": a source prefix, or an input interface.
+    let from_pod = |op: CmpOp| from_pod(&cfg.local_detector, family, op);
+
+    for ep in &cat.all_reachable {
+        rs.element(Element {
+            set: HAIRPIN.into(),
+            key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
+            verdict: None,
+            target: None,
+            comment: None,
+        });
+    }
+    rs.element(Element {
+        set: CLUSTER_IPS.into(),
+        key: vec![KeyValue::Addr(cluster_ip)],
+        verdict: None,
+        target: None,
+        comment: None,
+    });
+
+    // Cluster-policy chain.
+    let has_cluster = !cat.cluster.is_empty();
+    if has_cluster {
+        let mut rules = Vec::new();
+        let to_cluster_ip = Expr::Addr {
+            field: Field::Daddr,
+            op: CmpOp::Eq,
+            value: Cidr::host(cluster_ip),
+        };
+        if cfg.masquerade_all {
+            rules.push(Rule::new(
+                &svc_chain,
+                vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)],
+            ));
+        } else if let Some(not_pod) = from_pod(CmpOp::Neq) {
+            rules.push(
+                Rule::new(
+                    &svc_chain,
+                    vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
+                )
+                .with_comment("masquerade traffic from outside the cluster"),
+            );
+        }
+        balance_rules(&svc_chain, sp, &cat.cluster, rs, &mut rules, slots);
+        rs.chain(Chain::regular(&svc_chain), rules);
+    }
+    // Local-policy chain.
+    let has_local = !cat.local.is_empty();
+    if has_local {
+        let mut rules = Vec::new();
+        balance_rules(&local, sp, &cat.local, rs, &mut rules, slots);
+        rs.chain(Chain::regular(&local), rules);
+    }
+    // What no usable endpoint means: reject when there is none anywhere, drop when only the
+    // policy excludes them (upstream semantics).
+    let no_ep = if cat.has_any {
+        Verdict::Drop
+    } else {
+        Verdict::Goto(REJECT_CHAIN.into())
+    };
+
+    // ClusterIP.
+    let (internal_ok, internal_chain) = if sp.internal_policy_local {
+        (has_local, &local)
+    } else {
+        (has_cluster, &svc_chain)
+    };
+    if internal_ok {
+        rs.element(elem(
+            SERVICE_IPS,
+            key(cluster_ip, proto, sp.port),
+            Verdict::Goto(internal_chain.clone()),
+            &comment,
+        ));
+    } else {
+        rs.element(elem(
+            NO_ENDPOINT_SERVICES,
+            key(cluster_ip, proto, sp.port),
+            no_ep.clone(),
+            &comment,
+        ));
+    }
+
+    // External destinations.
+    let external_ips = of_family(&sp.external_ips, family);
+    let lb_ips = of_family(&sp.load_balancer_ips, family);
+    let has_external_dest =
+        sp.node_port.is_some() || !external_ips.is_empty() || !lb_ips.is_empty();
+    if !has_external_dest {
+        return;
+    }
+    let external_ok = if sp.external_policy_local {
+        has_local
+    } else {
+        has_cluster
+    };
+    if external_ok {
+        let mut rules = Vec::new();
+        if sp.external_policy_local {
+            if let Some(pod) = from_pod(CmpOp::Eq) {
+                if has_cluster {
+                    rules.push(
+                        Rule::new(&ext_chain, vec![pod, goto(&svc_chain)])
+                            .with_comment("short-circuit pod traffic"),
+                    );
+                }
+            }
+            if has_cluster {
+                rules.push(
+                    Rule::new(
+                        &ext_chain,
+                        vec![Expr::FibLocal(Field::Saddr), jump(MARK_FOR_MASQUERADE)],
+                    )
+                    .with_comment("masquerade local traffic"),
+                );
+                rules.push(
+                    Rule::new(
+                        &ext_chain,
+                        vec![Expr::FibLocal(Field::Saddr), goto(&svc_chain)],
+                    )
+                    .with_comment("short-circuit local traffic"),
+                );
+            }
+            rules.push(Rule::new(&ext_chain, vec![goto(&local)]));
+        } else {
+            rules.push(Rule::new(&ext_chain, vec![jump(MARK_FOR_MASQUERADE)]));
+            rules.push(Rule::new(&ext_chain, vec![goto(&svc_chain)]));
+        }
+        rs.chain(Chain::regular(&ext_chain), rules);
+    }
+    let ext_verdict = |ok: bool| {
+        if ok {
+            (SERVICE_IPS, Verdict::Goto(ext_chain.clone()))
+        } else {
+            (NO_ENDPOINT_SERVICES, no_ep.clone())
+        }
+    };
+    for ip in external_ips.iter().chain(&lb_ips) {
+        let (set, v) = ext_verdict(external_ok);
+        rs.element(elem(set, key(*ip, proto, sp.port), v, &comment));
+    }
+    if let Some(np) = sp.node_port {
+        let k = vec![KeyValue::Proto(proto), KeyValue::Port(np)];
+        if external_ok {
+            rs.element(elem(
+                SERVICE_NODEPORTS,
+                k,
+                Verdict::Goto(ext_chain.clone()),
+                &comment,
+            ));
+        } else {
+            rs.element(elem(NO_ENDPOINT_NODEPORTS, k, no_ep.clone(), &comment));
+        }
+    }
+    // loadBalancerSourceRanges: only for LB IPs, and only when ranges are set.
+    if !lb_ips.is_empty() && !sp.load_balancer_source_ranges.is_empty() {
+        let mut allowed = cidrs_of(&sp.load_balancer_source_ranges, family);
+        // A node reaching its own LB IP uses the LB IP as source (upstream allowFromNode).
+        let node_allowed = node
+            .addresses
+            .iter()
+            .any(|a| allowed.iter().any(|c| c.contains(a)));
+        if node_allowed {
+            allowed.extend(lb_ips.iter().map(|ip| Cidr::host(*ip)));
+        }
+        let mut rules: Vec<Rule> = allowed
+            .into_iter()
+            .map(|c| {
+                Rule::new(
+                    &fw,
+                    vec![
+                        Expr::Addr {
+                            field: Field::Saddr,
+                            op: CmpOp::Eq,
+                            value: c,
+                        },
+                        Expr::Verdict(Verdict::Return),
+                    ],
+                )
+            })
+            .collect();
+        rules.push(Rule::new(&fw, vec![Expr::Verdict(Verdict::Drop)]));
+        rs.chain(Chain::regular(&fw), rules);
+        for ip in &lb_ips {
+            rs.element(elem(
+                FIREWALL_IPS,
+                key(*ip, proto, sp.port),
+                Verdict::Goto(fw.clone()),
+                &comment,
+            ));
+        }
+    }
+}
+
+/// Our table of `family`, named as configured.
+pub fn table(cfg: &ProxierConfig, family: Family) -> Table {
+    Table {
+        family,
+        name: cfg.table.clone(),
+        comment: Some(TABLE_COMMENT.into()),
+    }
+}
+
+/// Builds the complete ruleset of one family's table.
+pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) -> Ruleset {
+    let mut slots = SlotAllocator::for_services(state.services.len());
+    build_ruleset_with_slots(state, cfg, family, &mut slots)
+}
+
+/// [`build_ruleset`] assigning endpoint-map slots from `slots` (the syncer keeps it for
+/// partial syncs).
+pub fn build_ruleset_with_slots(
+    state: &ProxyState,
+    cfg: &ProxierConfig,
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> Ruleset {
+    let mut base = build_base(cfg, &state.node, family);
+    for i in 0..slots.maps() {
+        base.set(Set::endpoint_map(endpoint_map_name(i)));
+    }
+    let mut rs = Ruleset::new(table(cfg, family), base);
+    let none = Vec::new();
+    for (spn, sp) in &state.services {
+        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let f = build_service(cfg, &state.node, sp, eps, family, slots);
+        rs.set_service(spn, Some(Arc::new(f)));
+    }
+    rs
+}

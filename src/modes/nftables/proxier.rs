@@ -1,0 +1,268 @@
+//! [`NftablesProxier`]: the nftables mode's driver. Turns the model into one ruleset per
+//! family and hands the difference from what was last committed to the shared
+//! [`TableSync`], one atomic transaction per family. A partial sync rebuilds only the
+//! service ports whose inputs changed. Generic over the [`Nftables`] client so unit tests run
+//! whole syncs against the fake.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::kernel::conntrack::Conntrack;
+use crate::kernel::nft::{render, Family, Nftables, Transaction};
+use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePortName};
+use crate::proxy::conntrack::reconcile_conntrack;
+use crate::proxy::{
+    plan_transaction, DetectLocal, LocalDetectorResolver, Proxier, ProxierConfig, SyncError,
+    SyncStats, TableSync,
+};
+
+use super::plan::{build_ruleset, build_ruleset_with_slots, build_service, release_service_slots};
+use super::slots::SlotAllocator;
+
+/// Keeps our table in step with the model.
+pub struct NftablesProxier<N: Nftables> {
+    nft: N,
+    cfg: ProxierConfig,
+    local: LocalDetectorResolver,
+    families: Vec<Family>,
+    table: TableSync,
+    need_full: bool,
+    last_node_labels: Option<BTreeMap<String, String>>,
+    conntrack: Option<Box<dyn Conntrack + Send>>,
+    /// The state of the last committed sync: the change detector compares against it. Shared
+    /// with the sync loop (an `Arc`), never copied.
+    last_state: Option<Arc<ProxyState>>,
+    last_cfg: Option<ProxierConfig>,
+    last_node: Option<NodeInfo>,
+    /// Endpoint-map slots per family, as committed.
+    slots: BTreeMap<Family, SlotAllocator>,
+}
+
+impl<N: Nftables> NftablesProxier<N> {
+    pub fn new(nft: N, cfg: ProxierConfig, detect_local: DetectLocal) -> Self {
+        NftablesProxier {
+            nft,
+            table: TableSync::new(cfg.table.clone()),
+            cfg,
+            local: LocalDetectorResolver::new(detect_local),
+            families: Family::all().to_vec(),
+            need_full: true,
+            last_node_labels: None,
+            conntrack: None,
+            last_state: None,
+            last_cfg: None,
+            last_node: None,
+            slots: BTreeMap::new(),
+        }
+    }
+
+    /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
+    pub fn with_conntrack(mut self, ct: Box<dyn Conntrack + Send>) -> Self {
+        self.conntrack = Some(ct);
+        self
+    }
+
+    /// The nftables client (tests inspect the fake through it).
+    pub fn nft(&mut self) -> &mut N {
+        &mut self.nft
+    }
+
+    /// Forces the next sync to be a full one.
+    pub fn force_full_sync(&mut self) {
+        self.need_full = true;
+    }
+
+    /// Whether flushed chains still wait for deletion (the caller syncs again soon).
+    pub fn has_pending_deletes(&self) -> bool {
+        self.table.has_pending_deletes()
+    }
+
+    /// Plans the transactions of a sync without applying them (for `--dry-run` and tests).
+    pub fn plan(&mut self, state: &ProxyState) -> Vec<Transaction> {
+        let cfg = self.local.resolve(&self.cfg, &state.node);
+        self.families
+            .iter()
+            .map(|f| {
+                let rs = build_ruleset(state, &cfg, *f);
+                plan_transaction(None, &rs, None, &[]).tx
+            })
+            .collect()
+    }
+
+    /// One sync of a state the caller owns (tests); the sync loop uses [`Self::sync_shared`].
+    pub fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
+        self.sync_shared(&Arc::new(state.clone()))
+    }
+
+    /// One sync: full after start, a failure or a node label change; partial otherwise.
+    pub fn sync_shared(&mut self, shared: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
+        let state: &ProxyState = shared;
+        if self.last_node_labels.as_ref() != Some(&state.node.labels) {
+            if self.last_node_labels.is_some() {
+                tracing::info!("node labels changed; doing a full sync");
+            }
+            self.need_full = true;
+            self.last_node_labels = Some(state.node.labels.clone());
+        }
+        let cfg = self.local.resolve(&self.cfg, &state.node);
+        // The base fragment and every service fragment depend on the config and the Node:
+        // when either changes, rebuild everything.
+        if self.last_cfg.as_ref() != Some(&cfg) || self.last_node.as_ref() != Some(&state.node) {
+            self.need_full = true;
+        }
+        let full = self.need_full || self.families.iter().any(|f| self.table.last(*f).is_none());
+        let mut stats = SyncStats {
+            full,
+            ..Default::default()
+        };
+        let res = if full {
+            self.sync_full(state, &cfg, &mut stats)
+        } else {
+            self.sync_partial(state, &cfg, &mut stats)
+        };
+        match res {
+            Err(e) => {
+                // The kernel kept the previous ruleset; forget what we thought was there so
+                // the next sync re-asserts everything.
+                self.need_full = true;
+                self.table.forget();
+                Err(e)
+            }
+            Ok(()) => {
+                self.need_full = false;
+                self.last_cfg = Some(cfg);
+                self.last_node = Some(state.node.clone());
+                self.last_state = Some(shared.clone());
+                self.table.count(&mut stats);
+                if let Some(ct) = self.conntrack.as_mut() {
+                    reconcile_conntrack(ct.as_mut(), state, &self.families, &mut stats);
+                }
+                Ok(stats)
+            }
+        }
+    }
+
+    fn sync_full(
+        &mut self,
+        state: &ProxyState,
+        cfg: &ProxierConfig,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let mut first_err = None;
+        for family in self.families.clone() {
+            let mut slots = SlotAllocator::for_services(state.services.len());
+            let rs = build_ruleset_with_slots(state, cfg, family, &mut slots);
+            match self.table.sync(&mut self.nft, rs, true, stats) {
+                Ok(()) => {
+                    self.slots.insert(family, slots);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Rebuilds only the fragments of service ports whose inputs changed. Detecting them is
+    /// one equality check per service port; planning and kernel work follow the change.
+    fn sync_partial(
+        &mut self,
+        state: &ProxyState,
+        cfg: &ProxierConfig,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let none = Vec::new();
+        let changed: Vec<ServicePortName> = match &self.last_state {
+            Some(prev) => changed_service_ports(prev, state)
+                .into_iter()
+                .cloned()
+                .collect(),
+            None => state.services.keys().cloned().collect(),
+        };
+        let mut first_err = None;
+        for family in self.families.clone() {
+            let slots = self.slots.entry(family).or_default();
+            let build = |spn: &ServicePortName| {
+                release_service_slots(spn, slots);
+                state.services.get(spn).map(|sp| {
+                    let eps = state.endpoints.get(spn).unwrap_or(&none);
+                    build_service(cfg, &state.node, sp, eps, family, slots)
+                })
+            };
+            if let Err(e) = self
+                .table
+                .sync_changes(&mut self.nft, family, &changed, build, stats)
+            {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl<N: Nftables> Proxier for NftablesProxier<N> {
+    fn sync(&mut self, state: &Arc<ProxyState>) -> Result<SyncStats, SyncError> {
+        self.sync_shared(state)
+    }
+    fn force_full_sync(&mut self) {
+        NftablesProxier::force_full_sync(self)
+    }
+    fn has_pending_work(&self) -> bool {
+        self.has_pending_deletes()
+    }
+    fn dry_run(&mut self, state: &ProxyState) -> Result<String, SyncError> {
+        Ok(self.plan(state).iter().map(render::transaction).collect())
+    }
+    fn cleanup(&mut self) -> Result<Vec<String>, SyncError> {
+        crate::proxy::cleanup::delete_tables(&mut self.nft, &[self.cfg.table.as_str()])
+    }
+}
+
+/// The change detector: service ports whose Service or endpoints differ between the last
+/// committed state and `state`, or that exist in only one of them. All four maps are sorted
+/// by service port, so this is one merged walk without lookups.
+fn changed_service_ports<'a>(
+    prev: &'a ProxyState,
+    state: &'a ProxyState,
+) -> Vec<&'a ServicePortName> {
+    // The endpoints of `k` from a sorted iterator that is advanced up to `k`.
+    fn eps_at<'b>(
+        it: &mut std::iter::Peekable<
+            std::collections::btree_map::Iter<'b, ServicePortName, Vec<Endpoint>>,
+        >,
+        k: &ServicePortName,
+    ) -> &'b [Endpoint] {
+        while it.peek().is_some_and(|(x, _)| *x < k) {
+            it.next();
+        }
+        match it.peek() {
+            Some((x, v)) if *x == k => v.as_slice(),
+            _ => &[],
+        }
+    }
+    let mut out = Vec::new();
+    let mut old = prev.services.iter().peekable();
+    let (mut old_eps, mut new_eps) = (
+        prev.endpoints.iter().peekable(),
+        state.endpoints.iter().peekable(),
+    );
+    for (spn, sp) in &state.services {
+        while old.peek().is_some_and(|(k, _)| *k < spn) {
+            out.push(old.next().expect("peeked").0);
+        }
+        let same_service = match old.peek() {
+            Some((k, s)) if *k == spn => {
+                let same = *s == sp;
+                old.next();
+                same
+            }
+            _ => false,
+        };
+        if !same_service || eps_at(&mut old_eps, spn) != eps_at(&mut new_eps, spn) {
+            out.push(spn);
+        }
+    }
+    out.extend(old.map(|(k, _)| k));
+    out
+}

@@ -1,0 +1,557 @@
+//! Whole syncs against the fake: what the ruleset does to packets (traced), how many
+//! operations a partial sync sends, and recovery after failures and restarts.
+//!
+//! IP conventions (as upstream's proxier tests): ClusterIPs 172.30.x.x, pods 10.180.x.x
+//! (cluster CIDR 10.0.0.0/8), this node node1 with address 192.168.0.2, external clients
+//! 203.0.113.x.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use crate::config::DetectLocal;
+use crate::kernel::nft::trace::{trace, Outcome, Packet};
+use crate::kernel::nft::{FakeNftables, Family, Nftables};
+use crate::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use crate::proxy::{names, LocalDetector, ProxierConfig};
+
+use super::NftablesProxier;
+
+const NODE_IP: &str = "192.168.0.2";
+const TABLE: &str = names::DEFAULT_TABLE;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn spn(ns: &str, name: &str) -> ServicePortName {
+    ServicePortName {
+        namespace: ns.into(),
+        name: name.into(),
+        port: "p80".into(),
+        protocol: Protocol::Tcp,
+    }
+}
+
+fn service(name: &str, cluster_ip: &str, f: impl FnOnce(&mut ServicePort)) -> ServicePort {
+    let mut s = ServicePort::new(spn("ns1", name), ip(cluster_ip), 80);
+    f(&mut s);
+    s
+}
+
+fn ep(addr: &str, local: bool) -> Endpoint {
+    Endpoint::ready(ip(addr), 8080, local)
+}
+
+fn state(svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+    let mut st = ProxyState {
+        node: NodeInfo {
+            name: "node1".into(),
+            addresses: vec![ip(NODE_IP)],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for (s, eps) in svcs {
+        st.endpoints.insert(s.name.clone(), eps);
+        st.services.insert(s.name.clone(), s);
+    }
+    st
+}
+
+fn syncer() -> NftablesProxier<FakeNftables> {
+    let cfg = ProxierConfig {
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        ..Default::default()
+    };
+    NftablesProxier::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]))
+}
+
+fn pkt(src: &str, dst: &str, dport: u16) -> Packet {
+    Packet {
+        saddr: ip(src),
+        daddr: ip(dst),
+        proto: 6,
+        dport,
+        iif: "eth0".into(),
+        local_addrs: vec![ip(NODE_IP)],
+    }
+}
+
+fn nat(s: &mut NftablesProxier<FakeNftables>, p: &Packet) -> BTreeSet<Outcome> {
+    trace(s.nft(), Family::Ip, TABLE, names::NAT_PREROUTING, 0x4000, p)
+}
+
+fn filter(s: &mut NftablesProxier<FakeNftables>, chain: &str, p: &Packet) -> BTreeSet<Outcome> {
+    trace(s.nft(), Family::Ip, TABLE, chain, 0x4000, p)
+}
+
+fn dnat(addr: &str, masquerade: bool) -> Outcome {
+    Outcome::Dnat {
+        addr: ip(addr),
+        port: 8080,
+        masquerade,
+    }
+}
+
+#[test]
+fn cluster_ip_from_a_pod_reaches_every_endpoint_unmasqueraded() {
+    let mut s = syncer();
+    let st = state(vec![(
+        service("svc1", "172.30.0.41", |_| {}),
+        vec![ep("10.180.0.1", true), ep("10.180.0.2", false)],
+    )]);
+    s.sync(&st).unwrap();
+    let out = nat(&mut s, &pkt("10.180.0.5", "172.30.0.41", 80));
+    assert_eq!(
+        out,
+        [dnat("10.180.0.1", false), dnat("10.180.0.2", false)].into()
+    );
+    // From outside the cluster CIDR: masqueraded.
+    let out = nat(&mut s, &pkt("203.0.113.9", "172.30.0.41", 80));
+    assert_eq!(
+        out,
+        [dnat("10.180.0.1", true), dnat("10.180.0.2", true)].into()
+    );
+}
+
+#[test]
+fn no_endpoints_rejects_and_unused_port_rejects() {
+    let mut s = syncer();
+    s.sync(&state(vec![(
+        service("svc1", "172.30.0.41", |_| {}),
+        vec![],
+    )]))
+    .unwrap();
+    let p = pkt("10.180.0.5", "172.30.0.41", 80);
+    assert_eq!(nat(&mut s, &p), [Outcome::Pass].into());
+    assert_eq!(
+        filter(&mut s, names::FILTER_FORWARD, &p),
+        [Outcome::Reject].into()
+    );
+    let p = pkt("10.180.0.5", "172.30.0.41", 81);
+    assert_eq!(
+        filter(&mut s, names::FILTER_FORWARD, &p),
+        [Outcome::Reject].into()
+    );
+}
+
+#[test]
+fn local_policy_without_local_endpoints_drops_external() {
+    let mut s = syncer();
+    let svc = service("svc1", "172.30.0.41", |s| {
+        s.node_port = Some(30080);
+        s.external_policy_local = true;
+    });
+    s.sync(&state(vec![(svc, vec![ep("10.180.0.2", false)])]))
+        .unwrap();
+    let p = pkt("203.0.113.9", NODE_IP, 30080);
+    assert_eq!(nat(&mut s, &p), [Outcome::Pass].into());
+    assert_eq!(
+        filter(&mut s, names::FILTER_INPUT, &p),
+        [Outcome::Drop].into()
+    );
+    // Internal traffic still reaches the remote endpoint.
+    let out = nat(&mut s, &pkt("10.180.0.5", "172.30.0.41", 80));
+    assert_eq!(out, [dnat("10.180.0.2", false)].into());
+}
+
+#[test]
+fn local_policy_node_port_keeps_client_address() {
+    let mut s = syncer();
+    let svc = service("svc1", "172.30.0.41", |s| {
+        s.node_port = Some(30080);
+        s.external_policy_local = true;
+    });
+    s.sync(&state(vec![(
+        svc,
+        vec![ep("10.180.0.1", true), ep("10.180.0.2", false)],
+    )]))
+    .unwrap();
+    let out = nat(&mut s, &pkt("203.0.113.9", NODE_IP, 30080));
+    assert_eq!(out, [dnat("10.180.0.1", false)].into());
+}
+
+#[test]
+fn cluster_policy_node_port_is_masqueraded_and_loopback_is_not_a_node_port() {
+    let mut s = syncer();
+    let svc = service("svc1", "172.30.0.41", |s| s.node_port = Some(30080));
+    s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+        .unwrap();
+    let out = nat(&mut s, &pkt("203.0.113.9", NODE_IP, 30080));
+    assert_eq!(out, [dnat("10.180.0.1", true)].into());
+    let mut lo = pkt("127.0.0.1", "127.0.0.1", 30080);
+    lo.local_addrs.push(ip("127.0.0.1"));
+    assert_eq!(nat(&mut s, &lo), [Outcome::Pass].into());
+}
+
+#[test]
+fn source_ranges_guard_load_balancer_ips_only() {
+    let mut s = syncer();
+    let svc = service("svc1", "172.30.0.41", |s| {
+        s.load_balancer_ips = vec![ip("5.6.7.8")];
+        s.load_balancer_source_ranges = vec!["203.0.113.0/25".parse().unwrap()];
+    });
+    s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+        .unwrap();
+    let pre = names::FILTER_PREROUTING_PRE_DNAT;
+    assert_eq!(
+        filter(&mut s, pre, &pkt("203.0.113.9", "5.6.7.8", 80)),
+        [Outcome::Pass].into()
+    );
+    assert_eq!(
+        filter(&mut s, pre, &pkt("203.0.113.200", "5.6.7.8", 80)),
+        [Outcome::Drop].into()
+    );
+    assert_eq!(
+        filter(&mut s, pre, &pkt("203.0.113.200", "172.30.0.41", 80)),
+        [Outcome::Pass].into()
+    );
+}
+
+fn many(n: usize) -> Vec<(ServicePort, Vec<Endpoint>)> {
+    (0..n)
+        .map(|i| {
+            let name = format!("svc{i}");
+            let cip = format!("172.30.{}.{}", i / 250, i % 250 + 1);
+            let eps = (0..3)
+                .map(|j| {
+                    ep(
+                        &format!("10.{}.{}.{}", 100 + j, i / 250, i % 250 + 1),
+                        j == 0,
+                    )
+                })
+                .collect();
+            (
+                service(&name, &cip, |s| s.node_port = Some(30000 + i as u16)),
+                eps,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn one_endpoint_change_among_1000_services_touches_a_handful_of_objects() {
+    let mut s = syncer();
+    let mut svcs = many(1000);
+    let full = s.sync(&state(svcs.clone())).unwrap();
+    assert!(full.full);
+    assert!(full.ops[&Family::Ip] > 5000, "{:?}", full.ops);
+    // Nothing changed: nothing sent.
+    let again = s.sync(&state(svcs.clone())).unwrap();
+    assert!(!again.full);
+    assert_eq!(again.ops[&Family::Ip], 0);
+    // One endpoint replaced in one Service.
+    svcs[500].1[1] = ep("10.99.99.99", false);
+    let st = s.sync(&state(svcs.clone())).unwrap();
+    let tx = s.nft().last_transaction.clone().unwrap();
+    // The endpoint-map slot and the hairpin element: delete and add each; no rule is
+    // touched, so the kernel does not re-validate the chain graph.
+    assert_eq!(
+        st.ops[&Family::Ip],
+        4,
+        "{}",
+        crate::kernel::nft::render::transaction(&tx)
+    );
+    assert!(
+        tx.ops.iter().all(|op| matches!(
+            op.object(),
+            crate::kernel::nft::transaction::Object::Element(_)
+        )),
+        "{}",
+        crate::kernel::nft::render::transaction(&tx)
+    );
+    let out = nat(&mut s, &pkt("10.180.0.5", "172.30.2.1", 80));
+    assert!(out.contains(&dnat("10.99.99.99", false)), "{out:?}");
+}
+
+#[test]
+fn removed_service_chains_are_flushed_then_deleted() {
+    let mut s = syncer();
+    let svcs = many(3);
+    s.sync(&state(svcs.clone())).unwrap();
+    let gone = names::service_chain(&svcs[1].0.name);
+    assert!(s.nft().rules(Family::Ip, TABLE, &gone).is_some());
+    let fewer = vec![svcs[0].clone(), svcs[2].clone()];
+    s.sync(&state(fewer.clone())).unwrap();
+    assert_eq!(
+        s.nft().rules(Family::Ip, TABLE, &gone),
+        Some(&[][..]),
+        "flushed first"
+    );
+    assert!(s.has_pending_deletes());
+    s.sync(&state(fewer)).unwrap();
+    assert!(
+        s.nft().rules(Family::Ip, TABLE, &gone).is_none(),
+        "deleted next sync"
+    );
+    assert!(!s.has_pending_deletes());
+}
+
+#[test]
+fn failed_sync_keeps_the_old_rules_and_forces_a_full_sync() {
+    let mut s = syncer();
+    let svcs = many(5);
+    s.sync(&state(svcs.clone())).unwrap();
+    let before = s.nft().dump(Family::Ip, TABLE);
+    s.nft().fail_next = Some(libc::EINVAL);
+    let mut changed = svcs.clone();
+    changed.pop();
+    assert!(s.sync(&state(changed.clone())).is_err());
+    assert_eq!(
+        s.nft().dump(Family::Ip, TABLE),
+        before,
+        "kernel keeps the last good ruleset"
+    );
+    let st = s.sync(&state(changed.clone())).unwrap();
+    assert!(st.full, "the sync after a failure is a full one");
+    // The dropped service's chains were flushed; the next sync deletes them.
+    s.sync(&state(changed.clone())).unwrap();
+    let mut fresh = syncer();
+    fresh.sync(&state(changed)).unwrap();
+    assert_eq!(
+        s.nft().dump(Family::Ip, TABLE),
+        fresh.nft().dump(Family::Ip, TABLE)
+    );
+}
+
+#[test]
+fn restart_reconciles_leftovers_without_deleting_the_table() {
+    let mut first = syncer();
+    let svcs = many(4);
+    first.sync(&state(svcs.clone())).unwrap();
+    let fake = first.nft().clone();
+    // A new process with fewer services starts on the same kernel state.
+    let cfg = ProxierConfig {
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+        ..Default::default()
+    };
+    let mut second = NftablesProxier::new(fake, cfg, DetectLocal::ClusterCidr(vec![]));
+    let fewer = svcs[..2].to_vec();
+    let st = second.sync(&state(fewer.clone())).unwrap();
+    assert!(st.full);
+    let tx = second.nft().last_transaction.clone().unwrap();
+    assert!(
+        !tx.ops.iter().any(|o| matches!(
+            o,
+            crate::kernel::nft::Op::Delete(crate::kernel::nft::Object::Table(_))
+        )),
+        "never deletes the table on restart"
+    );
+    second.sync(&state(fewer.clone())).unwrap();
+    let mut fresh = syncer();
+    fresh.sync(&state(fewer)).unwrap();
+    assert_eq!(
+        second.nft().dump(Family::Ip, TABLE),
+        fresh.nft().dump(Family::Ip, TABLE)
+    );
+}
+
+#[test]
+fn node_label_change_forces_full_sync() {
+    let mut s = syncer();
+    let mut st = state(many(2));
+    s.sync(&st).unwrap();
+    assert!(!s.sync(&st).unwrap().full);
+    st.node
+        .labels
+        .insert("topology.kubernetes.io/zone".into(), "b".into());
+    assert!(s.sync(&st).unwrap().full);
+}
+
+#[test]
+fn affinity_uses_per_endpoint_timeout_sets() {
+    let mut s = syncer();
+    let svc = service("svc1", "172.30.0.41", |s| s.affinity_timeout = Some(600));
+    s.sync(&state(vec![(
+        svc.clone(),
+        vec![ep("10.180.0.1", true), ep("10.180.0.2", false)],
+    )]))
+    .unwrap();
+    let sets = s.nft().list_sets(Family::Ip, TABLE).unwrap();
+    assert_eq!(
+        sets.iter().filter(|n| n.starts_with("affinity-")).count(),
+        2,
+        "{sets:?}"
+    );
+    let out = nat(&mut s, &pkt("10.180.0.5", "172.30.0.41", 80));
+    assert_eq!(
+        out,
+        [dnat("10.180.0.1", false), dnat("10.180.0.2", false)].into()
+    );
+}
+
+#[test]
+fn sctp_and_udp_services_match_their_protocol_only() {
+    let mut s = syncer();
+    let mut svc = service("svc1", "172.30.0.41", |_| {});
+    svc.name.protocol = Protocol::Sctp;
+    s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+        .unwrap();
+    let mut p = pkt("10.180.0.5", "172.30.0.41", 80);
+    p.proto = 132;
+    assert_eq!(nat(&mut s, &p), [dnat("10.180.0.1", false)].into());
+    p.proto = 6;
+    assert_eq!(nat(&mut s, &p), [Outcome::Pass].into());
+}
+
+#[test]
+fn node_port_addresses_restrict_where_node_ports_answer() {
+    let other_local = "10.0.5.5";
+    for (np, answers_on_other) in [
+        (crate::proxy::NodePortAddresses::All, true),
+        (
+            crate::proxy::NodePortAddresses::Cidrs(vec!["192.168.0.0/24".parse().unwrap()]),
+            false,
+        ),
+        (crate::proxy::NodePortAddresses::Primary, false),
+    ] {
+        let cfg = ProxierConfig {
+            nodeport_addresses: np.clone(),
+            ..Default::default()
+        };
+        let mut s =
+            NftablesProxier::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
+        let svc = service("svc1", "172.30.0.41", |s| s.node_port = Some(30080));
+        s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+            .unwrap();
+        let mut p = pkt("203.0.113.9", NODE_IP, 30080);
+        p.local_addrs.push(ip(other_local));
+        assert_eq!(nat(&mut s, &p), [dnat("10.180.0.1", true)].into(), "{np:?}");
+        let mut p = pkt("203.0.113.9", other_local, 30080);
+        p.local_addrs.push(ip(other_local));
+        let want: BTreeSet<Outcome> = if answers_on_other {
+            [dnat("10.180.0.1", true)].into()
+        } else {
+            [Outcome::Pass].into()
+        };
+        assert_eq!(nat(&mut s, &p), want, "{np:?}");
+    }
+}
+
+#[test]
+fn interface_based_local_detection_decides_masquerading() {
+    for det in [
+        LocalDetector::Bridge("cni0".into()),
+        LocalDetector::InterfacePrefix("veth".into()),
+    ] {
+        let cfg = ProxierConfig {
+            local_detector: det.clone(),
+            ..Default::default()
+        };
+        let mut s =
+            NftablesProxier::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
+        let svc = service("svc1", "172.30.0.41", |_| {});
+        s.sync(&state(vec![(svc, vec![ep("10.180.0.1", true)])]))
+            .unwrap();
+        let mut p = pkt("10.180.0.5", "172.30.0.41", 80);
+        p.iif = match &det {
+            LocalDetector::Bridge(b) => b.clone(),
+            _ => "veth1234".into(),
+        };
+        assert_eq!(
+            nat(&mut s, &p),
+            [dnat("10.180.0.1", false)].into(),
+            "{det:?}: pod traffic kept"
+        );
+        p.iif = "eth0".into();
+        assert_eq!(
+            nat(&mut s, &p),
+            [dnat("10.180.0.1", true)].into(),
+            "{det:?}: other traffic masqueraded"
+        );
+    }
+}
+
+#[test]
+fn node_cidr_detection_uses_the_nodes_pod_cidrs() {
+    let mut s = NftablesProxier::new(
+        FakeNftables::new(),
+        ProxierConfig::default(),
+        DetectLocal::NodeCidr,
+    );
+    let mut st = state(vec![(
+        service("svc1", "172.30.0.41", |_| {}),
+        vec![ep("10.180.0.1", true)],
+    )]);
+    st.node.pod_cidrs = vec!["10.180.0.0/24".parse().unwrap()];
+    s.sync(&st).unwrap();
+    assert_eq!(
+        nat(&mut s, &pkt("10.180.0.5", "172.30.0.41", 80)),
+        [dnat("10.180.0.1", false)].into()
+    );
+    assert_eq!(
+        nat(&mut s, &pkt("10.181.0.5", "172.30.0.41", 80)),
+        [dnat("10.180.0.1", true)].into(),
+        "another node's pod is outside this node's CIDR"
+    );
+    // No podCIDRs on the Node: no detection, nothing is masqueraded for ClusterIPs.
+    st.node.pod_cidrs.clear();
+    s.sync(&st).unwrap();
+    assert_eq!(
+        nat(&mut s, &pkt("203.0.113.9", "172.30.0.41", 80)),
+        [dnat("10.180.0.1", false)].into()
+    );
+}
+
+#[test]
+fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
+    let mut s = syncer();
+    let eps = |n: usize| -> Vec<Endpoint> {
+        (0..n)
+            .map(|i| ep(&format!("10.180.1.{}", i + 1), false))
+            .collect()
+    };
+    let svc = || service("web", "172.30.0.10", |_| {});
+    let other = || service("other", "172.30.0.11", |_| {});
+    let p = pkt("10.180.9.9", "172.30.0.10", 80);
+    let targets = |s: &mut NftablesProxier<FakeNftables>| -> BTreeSet<String> {
+        nat(s, &p)
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Dnat { addr, .. } => addr.to_string(),
+                o => format!("{o:?}"),
+            })
+            .collect()
+    };
+    let want =
+        |n: usize| -> BTreeSet<String> { (0..n).map(|i| format!("10.180.1.{}", i + 1)).collect() };
+    s.sync(&state(vec![(svc(), eps(3)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(3));
+    // 3 -> 4: same 4-slot block; the rule's modulus changes, one element is added.
+    let st = s
+        .sync(&state(vec![(svc(), eps(4)), (other(), eps(2))]))
+        .unwrap();
+    let text = crate::kernel::nft::render::transaction(&s.nft().last_transaction.clone().unwrap());
+    assert!(
+        text.contains("numgen random mod 4 offset 2 map @endpoints-"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("delete element ip kube-nlproxy endpoints-"),
+        "{text}"
+    );
+    assert_eq!(targets(&mut s), want(4));
+    assert!(st.ops[&Family::Ip] <= 6, "{text}");
+    // 4 -> 5: outgrows its block; a new 8-slot block, the old slots are deleted.
+    s.sync(&state(vec![(svc(), eps(5)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(5));
+    // Down to one endpoint: a plain dnat, its slots gone from the map.
+    s.sync(&state(vec![(svc(), eps(1)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(1));
+    let slots: usize = (0..names::ENDPOINT_MAPS)
+        .map(|i| {
+            s.nft()
+                .elements(Family::Ip, TABLE, &names::endpoint_map_name(i))
+                .map_or(0, |v| v.len())
+        })
+        .sum();
+    assert_eq!(slots, 2, "only the other service's two endpoints remain");
+    // A full sync from scratch produces the same behaviour.
+    s.force_full_sync();
+    s.sync(&state(vec![(svc(), eps(6)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(targets(&mut s), want(6));
+}

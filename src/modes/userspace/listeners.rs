@@ -1,0 +1,80 @@
+//! Which listeners the userspace mode needs: one per service port, family and traffic scope
+//! (internal: ClusterIPs; external: NodePorts, externalIPs, LoadBalancer IPs, following
+//! `externalTrafficPolicy`), and where each forwards. Pure.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::model::topology::categorize_family;
+use crate::model::{Protocol, ProxyState, ServicePortName};
+
+use super::forward::Forward;
+
+/// One listener: a service port, a scope and a family.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ListenerKey {
+    pub service: ServicePortName,
+    /// External traffic (NodePort, externalIPs, LoadBalancer IPs) rather than ClusterIP.
+    pub external: bool,
+    pub v4: bool,
+}
+
+/// The listeners `state` needs and where each forwards to. SCTP cannot be proxied in
+/// userspace: those service ports are returned separately, to be reported.
+pub fn plan_listeners(
+    state: &ProxyState,
+) -> (BTreeMap<ListenerKey, Forward>, Vec<ServicePortName>) {
+    let mut out = BTreeMap::new();
+    let mut sctp = Vec::new();
+    let none = Vec::new();
+    for (spn, sp) in &state.services {
+        if spn.protocol == Protocol::Sctp {
+            sctp.push(spn.clone());
+            continue;
+        }
+        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        for v4 in [true, false] {
+            if !sp.cluster_ips.iter().any(|a| a.is_ipv4() == v4) {
+                continue;
+            }
+            let cat = categorize_family(eps, sp, &state.node, v4);
+            let fwd = |eps: &[crate::model::Endpoint]| Forward {
+                endpoints: eps.iter().map(|e| SocketAddr::new(e.ip, e.port)).collect(),
+                affinity: sp.affinity_timeout.map(|t| Duration::from_secs(t.into())),
+            };
+            let internal = if sp.internal_policy_local {
+                &cat.local
+            } else {
+                &cat.cluster
+            };
+            out.insert(
+                ListenerKey {
+                    service: spn.clone(),
+                    external: false,
+                    v4,
+                },
+                fwd(internal),
+            );
+            let has_external = sp.node_port.is_some()
+                || sp.external_ips.iter().any(|a| a.is_ipv4() == v4)
+                || sp.load_balancer_ips.iter().any(|a| a.is_ipv4() == v4);
+            if has_external {
+                let external = if sp.external_policy_local {
+                    &cat.local
+                } else {
+                    &cat.cluster
+                };
+                out.insert(
+                    ListenerKey {
+                        service: spn.clone(),
+                        external: true,
+                        v4,
+                    },
+                    fwd(external),
+                );
+            }
+        }
+    }
+    (out, sctp)
+}

@@ -1,0 +1,70 @@
+//! Removing tables at `--cleanup` and when switching modes: ours (only with our comment)
+//! and upstream kube-proxy's nftables-mode tables. I/O through the [`Nftables`] trait.
+
+use crate::kernel::nft::{self, Family, Nftables, Table, Transaction};
+
+use super::names::TABLE_COMMENT;
+use super::SyncError;
+
+/// Deletes each of `tables` in both families, where it carries our comment; returns what
+/// was removed.
+pub fn delete_tables<N: Nftables>(nft: &mut N, tables: &[&str]) -> Result<Vec<String>, SyncError> {
+    let mut removed = Vec::new();
+    for t in tables {
+        removed.extend(cleanup(nft, t).map_err(SyncError::NftCleanup)?);
+    }
+    Ok(removed)
+}
+
+/// Deletes our table in each family. A table of that name whose comment is not ours is left
+/// alone and reported: we never touch what we did not create. Returns what was removed.
+pub fn cleanup<N: Nftables>(nft: &mut N, table: &str) -> Result<Vec<String>, nft::Error> {
+    let mut removed = Vec::new();
+    for family in Family::all() {
+        let tables = nft.list_tables(family)?;
+        let Some(t) = tables.iter().find(|t| t.name == table) else {
+            continue;
+        };
+        if t.comment.as_deref() != Some(TABLE_COMMENT) {
+            tracing::warn!(%family, table, comment = ?t.comment, "table has our name but not our comment; left alone");
+            continue;
+        }
+        let mut tx = Transaction::new(family, table);
+        tx.delete(Table {
+            family,
+            name: table.into(),
+            comment: None,
+        });
+        nft.apply(&tx)?;
+        removed.push(format!("table {family} {table}"));
+    }
+    Ok(removed)
+}
+
+/// Upstream kube-proxy's nftables-mode table name.
+pub const UPSTREAM_TABLE: &str = "kube-proxy";
+
+/// Deletes what upstream kube-proxy's nftables mode leaves behind: its `kube-proxy` tables in
+/// the ip and ip6 families (migration). Its iptables rules cannot be removed without the
+/// iptables binaries; see README.
+pub fn cleanup_upstream<N: Nftables>(nft: &mut N) -> Result<Vec<String>, nft::Error> {
+    let mut removed = Vec::new();
+    for family in Family::all() {
+        if !nft
+            .list_tables(family)?
+            .iter()
+            .any(|t| t.name == UPSTREAM_TABLE)
+        {
+            continue;
+        }
+        let mut tx = Transaction::new(family, UPSTREAM_TABLE);
+        tx.delete(Table {
+            family,
+            name: UPSTREAM_TABLE.into(),
+            comment: None,
+        });
+        nft.apply(&tx)?;
+        removed.push(format!("table {family} {UPSTREAM_TABLE}"));
+    }
+    Ok(removed)
+}

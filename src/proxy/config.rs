@@ -1,0 +1,109 @@
+//! The settings every mode's tables share: table name, masquerade mark, local-traffic
+//! detection, NodePort addresses. Pure.
+
+use crate::model::net::Cidr;
+use crate::model::NodeInfo;
+
+/// Our table's default name (the nftables mode's table; other modes add a suffix).
+pub const DEFAULT_TABLE: &str = "kube-nlproxy";
+/// The comment on every table we create: cleanup never deletes a table without it.
+pub const TABLE_COMMENT: &str = "rules for kube-nlproxy";
+
+/// The configured local-traffic detection (`detectLocalMode`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetectLocal {
+    ClusterCidr(Vec<Cidr>),
+    NodeCidr,
+    BridgeInterface(String),
+    InterfaceNamePrefix(String),
+}
+
+/// How traffic from pods on this node is told apart from traffic from elsewhere (which is
+/// masqueraded when it reaches a ClusterIP).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LocalDetector {
+    /// No detection: ClusterIP traffic is masqueraded only with `masquerade_all`.
+    #[default]
+    None,
+    /// Sources inside these CIDRs are pods (`ClusterCIDR` or `NodeCIDR` mode).
+    Cidrs(Vec<Cidr>),
+    /// Packets arriving on this bridge come from pods (`BridgeInterface` mode).
+    Bridge(String),
+    /// Packets arriving on interfaces with this prefix come from pods
+    /// (`InterfaceNamePrefix` mode).
+    InterfacePrefix(String),
+}
+
+/// Which local addresses accept NodePort traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    /// Every local address except loopback.
+    #[default]
+    All,
+    /// Local addresses inside these CIDRs.
+    Cidrs(Vec<Cidr>),
+    /// The node's primary addresses from its Node object.
+    Primary,
+}
+
+/// Settings of the nftables proxier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxierConfig {
+    pub table: String,
+    pub masquerade_bit: u8,
+    pub masquerade_all: bool,
+    pub local_detector: LocalDetector,
+    pub nodeport_addresses: NodePortAddresses,
+}
+
+impl Default for ProxierConfig {
+    fn default() -> Self {
+        ProxierConfig {
+            table: DEFAULT_TABLE.into(),
+            masquerade_bit: 14,
+            masquerade_all: false,
+            local_detector: LocalDetector::None,
+            nodeport_addresses: NodePortAddresses::All,
+        }
+    }
+}
+
+impl ProxierConfig {
+    pub fn masquerade_mark(&self) -> u32 {
+        1u32 << self.masquerade_bit
+    }
+}
+
+/// Resolves `NodeCIDR` detection against the Node at each sync (its podCIDRs may appear
+/// after start); the other modes are fixed in the config. Warns once when the Node has none.
+#[derive(Debug, Clone)]
+pub struct LocalDetectorResolver {
+    detect_local: DetectLocal,
+    warned_no_podcidr: bool,
+}
+
+impl LocalDetectorResolver {
+    pub fn new(detect_local: DetectLocal) -> Self {
+        LocalDetectorResolver {
+            detect_local,
+            warned_no_podcidr: false,
+        }
+    }
+
+    /// `cfg` with the local detector in force for `node`.
+    pub fn resolve(&mut self, cfg: &ProxierConfig, node: &NodeInfo) -> ProxierConfig {
+        let mut cfg = cfg.clone();
+        if self.detect_local == DetectLocal::NodeCidr {
+            if node.pod_cidrs.is_empty() {
+                if !self.warned_no_podcidr {
+                    tracing::warn!(node = %node.name, "detect-local-mode NodeCIDR but the Node has no podCIDRs; local traffic is not detected");
+                    self.warned_no_podcidr = true;
+                }
+                cfg.local_detector = LocalDetector::None;
+            } else {
+                cfg.local_detector = LocalDetector::Cidrs(node.pod_cidrs.clone());
+            }
+        }
+        cfg
+    }
+}

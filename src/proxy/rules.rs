@@ -1,0 +1,233 @@
+//! Rule helpers and base chains every mode's table uses: map keys, the local-traffic match,
+//! NodePort address guards, the NAT dispatch base chains, the pre-DNAT filter base chains,
+//! the reject chain, loadBalancerSourceRanges firewalls, commented elements. Pure.
+
+use std::net::IpAddr;
+
+use crate::kernel::nft::{
+    Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Verdict,
+};
+use crate::model::{NodeInfo, ServicePort};
+
+use super::names::{firewall_chain, FIREWALL_IPS, NAT_OUTPUT, NAT_PREROUTING, REJECT_CHAIN};
+use super::{Fragment, LocalDetector, NodePortAddresses, ProxierConfig};
+
+/// Base-chain priorities, nftables' named ones (`nft` prints them as `dstnat`, `srcnat`,
+/// `filter`).
+pub const DSTNAT: i32 = -100;
+pub const SRCNAT: i32 = 100;
+pub const FILTER: i32 = 0;
+/// Filtering before DNAT rewrites the destination (and before IPVS: its LOCAL_OUT hook
+/// runs at -99 and LOCAL_IN at 98), so firewall and no-endpoint checks see the Service's
+/// own address of every new connection.
+pub const PRE_DNAT: i32 = DSTNAT - 10;
+
+pub fn jump(c: &str) -> Expr {
+    Expr::Verdict(Verdict::Jump(c.into()))
+}
+pub fn goto(c: &str) -> Expr {
+    Expr::Verdict(Verdict::Goto(c.into()))
+}
+/// The key of the per-address maps: `ip daddr . meta l4proto . th dport`.
+pub fn addr_key() -> Vec<Field> {
+    vec![Field::Daddr, Field::L4Proto, Field::Dport]
+}
+/// The key of the NodePort maps: `meta l4proto . th dport`.
+pub fn port_key() -> Vec<Field> {
+    vec![Field::L4Proto, Field::Dport]
+}
+
+/// "From a pod on this node" (`op` Eq) or not (Neq), per the local-traffic detector;
+/// `None` when traffic cannot be told apart.
+pub fn from_pod(detector: &LocalDetector, family: Family, op: CmpOp) -> Option<Expr> {
+    match detector {
+        LocalDetector::Cidrs(c) => cidrs_of(c, family).first().map(|c| Expr::Addr {
+            field: Field::Saddr,
+            op,
+            value: *c,
+        }),
+        LocalDetector::Bridge(name) => Some(Expr::IifName {
+            name: name.clone(),
+            prefix: false,
+            op,
+        }),
+        LocalDetector::InterfacePrefix(p) => Some(Expr::IifName {
+            name: p.clone(),
+            prefix: true,
+            op,
+        }),
+        LocalDetector::None => None,
+    }
+}
+
+pub fn of_family(ips: &[IpAddr], family: Family) -> Vec<IpAddr> {
+    ips.iter()
+        .copied()
+        .filter(|ip| Family::of(ip) == family)
+        .collect()
+}
+
+pub fn cidrs_of(c: &[Cidr], family: Family) -> Vec<Cidr> {
+    c.iter()
+        .copied()
+        .filter(|c| c.is_ipv4() == (family == Family::Ip))
+        .collect()
+}
+
+/// The rules guarding NodePort lookups: which destination addresses count as "this node".
+pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Vec<Vec<Expr>> {
+    let loopback: Cidr = match family {
+        Family::Ip => "127.0.0.0/8".parse().expect("static"),
+        Family::Ip6 => "::1".parse().expect("static"),
+    };
+    match &cfg.nodeport_addresses {
+        NodePortAddresses::All => vec![vec![
+            Expr::FibLocal(Field::Daddr),
+            Expr::Addr {
+                field: Field::Daddr,
+                op: CmpOp::Neq,
+                value: loopback,
+            },
+        ]],
+        NodePortAddresses::Cidrs(c) => cidrs_of(c, family)
+            .into_iter()
+            .map(|c| {
+                vec![
+                    Expr::FibLocal(Field::Daddr),
+                    Expr::Addr {
+                        field: Field::Daddr,
+                        op: CmpOp::Eq,
+                        value: c,
+                    },
+                ]
+            })
+            .collect(),
+        NodePortAddresses::Primary => of_family(&node.addresses, family)
+            .into_iter()
+            .take(1)
+            .map(|ip| {
+                vec![Expr::Addr {
+                    field: Field::Daddr,
+                    op: CmpOp::Eq,
+                    value: Cidr::host(ip),
+                }]
+            })
+            .collect(),
+    }
+}
+
+/// `key vmap @map`.
+pub fn vmap(key: Vec<Field>, map: &str) -> Expr {
+    Expr::Vmap {
+        key,
+        map: map.into(),
+    }
+}
+
+/// `key @set`.
+pub fn in_set(key: Vec<Field>, set: &str) -> Expr {
+    Expr::InSet {
+        key,
+        set: set.into(),
+        negate: false,
+    }
+}
+
+/// One rule per NodePort guard of `cfg`: the guard's matches followed by `tail`.
+pub fn guarded(guards: &[Vec<Expr>], chain: &str, tail: &[Expr]) -> Vec<Rule> {
+    guards
+        .iter()
+        .map(|g| {
+            let mut e = g.clone();
+            e.extend(tail.iter().cloned());
+            Rule::new(chain, e)
+        })
+        .collect()
+}
+
+/// `nat-prerouting` and `nat-output` at dstnat priority, each jumping to `target`: where
+/// every mode's service traffic enters its table.
+pub fn nat_dispatch(f: &mut Fragment, target: &str) {
+    for (name, hook) in [
+        (NAT_PREROUTING, Hook::Prerouting),
+        (NAT_OUTPUT, Hook::Output),
+    ] {
+        f.chain(
+            Chain::base(name, ChainType::Nat, hook, DSTNAT),
+            vec![Rule::new(name, vec![jump(target)])],
+        );
+    }
+}
+
+/// Filter base chains at [`PRE_DNAT`] that send each new connection to `target`.
+pub fn pre_dnat_checks(f: &mut Fragment, chains: [(&str, Hook); 2], target: &str) {
+    for (name, hook) in chains {
+        f.chain(
+            Chain::base(name, ChainType::Filter, hook, PRE_DNAT),
+            vec![Rule::new(name, vec![Expr::CtStateNew, jump(target)])],
+        );
+    }
+}
+
+/// The chain that rejects connections to Services without endpoints.
+pub fn reject_chain(f: &mut Fragment) {
+    f.chain(
+        Chain::regular(REJECT_CHAIN),
+        vec![Rule::new(REJECT_CHAIN, vec![Expr::Reject])],
+    );
+}
+
+pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &str) -> Element {
+    Element {
+        set: set.into(),
+        key,
+        verdict,
+        target: None,
+        comment: Some(c.into()),
+    }
+}
+
+/// loadBalancerSourceRanges of one LoadBalancer address (`addr_k`: address, protocol,
+/// port): a `firewall-ips` element jumping to a chain that returns for each allowed range
+/// and drops the rest. Nothing when the Service has no ranges.
+pub fn source_range_firewall(
+    f: &mut Fragment,
+    sp: &ServicePort,
+    family: Family,
+    addr_k: Vec<KeyValue>,
+    comment: &str,
+) {
+    if sp.load_balancer_source_ranges.is_empty() {
+        return;
+    }
+    let chain = firewall_chain(&sp.name);
+    let mut rules: Vec<Rule> = sp
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|c| c.is_ipv4() == (family == Family::Ip))
+        .map(|c| {
+            Rule::new(
+                &chain,
+                vec![
+                    Expr::Addr {
+                        field: Field::Saddr,
+                        op: CmpOp::Eq,
+                        value: *c,
+                    },
+                    Expr::Verdict(Verdict::Return),
+                ],
+            )
+        })
+        .collect();
+    rules.push(
+        Rule::new(&chain, vec![Expr::Verdict(Verdict::Drop)])
+            .with_comment("not in loadBalancerSourceRanges"),
+    );
+    f.chain(Chain::regular(&chain), rules);
+    f.element(element(
+        FIREWALL_IPS,
+        addr_k,
+        Some(Verdict::Jump(chain)),
+        comment,
+    ));
+}

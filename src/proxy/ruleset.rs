@@ -1,0 +1,386 @@
+//! [`Ruleset`]: the desired content of one of our tables, kept as a base [`Fragment`] plus one
+//! fragment per service port, and the pure planners that turn a change into one
+//! [`Transaction`]. A partial sync touches only the fragments that changed: its planning and
+//! kernel cost follow the change, not the cluster size, and it never lists the table.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::kernel::nft::{Chain, Element, Family, KeyValue, Op, Rule, Set, Table, Transaction};
+use crate::model::ServicePortName;
+use crate::proxy::fxhash::FxHashMap;
+
+/// The objects one service port (or the static base) contributes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fragment {
+    pub chains: BTreeMap<String, (Chain, Vec<Rule>)>,
+    pub sets: BTreeMap<String, Set>,
+    /// Elements of shared sets and maps (several fragments may add the same key).
+    pub elements: Vec<Element>,
+}
+
+impl Fragment {
+    /// Adds a chain with its rules (replacing any earlier definition).
+    pub fn chain(&mut self, chain: Chain, rules: Vec<Rule>) {
+        self.chains.insert(chain.name.clone(), (chain, rules));
+    }
+    pub fn set(&mut self, set: Set) {
+        self.sets.insert(set.name.clone(), set);
+    }
+    pub fn element(&mut self, e: Element) {
+        self.elements.push(e);
+    }
+}
+
+type ElemKey = (String, Vec<KeyValue>);
+
+/// The full desired content of one table.
+#[derive(Debug, Clone)]
+pub struct Ruleset {
+    pub table: Table,
+    pub base: Arc<Fragment>,
+    pub services: BTreeMap<ServicePortName, Arc<Fragment>>,
+    /// Every element with the number of fragments that add it.
+    refs: FxHashMap<ElemKey, (usize, Element)>,
+    rules: usize,
+}
+
+impl PartialEq for Ruleset {
+    fn eq(&self, o: &Self) -> bool {
+        self.table == o.table && self.base == o.base && self.services == o.services
+    }
+}
+
+fn rules_in(f: &Fragment) -> usize {
+    f.chains.values().map(|(_, r)| r.len()).sum()
+}
+
+fn key_of(e: &Element) -> ElemKey {
+    (e.set.clone(), e.key.clone())
+}
+
+impl Ruleset {
+    pub fn new(table: Table, base: Fragment) -> Ruleset {
+        let mut rs = Ruleset {
+            table,
+            base: Arc::new(Fragment::default()),
+            services: BTreeMap::new(),
+            refs: FxHashMap::default(),
+            rules: 0,
+        };
+        rs.set_base(Arc::new(base));
+        rs
+    }
+    pub fn family(&self) -> Family {
+        self.table.family
+    }
+    fn add_refs(&mut self, f: &Fragment) {
+        for e in &f.elements {
+            match self.refs.get_mut(&(e.set.clone(), e.key.clone())) {
+                Some(slot) => {
+                    slot.0 += 1;
+                    if slot.1 != *e {
+                        slot.1 = e.clone();
+                    }
+                }
+                None => {
+                    self.refs.insert(key_of(e), (1, e.clone()));
+                }
+            }
+        }
+    }
+    fn drop_refs(&mut self, f: &Fragment) {
+        for e in &f.elements {
+            let k = key_of(e);
+            if let Some(slot) = self.refs.get_mut(&k) {
+                slot.0 -= 1;
+                if slot.0 == 0 {
+                    self.refs.remove(&k);
+                }
+            }
+        }
+    }
+    pub fn set_base(&mut self, base: Arc<Fragment>) {
+        let old = std::mem::replace(&mut self.base, base.clone());
+        self.drop_refs(&old);
+        self.rules -= rules_in(&old);
+        self.add_refs(&base);
+        self.rules += rules_in(&base);
+    }
+    /// Sets (or with `None` removes) one service port's fragment.
+    pub fn set_service(&mut self, name: &ServicePortName, frag: Option<Arc<Fragment>>) {
+        if let Some(old) = self.services.remove(name) {
+            self.drop_refs(&old);
+            self.rules -= rules_in(&old);
+        }
+        if let Some(f) = frag {
+            self.add_refs(&f);
+            self.rules += rules_in(&f);
+            self.services.insert(name.clone(), f);
+        }
+    }
+    fn fragments(&self) -> impl Iterator<Item = &Fragment> {
+        std::iter::once(&*self.base).chain(self.services.values().map(|f| &**f))
+    }
+    /// Every chain with its rules.
+    pub fn chains(&self) -> impl Iterator<Item = &(Chain, Vec<Rule>)> {
+        self.fragments().flat_map(|f| f.chains.values())
+    }
+    /// Every set and map.
+    pub fn sets(&self) -> impl Iterator<Item = &Set> {
+        self.fragments().flat_map(|f| f.sets.values())
+    }
+    /// Every element, once.
+    pub fn elements(&self) -> impl Iterator<Item = &Element> {
+        self.refs.values().map(|(_, e)| e)
+    }
+    pub fn has_chain(&self, name: &str) -> bool {
+        self.chains().any(|(c, _)| c.name == name)
+    }
+    pub fn rule_count(&self) -> usize {
+        self.rules
+    }
+    pub fn element_count(&self) -> usize {
+        self.refs.len()
+    }
+}
+
+/// Names that exist in the kernel table (listed at a full sync only).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Existing {
+    pub chains: BTreeSet<String>,
+    pub sets: BTreeSet<String>,
+}
+
+/// A planned transaction and the chains it left flushed but not yet deleted.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub tx: Transaction,
+    /// Chains that are now unreferenced and empty. Deleting them in the same batch that drops
+    /// their last reference fails on kernels before 6.2, so the next sync deletes them (as
+    /// upstream does).
+    pub stale_chains: Vec<String>,
+}
+
+fn sorted_elements(rs: &Ruleset) -> Vec<&Element> {
+    let mut v: Vec<&Element> = rs.elements().collect();
+    v.sort_by(|a, b| (&a.set, &a.key).cmp(&(&b.set, &b.key)));
+    v
+}
+
+/// Plans a full sync: re-asserts everything in `next`, flushing what the kernel already has
+/// (`existing`, listed once), and removes leftovers of an earlier run without deleting the
+/// table, so established connections are untouched.
+pub fn plan_full(next: &Ruleset, existing: Option<&Existing>, pending_deletes: &[String]) -> Plan {
+    let mut tx = Transaction::new(next.family(), next.table.name.clone());
+    let mut wanted_chains: BTreeMap<&str, &(Chain, Vec<Rule>)> = BTreeMap::new();
+    for c in next.chains() {
+        wanted_chains.insert(&c.0.name, c);
+    }
+    let wanted_sets: BTreeMap<&str, &Set> = next.sets().map(|s| (s.name.as_str(), s)).collect();
+    for c in pending_deletes {
+        if !wanted_chains.contains_key(c.as_str()) && existing.is_none_or(|e| e.chains.contains(c))
+        {
+            tx.delete(Chain::regular(c.clone()));
+        }
+    }
+    tx.add(next.table.clone());
+    for s in wanted_sets.values() {
+        tx.add((*s).clone());
+    }
+    for (c, _) in wanted_chains.values() {
+        tx.add(c.clone());
+    }
+    for (name, (chain, rules)) in &wanted_chains {
+        if existing.is_some_and(|e| e.chains.contains(*name)) {
+            tx.flush(chain.clone());
+        }
+        for r in rules {
+            tx.add(r.clone());
+        }
+    }
+    for (name, s) in &wanted_sets {
+        // Dynamic (affinity) sets are filled by the data path: keep their entries.
+        if s.timeout.is_none() && existing.is_some_and(|e| e.sets.contains(*name)) {
+            tx.flush((*s).clone());
+        }
+    }
+    for e in sorted_elements(next) {
+        tx.add(e.clone());
+    }
+    let mut stale_chains = Vec::new();
+    if let Some(ex) = existing {
+        for name in &ex.chains {
+            if !wanted_chains.contains_key(name.as_str()) && !pending_deletes.contains(name) {
+                tx.flush(Chain::regular(name.clone()));
+                stale_chains.push(name.clone());
+            }
+        }
+        for name in &ex.sets {
+            if !wanted_sets.contains_key(name.as_str()) {
+                tx.delete(Set::plain(name.clone(), vec![]));
+            }
+        }
+    }
+    Plan { tx, stale_chains }
+}
+
+/// One service port whose fragment changed: `old` is what was committed, `new` what is
+/// wanted (`None`: absent).
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub name: ServicePortName,
+    pub old: Option<Arc<Fragment>>,
+    pub new: Option<Arc<Fragment>>,
+}
+
+/// Plans a partial sync from the committed `last` ruleset: the base fragment becomes
+/// `new_base` and each [`Change`] replaces one service port's fragment. Only changed chains
+/// are rewritten and only elements whose presence or data change are sent.
+pub fn plan_changes(
+    last: &Ruleset,
+    new_base: &Arc<Fragment>,
+    changes: &[Change],
+    pending_deletes: &[String],
+) -> Plan {
+    let mut tx = Transaction::new(last.family(), last.table.name.clone());
+    let empty = Fragment::default();
+    let mut pairs: Vec<(&Fragment, &Fragment)> = Vec::new();
+    if !Arc::ptr_eq(&last.base, new_base) && *last.base != **new_base {
+        pairs.push((&last.base, new_base));
+    }
+    for c in changes {
+        pairs.push((
+            c.old.as_deref().unwrap_or(&empty),
+            c.new.as_deref().unwrap_or(&empty),
+        ));
+    }
+    let new_chains: BTreeSet<&str> = pairs
+        .iter()
+        .flat_map(|(_, n)| n.chains.keys().map(String::as_str))
+        .collect();
+    for c in pending_deletes {
+        if !new_chains.contains(c.as_str()) {
+            tx.delete(Chain::regular(c.clone()));
+        }
+    }
+    let mut stale_chains = Vec::new();
+    let mut stale_sets = Vec::new();
+    let mut rule_ops = Vec::new();
+    for (old, new) in &pairs {
+        for (name, s) in &new.sets {
+            if !old.sets.contains_key(name) {
+                tx.add(s.clone());
+            }
+        }
+        for (name, (chain, rules)) in &new.chains {
+            match old.chains.get(name) {
+                None => {
+                    tx.add(chain.clone());
+                    rule_ops.extend(rules.iter().map(|r| Op::Add(r.clone().into())));
+                }
+                Some((_, r)) if r == rules => {}
+                Some(_) => {
+                    rule_ops.push(Op::Flush(chain.clone().into()));
+                    rule_ops.extend(rules.iter().map(|r| Op::Add(r.clone().into())));
+                }
+            }
+        }
+        for (name, (chain, _)) in &old.chains {
+            if !new.chains.contains_key(name) {
+                stale_chains.push((name.clone(), chain.clone()));
+            }
+        }
+        for (name, s) in &old.sets {
+            if !new.sets.contains_key(name) {
+                stale_sets.push(s.clone());
+            }
+        }
+    }
+    tx.ops.extend(rule_ops);
+    // Elements: net reference count per touched key after the change.
+    let mut delta: BTreeMap<ElemKey, (i64, Option<&Element>)> = BTreeMap::new();
+    for (old, new) in &pairs {
+        for e in &old.elements {
+            delta.entry(key_of(e)).or_insert((0, None)).0 -= 1;
+        }
+        for e in &new.elements {
+            let d = delta.entry(key_of(e)).or_insert((0, None));
+            d.0 += 1;
+            d.1 = Some(e);
+        }
+    }
+    let mut adds = Vec::new();
+    for (k, (d, new_data)) in &delta {
+        let before = last.refs.get(k);
+        let count_before = before.map(|(n, _)| *n as i64).unwrap_or(0);
+        let after = count_before + d;
+        let before_el = before.map(|(_, e)| e);
+        let after_el = if after > 0 {
+            new_data.or(before_el)
+        } else {
+            None
+        };
+        match (before_el, after_el) {
+            (Some(b), None) => tx.delete(b.clone()),
+            (None, Some(a)) => adds.push(a.clone()),
+            (Some(b), Some(a))
+                if b.verdict != a.verdict || b.target != a.target || b.comment != a.comment =>
+            {
+                tx.delete(b.clone());
+                adds.push(a.clone());
+            }
+            _ => {}
+        }
+    }
+    for a in adds {
+        tx.add(a);
+    }
+    let mut names = Vec::new();
+    for (name, chain) in stale_chains {
+        if !new_chains.contains(name.as_str()) {
+            tx.flush(chain);
+            names.push(name);
+        }
+    }
+    for s in stale_sets {
+        tx.delete(s);
+    }
+    Plan {
+        tx,
+        stale_chains: names,
+    }
+}
+
+/// Plans the transaction from `prev` to `next` (a full sync when `prev` is `None`), finding
+/// changed fragments by comparison. The syncer uses [`plan_changes`] directly with the
+/// changes it already knows.
+pub fn plan_transaction(
+    prev: Option<&Ruleset>,
+    next: &Ruleset,
+    existing: Option<&Existing>,
+    pending_deletes: &[String],
+) -> Plan {
+    let Some(prev) = prev else {
+        return plan_full(next, existing, pending_deletes);
+    };
+    let keys: BTreeSet<&ServicePortName> =
+        prev.services.keys().chain(next.services.keys()).collect();
+    let changes: Vec<Change> = keys
+        .into_iter()
+        .filter_map(|k| {
+            let (o, n) = (prev.services.get(k), next.services.get(k));
+            let same = match (o, n) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+                (None, None) => true,
+                _ => false,
+            };
+            (!same).then(|| Change {
+                name: k.clone(),
+                old: o.cloned(),
+                new: n.cloned(),
+            })
+        })
+        .collect();
+    plan_changes(prev, &next.base, &changes, pending_deletes)
+}

@@ -1,0 +1,150 @@
+//! The bounded-frequency sync loop: syncs when the model changes, never more often than
+//! `min_sync_period`, at least every `sync_period`, and retries failures with backoff.
+//! Nothing is synced before the first complete snapshot arrives.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{sleep_until, Instant};
+
+use super::Proxier;
+use crate::model::ProxyState;
+
+/// Timing of the sync loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub min_sync_period: Duration,
+    pub sync_period: Duration,
+}
+
+/// A full sync allocates the whole transaction and its encoding transiently; glibc keeps
+/// freed pages mapped, so hand them back to keep the resident size near the live data.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// How soon to retry after `failures` consecutive failures: doubling from the minimum
+/// period (at least 1 s), capped at the sync period.
+pub fn retry_delay(t: Timing, failures: u32) -> Duration {
+    let base = t.min_sync_period.max(Duration::from_secs(1));
+    let d = base.saturating_mul(1u32 << failures.min(16).saturating_sub(1));
+    d.min(t.sync_period)
+}
+
+/// What the loop tells the rest of the daemon (health, metrics, health-check ports).
+pub trait SyncHooks {
+    /// A new state arrived (an update is now queued).
+    fn state_changed(&mut self, _state: &Arc<ProxyState>) {}
+    /// Someone else changed our table; a full sync restores it.
+    fn tampered(&mut self) {}
+    /// A sync of `state` finished after `took`.
+    fn synced(
+        &mut self,
+        _state: &ProxyState,
+        _res: &Result<super::SyncStats, super::SyncError>,
+        _took: Duration,
+    ) {
+    }
+}
+
+/// Runs until `shutdown` resolves. `states` carries complete snapshots; `None` until the
+/// sources have delivered their initial state.
+pub async fn run<B: Proxier>(
+    mut syncer: B,
+    mut states: watch::Receiver<Option<Arc<ProxyState>>>,
+    timing: Timing,
+    hooks: &mut impl SyncHooks,
+    tamper: Option<Arc<tokio::sync::Notify>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let tamper = tamper.unwrap_or_default();
+    tokio::pin!(shutdown);
+    // Wait for the initial state.
+    loop {
+        if states.borrow().is_some() {
+            break;
+        }
+        tokio::select! {
+            _ = &mut shutdown => return,
+            r = states.changed() => if r.is_err() { return },
+        }
+    }
+    if let Some(st) = states.borrow().clone() {
+        hooks.state_changed(&st);
+    }
+    let mut failures = 0u32;
+    let mut last_start: Option<Instant> = None;
+    loop {
+        if let Some(t) = last_start {
+            let earliest = t + timing.min_sync_period;
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = sleep_until(earliest) => {}
+            }
+        }
+        let state = states.borrow_and_update().clone();
+        let Some(state) = state else { continue };
+        last_start = Some(Instant::now());
+        let t0 = std::time::Instant::now();
+        let res = syncer.sync(&state);
+        hooks.synced(&state, &res, t0.elapsed());
+        release_freed_memory();
+        let next = match &res {
+            Ok(_) => {
+                failures = 0;
+                if syncer.has_pending_work() {
+                    Instant::now() + Duration::from_secs(1)
+                } else {
+                    Instant::now() + timing.sync_period
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                let d = retry_delay(timing, failures);
+                tracing::error!(error = %e, retry_in = ?d, "sync failed; the kernel keeps the previous rules");
+                Instant::now() + d
+            }
+        };
+        tokio::select! {
+            _ = &mut shutdown => return,
+            r = states.changed() => {
+                if r.is_err() { return }
+                if let Some(st) = states.borrow().clone() {
+                    hooks.state_changed(&st);
+                }
+            }
+            _ = tamper.notified() => {
+                // One foreign change (a flush, a table deletion) arrives as several
+                // notifications: let them settle and restore once.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = tokio::time::timeout(Duration::ZERO, tamper.notified()).await;
+                tracing::warn!("our kernel state was changed by someone else; restoring it");
+                syncer.force_full_sync();
+                hooks.tampered();
+            }
+            _ = sleep_until(next) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_backs_off_to_the_sync_period() {
+        let t = Timing {
+            min_sync_period: Duration::from_secs(1),
+            sync_period: Duration::from_secs(30),
+        };
+        assert_eq!(retry_delay(t, 1), Duration::from_secs(1));
+        assert_eq!(retry_delay(t, 2), Duration::from_secs(2));
+        assert_eq!(retry_delay(t, 4), Duration::from_secs(8));
+        assert_eq!(retry_delay(t, 10), Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,182 @@
+//! [`TableSync`]: the one lifecycle of an nftables table that every mode shares (the
+//! nftables mode's whole ruleset, the IPVS and userspace modes' companion tables). List the
+//! kernel's chains and sets at a full sync, plan the difference from what was last
+//! committed, apply it as one atomic transaction per family, remember it, and forget it
+//! after a failure so that the next sync re-asserts everything. I/O only through the
+//! [`Nftables`] trait, so every mode's tests run it against the fake.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::kernel::nft::{self, Family, Nftables};
+use crate::model::ServicePortName;
+
+use super::ruleset::{plan_changes, plan_transaction, Change, Existing, Fragment, Ruleset};
+use super::{SyncError, SyncStats};
+
+/// What was committed to one table name in each family, and the chains awaiting deletion.
+#[derive(Debug, Default)]
+pub struct TableSync {
+    table: String,
+    last: BTreeMap<Family, Ruleset>,
+    /// Chains left flushed by the last transaction; the next one deletes them (deleting in
+    /// the batch that drops their last reference fails on kernels before 6.2).
+    pending_deletes: BTreeMap<Family, Vec<String>>,
+}
+
+impl TableSync {
+    pub fn new(table: impl Into<String>) -> Self {
+        TableSync {
+            table: table.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// What was last committed in `family`, if that commit succeeded.
+    pub fn last(&self, family: Family) -> Option<&Ruleset> {
+        self.last.get(&family)
+    }
+
+    /// Every family's committed ruleset.
+    pub fn committed(&self) -> impl Iterator<Item = &Ruleset> {
+        self.last.values()
+    }
+
+    /// Forgets what was committed: the next sync of each family is a full one.
+    pub fn forget(&mut self) {
+        self.last.clear();
+    }
+
+    /// Flushed chains wait for deletion: sync again soon.
+    pub fn has_pending_deletes(&self) -> bool {
+        self.pending_deletes.values().any(|v| !v.is_empty())
+    }
+
+    fn list_existing<N: Nftables>(
+        &self,
+        nft: &mut N,
+        family: Family,
+    ) -> Result<Existing, nft::Error> {
+        Ok(Existing {
+            chains: nft.list_chains(family, &self.table)?.into_iter().collect(),
+            sets: nft.list_sets(family, &self.table)?.into_iter().collect(),
+        })
+    }
+
+    fn pending(&self, family: Family) -> Vec<String> {
+        self.pending_deletes
+            .get(&family)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Brings `next.family()`'s table to `next`: a full sync (listing the kernel, flushing and
+    /// re-asserting every object) when `full` or nothing is remembered, otherwise only the
+    /// fragments that differ from the last commit. On failure the kernel keeps its previous
+    /// ruleset and this family is forgotten.
+    pub fn sync<N: Nftables>(
+        &mut self,
+        nft: &mut N,
+        next: Ruleset,
+        full: bool,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let family = next.family();
+        let res = (|| {
+            let existing = if full || !self.last.contains_key(&family) {
+                Some(self.list_existing(nft, family)?)
+            } else {
+                None
+            };
+            let prev = existing.is_none().then(|| self.last.get(&family)).flatten();
+            let plan = plan_transaction(prev, &next, existing.as_ref(), &self.pending(family));
+            stats.ops.insert(family, plan.tx.num_ops());
+            if !plan.tx.ops.is_empty() {
+                nft.apply(&plan.tx)?;
+            }
+            Ok(plan.stale_chains)
+        })();
+        self.remember(family, res.map(|stale| (next, stale)))
+    }
+
+    /// Applies known changes of single service ports on top of the last commit of `family`
+    /// (the nftables mode's partial sync: planning and kernel work follow the change, not the
+    /// cluster). `build` gives each changed service port's new fragment, `None` for gone.
+    pub fn sync_changes<N: Nftables>(
+        &mut self,
+        nft: &mut N,
+        family: Family,
+        changed: &[ServicePortName],
+        mut build: impl FnMut(&ServicePortName) -> Option<Fragment>,
+        stats: &mut SyncStats,
+    ) -> Result<(), SyncError> {
+        let Some(last) = self.last.get(&family) else {
+            return Ok(());
+        };
+        let changes: Vec<Change> = changed
+            .iter()
+            .map(|spn| Change {
+                name: spn.clone(),
+                old: last.services.get(spn).cloned(),
+                new: build(spn)
+                    .filter(|f| *f != Fragment::default())
+                    .map(Arc::new),
+            })
+            .collect();
+        let plan = plan_changes(last, &last.base, &changes, &self.pending(family));
+        stats.ops.insert(family, plan.tx.num_ops());
+        let t_apply = std::time::Instant::now();
+        let applied = if plan.tx.ops.is_empty() {
+            Ok(())
+        } else {
+            nft.apply(&plan.tx)
+        };
+        tracing::debug!(%family, ops = plan.tx.num_ops(), apply = ?t_apply.elapsed(), "partial sync applied");
+        match applied {
+            Ok(()) => {
+                if let Some(last) = self.last.get_mut(&family) {
+                    for c in changes {
+                        last.set_service(&c.name, c.new);
+                    }
+                }
+                self.pending_deletes.insert(family, plan.stale_chains);
+                Ok(())
+            }
+            Err(error) => {
+                self.last.remove(&family);
+                Err(SyncError::Nft { family, error })
+            }
+        }
+    }
+
+    fn remember(
+        &mut self,
+        family: Family,
+        res: Result<(Ruleset, Vec<String>), nft::Error>,
+    ) -> Result<(), SyncError> {
+        match res {
+            Ok((rs, stale)) => {
+                self.pending_deletes.insert(family, stale);
+                self.last.insert(family, rs);
+                Ok(())
+            }
+            Err(error) => {
+                self.last.remove(&family);
+                Err(SyncError::Nft { family, error })
+            }
+        }
+    }
+
+    /// Adds the committed rules and elements of every family to `stats`.
+    pub fn count(&self, stats: &mut SyncStats) {
+        for rs in self.last.values() {
+            stats.rules += rs.rule_count();
+            stats.elements += rs.element_count();
+        }
+    }
+}
