@@ -1,6 +1,7 @@
 //! Test backends and clients. A backend answers each TCP connection (or UDP datagram) with
 //! `NAME PEER-IP\n`, then echoes lines, so a test sees which endpoint answered and which
 //! source address it saw.
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};

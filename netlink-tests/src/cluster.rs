@@ -6,6 +6,7 @@
 //!                                        pods 10.244.1.x (one namespace each, routed veths)
 //! ```
 //! Pod CIDR 10.244.0.0/16 (fd00:10:244::/48); this node's pods 10.244.1.0/24.
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};

@@ -1,5 +1,6 @@
 //! Throwaway network namespaces for real-kernel tests: create one, run closures or commands
 //! inside it, delete it on drop. Test-only: it uses the `ip` binary to manage namespaces.
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

@@ -3,6 +3,7 @@
 //! update was lost), memory is back near its baseline, and other programs writing their own
 //! tables meanwhile never made a sync fail nor lost anything of theirs.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::fs;
 use std::path::Path;

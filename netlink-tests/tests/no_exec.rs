@@ -1,6 +1,7 @@
 //! The daemon execs nothing: run it under strace (a test-time tool) through a full sync, a
 //! daemon start-up with a manifest edit, and a cleanup, and count execve calls.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::process::Command;
 use std::time::Duration;

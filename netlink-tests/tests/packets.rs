@@ -1,6 +1,7 @@
 //! Real packets through the rules kube-nlproxy programs: backends in pod namespaces, clients
 //! in pods, on the node and on an external host. Each test builds its own cluster.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

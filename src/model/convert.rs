@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
-use crate::kernel::nft::Cidr;
+use crate::model::net::Cidr;
 
 /// Label that hands a Service to another proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -591,15 +591,6 @@ mod tests {
             .unwrap();
         assert_eq!(st.endpoints[tcp0].len(), 1000);
         assert!(w.iter().any(|m| m.contains("IPv4-mapped")), "{w:?}");
-        // The whole thing plans without trouble, names stay within nft's limits.
-        for f in crate::kernel::nft::Family::all() {
-            let rs = crate::modes::nftables::build_ruleset(
-                &st,
-                &crate::proxy::ProxierConfig::default(),
-                f,
-            );
-            assert!(rs.chains().all(|(c, _)| c.name.len() < 256));
-        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! their endpoints, with upstream kube-proxy's names. Pure: no sockets, no clocks.
 
 pub mod convert;
+#[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
 pub mod net;
 pub mod topology;
@@ -10,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::kernel::nft::Cidr;
+use net::Cidr;
 
 /// L4 protocol of a service port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -59,6 +59,21 @@ impl fmt::Display for Family {
     }
 }
 
+/// Protocol numbers we handle.
+pub mod proto {
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+    pub const SCTP: u8 = 132;
+    pub fn name(p: u8) -> String {
+        match p {
+            TCP => "tcp".into(),
+            UDP => "udp".into(),
+            SCTP => "sctp".into(),
+            n => n.to_string(),
+        }
+    }
+}
+
 /// An IP prefix. The address is stored with host bits cleared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cidr {

@@ -20,6 +20,7 @@ pub struct Timing {
 
 /// A full sync allocates the whole transaction and its encoding transiently; glibc keeps
 /// freed pages mapped, so hand them back to keep the resident size near the live data.
+#[allow(unsafe_code)] // malloc_trim(3) has no safe wrapper
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.

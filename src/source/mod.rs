@@ -3,5 +3,7 @@
 
 pub mod kube;
 pub mod manifest;
+#[cfg(test)]
+mod proptests;
 
 pub use crate::model::convert::Snapshot;

@@ -7,6 +7,7 @@
 //! `netlink-tests/vm/run-in-vm.sh --share $PWD -- ./target/release/kernel-bench --ipvs-only`
 //! Prints one Markdown table (BENCHMARKS.md holds the latest).
 #![allow(clippy::disallowed_methods)] // the baselines are external tools by design
+#![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
 use std::fmt::Write as _;
 use std::io::Write as _;

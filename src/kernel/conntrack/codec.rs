@@ -3,11 +3,11 @@
 
 use std::net::IpAddr;
 
+use crate::kernel::netlink::msg::nfgenmsg;
 use crate::kernel::netlink::msg::{
     Attr, Attrs, MsgWriter, RawMsg, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
-use crate::kernel::nft::encode::nfgenmsg;
-use crate::kernel::nft::Family;
+use crate::model::net::Family;
 
 use super::Flow;
 
@@ -194,6 +194,18 @@ pub fn decode_flow(m: &RawMsg<'_>) -> Result<Flow, String> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        /// Kernel replies are input too: any bytes decode or fail, never panic.
+        #[test]
+        fn decode_flow_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let m = RawMsg { ty: 0, flags: 0x300, seq: 0, pid: 0, payload: &bytes };
+            let _ = decode_flow(&m);
+        }
+    }
+
     use super::*;
     use crate::kernel::netlink::msg::parse_msgs;
 

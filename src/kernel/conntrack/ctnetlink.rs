@@ -3,7 +3,7 @@
 
 use crate::kernel::netlink::msg::{parse_error, MsgWriter, NLMSG_ERROR};
 use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_NETFILTER};
-use crate::kernel::nft::Family;
+use crate::model::net::Family;
 
 use super::codec::{decode_flow, encode_delete, encode_dump};
 use super::{Conntrack, Error, Flow};

@@ -8,7 +8,7 @@ pub mod tuning;
 
 use std::net::IpAddr;
 
-use crate::kernel::nft::Family;
+use crate::model::net::Family;
 
 /// One conntrack entry, as far as the cleanup needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -51,11 +51,13 @@ pub trait Conntrack {
 }
 
 /// An in-memory conntrack table for unit tests.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default, Clone)]
 pub struct FakeConntrack {
     pub flows: Vec<Flow>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Conntrack for FakeConntrack {
     fn list(&mut self, family: Family, proto: u8) -> Result<Vec<Flow>, Error> {
         Ok(self

@@ -4,6 +4,7 @@
 //! generation and panics on unknown attributes; here unknown attributes are skipped.
 
 pub mod codec;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod netlink;
 
@@ -41,7 +42,7 @@ pub struct VsKey {
 
 impl std::fmt::Display for VsKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let p = crate::kernel::nft::proto::name(self.protocol);
+        let p = crate::model::net::proto::name(self.protocol);
         match self.addr {
             IpAddr::V4(a) => write!(f, "{p} {a}:{}", self.port),
             IpAddr::V6(a) => write!(f, "{p} [{a}]:{}", self.port),

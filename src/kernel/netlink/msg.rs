@@ -21,6 +21,13 @@ pub const NLM_F_APPEND: u16 = 0x800;
 /// An address as netlink carries it: 4 or 16 bytes, network order.
 pub use crate::model::net::ip_bytes;
 
+/// `struct nfgenmsg` (every nfnetlink subsystem's header: nf_tables, ctnetlink): family,
+/// version 0, resource id (big-endian).
+pub fn nfgenmsg(family: u8, res_id: u16) -> [u8; 4] {
+    let r = res_id.to_be_bytes();
+    [family, 0, r[0], r[1]]
+}
+
 /// The address family of an address (`AF_INET` or `AF_INET6`).
 pub fn af(a: &std::net::IpAddr) -> u8 {
     match a {

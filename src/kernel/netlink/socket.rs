@@ -2,6 +2,7 @@
 //! modules (`nft::netlink`, later ctnetlink, genl, rtnetlink) build messages purely and hand
 //! the bytes to [`NetlinkSocket`].
 #![allow(clippy::disallowed_methods)]
+#![allow(unsafe_code)] // setsockopt(2) and dup(2) have no safe wrapper in netlink-sys
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd};

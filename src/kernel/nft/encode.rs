@@ -131,11 +131,7 @@ pub fn msg_type(nft_msg: u16) -> u16 {
     (NFNL_SUBSYS_NFTABLES << 8) | nft_msg
 }
 
-/// `struct nfgenmsg`: family, version 0, resource id (big-endian).
-pub fn nfgenmsg(family: u8, res_id: u16) -> [u8; 4] {
-    let r = res_id.to_be_bytes();
-    [family, 0, r[0], r[1]]
-}
+pub use crate::kernel::netlink::msg::nfgenmsg;
 
 /// The nft type id of a set key, composing concatenations as nft does.
 pub fn key_type(key: &[Field], family: Family) -> u32 {

@@ -6,6 +6,7 @@
 
 pub mod decode;
 pub mod encode;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod lower;
 pub mod monitor;
@@ -14,6 +15,7 @@ pub mod plan_only;
 #[cfg(test)]
 mod proptests;
 pub mod render;
+#[cfg(any(test, feature = "testing"))]
 pub mod trace;
 pub mod transaction;
 
@@ -21,6 +23,7 @@ use std::net::IpAddr;
 
 pub use crate::model::net::{Cidr, Family};
 
+#[cfg(any(test, feature = "testing"))]
 pub use fake::FakeNftables;
 pub use plan_only::PlanOnly;
 pub use transaction::{Object, Op, Transaction};
@@ -351,20 +354,7 @@ impl Rule {
     }
 }
 
-/// Protocol numbers we handle.
-pub mod proto {
-    pub const TCP: u8 = 6;
-    pub const UDP: u8 = 17;
-    pub const SCTP: u8 = 132;
-    pub fn name(p: u8) -> String {
-        match p {
-            TCP => "tcp".into(),
-            UDP => "udp".into(),
-            SCTP => "sctp".into(),
-            n => n.to_string(),
-        }
-    }
-}
+pub use crate::model::net::proto;
 
 /// An error applying or listing nftables state.
 #[derive(Debug, thiserror::Error)]

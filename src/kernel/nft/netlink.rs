@@ -11,6 +11,7 @@ use super::{Error, Family, Nftables, Transaction};
 /// nftables over a `NETLINK_NETFILTER` socket.
 pub struct NetlinkNftables {
     sock: NetlinkSocket,
+    #[cfg(any(test, feature = "testing"))]
     corrupt_next: bool,
     quiet: Option<Quiet>,
     after_quiet_commit: Option<Box<dyn FnOnce() + Send>>,
@@ -30,6 +31,7 @@ impl NetlinkNftables {
     pub fn open() -> Result<Self, Error> {
         Ok(NetlinkNftables {
             sock: NetlinkSocket::open(NETLINK_NETFILTER)?,
+            #[cfg(any(test, feature = "testing"))]
             corrupt_next: false,
             quiet: None,
             after_quiet_commit: None,
@@ -102,12 +104,14 @@ impl NetlinkNftables {
 
     /// Fault injection for tests: the next batch goes out with its last operation's message
     /// type made invalid, below the encoder, so the kernel must reject the whole batch.
+    #[cfg(any(test, feature = "testing"))]
     pub fn corrupt_next_batch(&mut self) {
         self.corrupt_next = true;
     }
 
     /// Fault injection for tests: runs `f` right after the next quiet commit, while
     /// notifications are still paused (a change nobody would be told about).
+    #[cfg(any(test, feature = "testing"))]
     pub fn after_next_quiet_commit(&mut self, f: Box<dyn FnOnce() + Send>) {
         self.after_quiet_commit = Some(f);
     }
@@ -139,7 +143,9 @@ impl NetlinkNftables {
 impl NetlinkNftables {
     fn apply_batch(&mut self, tx: &Transaction) -> Result<(), Error> {
         let first = self.sock.reserve_seqs(tx.ops.len() as u32 + 2);
+        #[cfg_attr(not(any(test, feature = "testing")), allow(unused_mut))]
         let mut batch = encode_transaction(tx, first);
+        #[cfg(any(test, feature = "testing"))]
         if std::mem::take(&mut self.corrupt_next) {
             corrupt_last_op(&mut batch.bytes);
         }
@@ -235,6 +241,7 @@ impl Nftables for NetlinkNftables {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Rewrites the type of the last message before BATCH_END to an unknown nf_tables message.
 fn corrupt_last_op(bytes: &mut [u8]) {
     let Ok(msgs) = crate::kernel::netlink::msg::parse_msgs(bytes) else {

@@ -124,12 +124,14 @@ pub fn host_prefix(a: &IpAddr) -> u8 {
 }
 
 /// In-memory [`Links`] for unit tests.
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default)]
 pub struct FakeLinks {
     pub links: Vec<Link>,
     pub addrs: Vec<IfAddr>,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Links for FakeLinks {
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
         Ok(self.links.iter().find(|l| l.name == name).cloned())

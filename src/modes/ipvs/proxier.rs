@@ -374,7 +374,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
                     weight: 0,
                     ..RealServer::masq(k.0, k.1)
                 };
-                if key.protocol == crate::kernel::nft::proto::UDP {
+                if key.protocol == crate::model::net::proto::UDP {
                     // Nothing to drain; expire_nodest_conn drops its flows on the next packet.
                     note(self.ipvs.delete_dest(&d.vs, &rs), stats);
                     continue;

@@ -208,7 +208,7 @@ pub fn build_ruleset(
     let table = Table {
         family,
         name: cfg.table.clone(),
-        comment: Some(crate::modes::nftables::names::TABLE_COMMENT.into()),
+        comment: Some(crate::proxy::TABLE_COMMENT.into()),
     };
     let mut rs = Ruleset::new(table, build_base(cfg, &state.node, family));
     for (name, frag) in build_services(state, plan, family) {

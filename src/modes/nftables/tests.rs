@@ -8,10 +8,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::config::DetectLocal;
 use crate::kernel::nft::trace::{trace, Outcome, Packet};
 use crate::kernel::nft::{FakeNftables, Family, Nftables};
 use crate::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use crate::proxy::DetectLocal;
 use crate::proxy::{names, LocalDetector, ProxierConfig};
 
 use super::NftablesProxier;
@@ -554,4 +554,35 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
     s.sync(&state(vec![(svc(), eps(6)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(6));
+}
+
+#[test]
+fn longest_kubernetes_names_give_nft_legal_object_names() {
+    // Namespaces and Service names are DNS labels of up to 63 bytes, port names up to 15.
+    let long = "a".repeat(63);
+    let mut sp = ServicePort::new(
+        ServicePortName {
+            namespace: long.clone(),
+            name: long.clone(),
+            port: "p".repeat(15),
+            protocol: Protocol::Tcp,
+        },
+        ip("172.30.0.41"),
+        80,
+    );
+    sp.node_port = Some(30001);
+    sp.external_policy_local = true;
+    sp.load_balancer_ips = vec![ip("5.6.7.8")];
+    sp.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
+    let st = state(vec![(sp, vec![ep("10.180.0.1", true)])]);
+    for f in Family::all() {
+        let rs = super::build_ruleset(&st, &ProxierConfig::default(), f);
+        assert!(rs.chains().count() > 5);
+        for (c, _) in rs.chains() {
+            assert!(c.name.len() < 256, "{} is {} bytes", c.name, c.name.len());
+        }
+        for s in rs.sets() {
+            assert!(s.name.len() < 256, "{}", s.name);
+        }
+    }
 }
