@@ -1,34 +1,24 @@
-//! Pure rtnetlink codec for what the IPVS mode needs: look up and create a dummy link,
-//! dump addresses, add and delete addresses (`linux/rtnetlink.h`, `if_link.h`,
-//! `if_addr.h`). Struct headers are native-endian, as the kernel reads them.
+//! The rtnetlink messages the IPVS mode needs (look up and create a dummy link, dump,
+//! add and delete addresses, and their notifications), built and parsed with
+//! `netlink-packet-route`: this module only maps its types to ours and frames them for our
+//! one socket (`kernel::netlink::socket`). Pure.
 
 use std::net::IpAddr;
 
-use crate::kernel::netlink::msg::{
-    Attrs, MsgWriter, RawMsg, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
+use netlink_packet_core::{
+    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE,
+    NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,
 };
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-pub const RTM_NEWLINK: u16 = 16;
-pub const RTM_DELLINK: u16 = 17;
-pub const RTM_GETLINK: u16 = 18;
-pub const RTM_NEWADDR: u16 = 20;
-pub const RTM_DELADDR: u16 = 21;
-pub const RTM_GETADDR: u16 = 22;
+use crate::kernel::netlink::msg::RawMsg;
 
-const IFLA_IFNAME: u16 = 3;
-const IFLA_LINKINFO: u16 = 18;
-const IFLA_INFO_KIND: u16 = 1;
-
-const IFA_ADDRESS: u16 = 1;
-const IFA_LOCAL: u16 = 2;
-const IFA_FLAGS: u16 = 8;
-/// No duplicate address detection: a service VIP must be usable at once.
-const IFA_F_NODAD: u32 = 0x02;
-
-/// rtnetlink multicast groups (bit numbers, as `add_membership` takes them).
-pub const RTNLGRP_LINK: u32 = 1;
-pub const RTNLGRP_IPV4_IFADDR: u32 = 5;
-pub const RTNLGRP_IPV6_IFADDR: u32 = 9;
+pub use super::uapi::{
+    RTM_DELADDR, RTM_DELLINK, RTM_NEWADDR, RTM_NEWLINK, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR,
+    RTNLGRP_LINK,
+};
 
 /// A link as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,136 +37,182 @@ pub struct IfAddr {
     pub prefix_len: u8,
 }
 
-use crate::kernel::netlink::msg::{af as family_of, ip_bytes as addr_bytes};
+/// One request, framed with our flags and sequence number.
+fn frame(msg: RouteNetlinkMessage, flags: u16, seq: u32) -> Vec<u8> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = seq;
+    let mut m = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(msg));
+    m.finalize();
+    let mut buf = vec![0u8; m.buffer_len()];
+    m.serialize(&mut buf);
+    buf
+}
 
-/// `struct ifinfomsg` (16 bytes).
-fn ifinfomsg(w: &mut MsgWriter, index: u32) {
-    let mut h = [0u8; 16];
-    h[4..8].copy_from_slice(&(index as i32).to_ne_bytes());
-    w.put_raw(&h);
+/// Parses one message our socket received; `None` for anything else or malformed.
+fn parse(m: &RawMsg<'_>) -> Option<RouteNetlinkMessage> {
+    let mut header = NetlinkHeader::default();
+    header.message_type = m.ty;
+    header.flags = m.flags;
+    header.sequence_number = m.seq;
+    header.port_number = m.pid;
+    header.length = (m.payload.len() + 16) as u32;
+    RouteNetlinkMessage::deserialize(&header, m.payload).ok()
 }
 
 /// RTM_GETLINK of one link by name (the reply is one RTM_NEWLINK, or ENODEV).
 pub fn encode_get_link(name: &str, seq: u32) -> Vec<u8> {
-    let mut w = MsgWriter::new();
-    w.begin_msg(RTM_GETLINK, NLM_F_REQUEST, seq);
-    ifinfomsg(&mut w, 0);
-    w.attr_str(IFLA_IFNAME, name);
-    w.end_msg();
-    w.into_bytes()
+    let mut l = LinkMessage::default();
+    l.attributes.push(LinkAttribute::IfName(name.into()));
+    frame(RouteNetlinkMessage::GetLink(l), NLM_F_REQUEST, seq)
 }
 
 /// RTM_NEWLINK creating a dummy link named `name` (left down, as upstream leaves
 /// kube-ipvs0: addresses on it are local either way and it never answers ARP).
 pub fn encode_new_dummy(name: &str, seq: u32) -> Vec<u8> {
-    let mut w = MsgWriter::new();
-    w.begin_msg(
-        RTM_NEWLINK,
+    let mut l = LinkMessage::default();
+    l.attributes.push(LinkAttribute::IfName(name.into()));
+    l.attributes
+        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+            InfoKind::Dummy,
+        )]));
+    frame(
+        RouteNetlinkMessage::NewLink(l),
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         seq,
-    );
-    ifinfomsg(&mut w, 0);
-    w.attr_str(IFLA_IFNAME, name);
-    w.nest_start(IFLA_LINKINFO);
-    w.attr_str(IFLA_INFO_KIND, "dummy");
-    w.nest_end();
-    w.end_msg();
-    w.into_bytes()
+    )
 }
 
 /// RTM_DELLINK of the link with `index`.
 pub fn encode_del_link(index: u32, seq: u32) -> Vec<u8> {
-    let mut w = MsgWriter::new();
-    w.begin_msg(RTM_DELLINK, NLM_F_REQUEST | NLM_F_ACK, seq);
-    ifinfomsg(&mut w, index);
-    w.end_msg();
-    w.into_bytes()
+    let mut l = LinkMessage::default();
+    l.header.index = index;
+    frame(
+        RouteNetlinkMessage::DelLink(l),
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+    )
+}
+
+fn link_of(l: &LinkMessage) -> Option<Link> {
+    let mut name = None;
+    let mut kind = String::new();
+    for a in &l.attributes {
+        match a {
+            LinkAttribute::IfName(n) => name = Some(n.clone()),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Kind(k) = i {
+                        kind = k.to_string();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(Link {
+        index: l.header.index,
+        name: name?,
+        kind,
+    })
 }
 
 /// Decodes an RTM_NEWLINK message.
 pub fn decode_link(m: &RawMsg<'_>) -> Option<Link> {
-    if m.ty != RTM_NEWLINK || m.payload.len() < 16 {
+    if m.ty != RTM_NEWLINK {
         return None;
     }
-    let index = i32::from_ne_bytes(m.payload[4..8].try_into().ok()?) as u32;
-    let attrs = Attrs::new(&m.payload[16..]);
-    let name = attrs.get(IFLA_IFNAME)?.str()?.to_string();
-    let kind = attrs
-        .get(IFLA_LINKINFO)
-        .and_then(|li| li.nested().get(IFLA_INFO_KIND))
-        .and_then(|k| k.str())
-        .unwrap_or("")
-        .to_string();
-    Some(Link { index, name, kind })
+    match parse(m)? {
+        RouteNetlinkMessage::NewLink(l) => link_of(&l),
+        _ => None,
+    }
+}
+
+/// Decodes an RTM_DELLINK notification (the link that went away).
+pub fn decode_deleted_link(m: &RawMsg<'_>) -> Option<Link> {
+    if m.ty != RTM_DELLINK {
+        return None;
+    }
+    match parse(m)? {
+        RouteNetlinkMessage::DelLink(l) => link_of(&l),
+        _ => None,
+    }
 }
 
 /// RTM_GETADDR dump of every address of every family.
 pub fn encode_get_addrs(seq: u32) -> Vec<u8> {
-    let mut w = MsgWriter::new();
-    w.begin_msg(RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, seq);
-    w.put_raw(&[0u8; 8]);
-    w.end_msg();
-    w.into_bytes()
+    frame(
+        RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+    )
 }
 
-/// RTM_NEWADDR (`add`) or RTM_DELADDR of `a`.
+/// RTM_NEWADDR (`add`) or RTM_DELADDR of `a`. No duplicate address detection: a service
+/// VIP must be usable at once.
 pub fn encode_addr(add: bool, a: &IfAddr, seq: u32) -> Vec<u8> {
-    let mut w = MsgWriter::new();
+    let mut m = AddressMessage::default();
+    m.header.family = match a.addr {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.prefix_len = a.prefix_len;
+    m.header.index = a.index;
+    m.header.flags = netlink_packet_route::address::AddressHeaderFlags::Nodad;
+    m.attributes.push(AddressAttribute::Local(a.addr));
+    m.attributes.push(AddressAttribute::Address(a.addr));
     if add {
-        w.begin_msg(
-            RTM_NEWADDR,
+        m.attributes
+            .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        frame(
+            RouteNetlinkMessage::NewAddress(m),
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
             seq,
-        );
+        )
     } else {
-        w.begin_msg(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, seq);
+        frame(
+            RouteNetlinkMessage::DelAddress(m),
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+        )
     }
-    let mut h = [0u8; 8];
-    h[0] = family_of(&a.addr);
-    h[1] = a.prefix_len;
-    h[2] = IFA_F_NODAD as u8;
-    h[3] = 0; // RT_SCOPE_UNIVERSE
-    h[4..8].copy_from_slice(&a.index.to_ne_bytes());
-    w.put_raw(&h);
-    let bytes = addr_bytes(&a.addr);
-    w.attr(IFA_LOCAL, &bytes);
-    w.attr(IFA_ADDRESS, &bytes);
-    if add {
-        w.attr_u32(IFA_FLAGS, IFA_F_NODAD);
-    }
-    w.end_msg();
-    w.into_bytes()
 }
 
 /// Decodes an RTM_NEWADDR/RTM_DELADDR message. IPv4 reports the local address in IFA_LOCAL
 /// (IFA_ADDRESS is the peer on point-to-point links); IPv6 only has IFA_ADDRESS.
 pub fn decode_addr(m: &RawMsg<'_>) -> Option<IfAddr> {
-    if (m.ty != RTM_NEWADDR && m.ty != RTM_DELADDR) || m.payload.len() < 8 {
+    if m.ty != RTM_NEWADDR && m.ty != RTM_DELADDR {
         return None;
     }
-    let fam = m.payload[0];
-    let prefix_len = m.payload[1];
-    let index = u32::from_ne_bytes(m.payload[4..8].try_into().ok()?);
-    let attrs = Attrs::new(&m.payload[8..]);
-    let a = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS))?;
-    let addr = if fam == libc::AF_INET as u8 {
-        IpAddr::from(<[u8; 4]>::try_from(a.data.get(..4)?).ok()?)
-    } else if fam == libc::AF_INET6 as u8 {
-        IpAddr::from(<[u8; 16]>::try_from(a.data.get(..16)?).ok()?)
-    } else {
-        return None;
+    let msg = match parse(m)? {
+        RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a) => a,
+        _ => return None,
     };
-    Some(IfAddr {
-        index,
+    let (mut local, mut address) = (None, None);
+    for a in &msg.attributes {
+        match a {
+            AddressAttribute::Local(x) => local = Some(*x),
+            AddressAttribute::Address(x) => address = Some(*x),
+            _ => {}
+        }
+    }
+    let addr = local.or(address)?;
+    let family_matches = matches!(
+        (msg.header.family, addr),
+        (AddressFamily::Inet, IpAddr::V4(_)) | (AddressFamily::Inet6, IpAddr::V6(_))
+    );
+    family_matches.then_some(IfAddr {
+        index: msg.header.index,
         addr,
-        prefix_len,
+        prefix_len: msg.header.prefix_len,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::netlink::msg::parse_msgs;
+    use crate::kernel::netlink::msg::{parse_msgs, Attrs, MsgWriter};
+    use crate::kernel::rtnl::uapi::{IFLA_IFNAME, IFLA_INFO_KIND, IFLA_LINKINFO};
 
     #[test]
     fn new_dummy_layout() {
@@ -194,7 +230,8 @@ mod tests {
         assert_eq!(attrs[0].ty, IFLA_IFNAME);
         assert_eq!(attrs[0].data, b"kube-ipvs0\0");
         assert_eq!(attrs[1].ty, IFLA_LINKINFO);
-        assert!(attrs[1].nested);
+        // netlink-packet-route leaves NLA_F_NESTED off IFLA_LINKINFO, as iproute2 does; the
+        // kernel parses it as nested either way (rtnl_newlink, nla_parse_nested_deprecated).
         let kind = attrs[1].nested().get(IFLA_INFO_KIND).unwrap();
         assert_eq!(kind.data, b"dummy\0");
     }

@@ -1,8 +1,10 @@
 //! rtnetlink for the IPVS mode: the `kube-ipvs0` dummy link that holds every service VIP,
-//! and the node's own addresses (NodePort virtual servers). A pure codec plus one small
-//! I/O type behind the [`Links`] trait.
+//! and the node's own addresses (NodePort virtual servers). Messages come from
+//! `netlink-packet-route` (mapped in the pure [`codec`]); one small I/O type behind the
+//! [`Links`] trait sends them on our socket.
 
 pub mod codec;
+pub mod uapi;
 
 use std::net::IpAddr;
 
@@ -185,13 +187,7 @@ pub fn is_foreign_change(
         return false;
     }
     match m.ty {
-        codec::RTM_DELLINK => {
-            let as_new = crate::kernel::netlink::msg::RawMsg {
-                ty: codec::RTM_NEWLINK,
-                ..*m
-            };
-            codec::decode_link(&as_new).is_some_and(|l| l.name == link_name)
-        }
+        codec::RTM_DELLINK => codec::decode_deleted_link(m).is_some_and(|l| l.name == link_name),
         codec::RTM_DELADDR => codec::decode_addr(m).is_some_and(|a| Some(a.index) == link_index),
         _ => false,
     }
