@@ -1,6 +1,17 @@
 //! Pure codec for the `IPVS` generic netlink family. Integers are native-endian except ports
 //! (big-endian) and the IPv4 netmask (big-endian), as `ip_vs_genl_parse_*` reads them.
 
+use netlink_packet_core::{
+    Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
+use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
+use netlink_packet_generic::{GenlHeader, GenlMessage};
+
+/// The generic netlink controller's id (`GENL_ID_CTRL`), the message type of family
+/// look-ups.
+pub const GENL_ID_CTRL: u16 = 0x10;
+const GENL_HDRLEN: usize = 4;
 use std::net::IpAddr;
 
 use crate::kernel::netlink::msg::{
@@ -51,38 +62,49 @@ const DEST_ADDR_FAMILY: u16 = 11;
 
 const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
 
-// The generic netlink controller (to resolve the IPVS family id).
-pub const GENL_ID_CTRL: u16 = 0x10;
-const CTRL_CMD_GETFAMILY: u8 = 3;
-const CTRL_ATTR_FAMILY_ID: u16 = 1;
-const CTRL_ATTR_FAMILY_NAME: u16 = 2;
-
 use crate::kernel::netlink::msg::ip_bytes as addr_bytes;
 
 fn af(a: &IpAddr) -> u16 {
     crate::kernel::netlink::msg::af(a).into()
 }
 
+/// nlmsghdr and genlmsghdr (from `netlink-packet-generic`) of one IPVS request.
 fn begin(w: &mut MsgWriter, family: u16, cmd: u8, flags: u16, seq: u32, version: u8) {
     w.begin_msg(family, NLM_F_REQUEST | flags, seq);
-    w.put_raw(&[cmd, version, 0, 0]);
+    let mut h = [0u8; GENL_HDRLEN];
+    GenlHeader { cmd, version }.emit(&mut h);
+    w.put_raw(&h);
 }
 
-/// `CTRL_CMD_GETFAMILY` for `name` ("IPVS"): the reply carries the family id to use as
-/// message type.
+/// `CTRL_CMD_GETFAMILY` for `name` ("IPVS"), built by `netlink-packet-generic`: the reply
+/// carries the family id to use as message type.
 pub fn encode_get_family(name: &str, seq: u32) -> Vec<u8> {
-    let mut w = MsgWriter::new();
-    begin(&mut w, GENL_ID_CTRL, CTRL_CMD_GETFAMILY, NLM_F_ACK, seq, 1);
-    w.attr_str(CTRL_ATTR_FAMILY_NAME, name);
-    w.end_msg();
-    w.into_bytes()
+    let ctrl = GenlCtrl {
+        cmd: GenlCtrlCmd::GetFamily,
+        nlas: vec![GenlCtrlAttrs::FamilyName(name.into())],
+    };
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    header.sequence_number = seq;
+    let mut m = NetlinkMessage::new(
+        header,
+        NetlinkPayload::InnerMessage(GenlMessage::from_payload(ctrl)),
+    );
+    m.finalize();
+    let mut buf = vec![0u8; m.buffer_len()];
+    m.serialize(&mut buf);
+    buf
 }
 
 /// The family id from a `CTRL_CMD_NEWFAMILY` reply.
 pub fn decode_family_id(m: &RawMsg<'_>) -> Option<u16> {
-    Attrs::new(m.payload.get(4..)?)
-        .get(CTRL_ATTR_FAMILY_ID)?
-        .u16()
+    let mut header = NetlinkHeader::default();
+    header.message_type = m.ty;
+    let reply = GenlMessage::<GenlCtrl>::deserialize(&header, m.payload).ok()?;
+    reply.payload.nlas.iter().find_map(|a| match a {
+        GenlCtrlAttrs::FamilyId(id) => Some(*id),
+        _ => None,
+    })
 }
 
 fn service_key(w: &mut MsgWriter, vs: &VirtualServer) {
