@@ -9,3 +9,4 @@ pub mod baseline;
 pub mod cluster;
 pub mod listing;
 pub mod ns;
+pub mod scenario;

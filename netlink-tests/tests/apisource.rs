@@ -8,17 +8,13 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use netlink_tests::apiserver::{obj, ApiServer};
-use netlink_tests::backend::{tcp_backend, tcp_probes, Reply};
+use netlink_tests::backend::{tcp_probes, Reply};
 use netlink_tests::cluster::{sa, Cluster, Daemon};
+use netlink_tests::scenario::{web_cluster, Backends};
 
 /// pod 0 = A (10.244.1.2, zone-a), pod 1 = client; remote endpoint 10.244.2.2 (zone-b).
 fn setup() -> (Cluster, ApiServer) {
-    let mut c = Cluster::new();
-    c.add_pod(2);
-    c.add_pod(3);
-    c.add_remote_pod_ip("10.244.2.2");
-    tcp_backend(&c.pods[0], "local", sa("10.244.1.2", 8080));
-    tcp_backend(&c.node2, "remote", sa("10.244.2.2", 8080));
+    let c = web_cluster(Backends::default());
     let api = c.node.run(ApiServer::start);
     api.apply(obj::node("node1", "zone-a"));
     api.apply(obj::service("default", "web", "10.96.0.10", 80));

@@ -53,7 +53,7 @@ fn ipvs_mode_in_a_vm() {
 }
 
 mod guest {
-    use std::collections::BTreeSet;
+
     use std::time::{Duration, Instant};
 
     use netlink_tests::backend::{
@@ -63,6 +63,7 @@ mod guest {
     use netlink_tests::cluster::{
         sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
     };
+    use netlink_tests::scenario::{self, dns_yaml, names, peer, web_yaml, Backends, LOCAL_EP};
 
     const IPVS: &[&str] = &["--proxy-mode", "ipvs"];
 
@@ -77,49 +78,10 @@ mod guest {
         );
     }
 
-    /// pod A (10.244.1.2, local endpoint), pod B (10.244.1.3, client), remote 10.244.2.2.
+    /// The shared scenario (IPv4, TCP backends), inside the VM.
     fn web_cluster() -> Cluster {
         in_vm();
-        let mut c = Cluster::new();
-        c.add_pod(2);
-        c.add_pod(3);
-        c.add_remote_pod_ip("10.244.2.2");
-        tcp_backend(&c.pods[0], "local", sa("10.244.1.2", 8080));
-        tcp_backend(&c.node2, "remote", sa("10.244.2.2", 8080));
-        c
-    }
-
-    fn web_yaml(extra_spec: &str) -> String {
-        let mut s = yaml::service(
-            "default",
-            "web",
-            &["10.96.0.10"],
-            &[("http", "TCP", 80, 30080)],
-            &format!("type: NodePort\n{extra_spec}"),
-        );
-        s += &yaml::slice(
-            "default",
-            "web",
-            "web-v4",
-            "IPv4",
-            ("http", "TCP", 8080),
-            &[
-                yaml::ready("10.244.1.2", "node1"),
-                yaml::ready("10.244.2.2", "node2"),
-            ],
-        );
-        s
-    }
-
-    fn names(replies: &[Reply]) -> BTreeSet<String> {
-        tally(replies).into_keys().collect()
-    }
-
-    fn peer(r: &Reply) -> String {
-        match r {
-            Reply::Answered { peer, .. } => peer.to_string(),
-            other => panic!("expected an answer, got {other:?}"),
-        }
+        scenario::web_cluster(Backends::default())
     }
 
     /// `ipvsadm -Ln` in the node namespace (an independent oracle), blanks collapsed:
@@ -240,21 +202,7 @@ mod guest {
         c.add_pod(2);
         c.add_pod(3);
         udp_backend(&c.pods[0], "dns", sa("10.244.1.2", 53));
-        let mut y = yaml::service(
-            "kube-system",
-            "dns",
-            &["10.96.0.53"],
-            &[("dns", "UDP", 53, 30053)],
-            "type: NodePort",
-        );
-        y += &yaml::slice(
-            "kube-system",
-            "dns",
-            "dns-1",
-            "IPv4",
-            ("dns", "UDP", 53),
-            &[yaml::ready("10.244.1.2", "node1")],
-        );
+        let y = dns_yaml("kube-system", 30053, &[LOCAL_EP]);
         c.sync_once(&y, IPVS);
         let r = udp_probe(&c.pods[1], sa("10.96.0.53", 53));
         assert_eq!(r.name(), Some("dns"), "{r:?}");

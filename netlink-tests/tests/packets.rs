@@ -7,74 +7,24 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use netlink_tests::backend::{
-    tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
+    tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
 };
 use netlink_tests::cluster::{
     sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
 };
+use netlink_tests::scenario::{self, dns_yaml, names, peer, Backends, LOCAL_EP, REMOTE_EP};
 
-/// pod A (10.244.1.2, local endpoint), pod B (10.244.1.3, client), remote endpoint 10.244.2.2.
+/// The shared scenario, dual-stack: pods A (local endpoint) and B (client), the remote
+/// endpoint on node2, `default/web` on 10.96.0.10 and fd00:96::10.
 fn web_cluster() -> Cluster {
-    let mut c = Cluster::new();
-    c.add_pod(2);
-    c.add_pod(3);
-    c.add_remote_pod_ip("10.244.2.2");
-    c.add_remote_pod_ip("fd00:10:244:2::2");
-    tcp_backend(&c.pods[0], "local", sa("10.244.1.2", 8080));
-    tcp_backend(&c.pods[0], "local6", sa("fd00:10:244:1::2", 8080));
-    tcp_backend(&c.node2, "remote", sa("10.244.2.2", 8080));
-    tcp_backend(&c.node2, "remote6", sa("fd00:10:244:2::2", 8080));
-    c
+    scenario::web_cluster(Backends {
+        ipv6: true,
+        udp: false,
+    })
 }
 
 fn web_yaml(extra_spec: &str) -> String {
-    let mut s = yaml::service(
-        "default",
-        "web",
-        &["10.96.0.10", "fd00:96::10"],
-        &[("http", "TCP", 80, 30080)],
-        &format!("type: NodePort\n{extra_spec}"),
-    );
-    s += &yaml::slice(
-        "default",
-        "web",
-        "web-v4",
-        "IPv4",
-        ("http", "TCP", 8080),
-        &[
-            yaml::ready("10.244.1.2", "node1"),
-            yaml::ready("10.244.2.2", "node2"),
-        ],
-    );
-    s += &yaml::slice(
-        "default",
-        "web",
-        "web-v6",
-        "IPv6",
-        ("http", "TCP", 8080),
-        &[
-            yaml::ready("fd00:10:244:1::2", "node1"),
-            yaml::ready("fd00:10:244:2::2", "node2"),
-        ],
-    );
-    s
-}
-
-fn names(replies: &[Reply]) -> BTreeSet<String> {
-    replies
-        .iter()
-        .map(|r| match r {
-            Reply::Answered { name, .. } => name.clone(),
-            other => format!("{other:?}"),
-        })
-        .collect()
-}
-
-fn peer(r: &Reply) -> String {
-    match r {
-        Reply::Answered { peer, .. } => peer.to_string(),
-        other => panic!("expected an answer, got {other:?}"),
-    }
+    scenario::web_yaml_with(extra_spec, &[LOCAL_EP, REMOTE_EP], true)
 }
 
 #[test]
@@ -236,21 +186,7 @@ fn udp_cluster_ip() {
     c.add_pod(2);
     c.add_pod(3);
     udp_backend(&c.pods[0], "dns", sa("10.244.1.2", 53));
-    let mut y = yaml::service(
-        "kube-system",
-        "dns",
-        &["10.96.0.53"],
-        &[("dns", "UDP", 53, 0)],
-        "",
-    );
-    y += &yaml::slice(
-        "kube-system",
-        "dns",
-        "dns-1",
-        "IPv4",
-        ("dns", "UDP", 53),
-        &[yaml::ready("10.244.1.2", "node1")],
-    );
+    let y = dns_yaml("kube-system", 0, &[LOCAL_EP]);
     c.sync_once(&y, &[]);
     let r = udp_probe(&c.pods[1], sa("10.96.0.53", 53));
     assert_eq!(r.name(), Some("dns"), "{r:?}");
@@ -714,21 +650,7 @@ fn localhost_node_ports_work_with_the_option_and_not_without() {
     c.add_pod(5);
     udp_backend(&c.pods[2], "dns", sa("10.244.1.5", 53));
     let mut y = web_yaml("");
-    y += &yaml::service(
-        "kube-system",
-        "dns",
-        &["10.96.0.53"],
-        &[("dns", "UDP", 53, 30053)],
-        "type: NodePort",
-    );
-    y += &yaml::slice(
-        "kube-system",
-        "dns",
-        "dns-1",
-        "IPv4",
-        ("dns", "UDP", 53),
-        &[yaml::ready("10.244.1.5", "node1")],
-    );
+    y += &dns_yaml("kube-system", 30053, &["10.244.1.5"]);
     {
         let _d = c.start_daemon(&y, &[]);
         assert_eq!(

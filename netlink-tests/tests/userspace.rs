@@ -5,64 +5,24 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use netlink_tests::backend::{
-    tally, tcp_backend, tcp_probe, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
-};
+use netlink_tests::backend::{tally, tcp_probe, tcp_probes, udp_probe, OpenConn, Reply};
 use netlink_tests::cluster::{sa, yaml, Cluster, NODE_IP};
+use netlink_tests::scenario::{self, Backends};
 
 const USERSPACE: &[&str] = &["--proxy-mode", "userspace"];
 
+/// The shared scenario with UDP backends; `web` and `dns` (NodePorts 30080, 30053) both
+/// served by `eps`, and `empty` without endpoints.
 fn web_cluster() -> Cluster {
-    let mut c = Cluster::new();
-    c.add_pod(2);
-    c.add_pod(3);
-    c.add_remote_pod_ip("10.244.2.2");
-    tcp_backend(&c.pods[0], "local", sa("10.244.1.2", 8080));
-    tcp_backend(&c.node2, "remote", sa("10.244.2.2", 8080));
-    udp_backend(&c.pods[0], "dns-local", sa("10.244.1.2", 53));
-    udp_backend(&c.node2, "dns-remote", sa("10.244.2.2", 53));
-    c
+    scenario::web_cluster(Backends {
+        ipv6: false,
+        udp: true,
+    })
 }
 
 fn web_yaml(extra_spec: &str, eps: &[&str]) -> String {
-    let node = |ip: &str| {
-        if ip.starts_with("10.244.1.") {
-            "node1"
-        } else {
-            "node2"
-        }
-    };
-    let list: Vec<_> = eps.iter().map(|ip| yaml::ready(ip, node(ip))).collect();
-    let mut s = yaml::service(
-        "default",
-        "web",
-        &["10.96.0.10"],
-        &[("http", "TCP", 80, 30080)],
-        &format!("type: NodePort\n{extra_spec}"),
-    );
-    s += &yaml::slice(
-        "default",
-        "web",
-        "web-v4",
-        "IPv4",
-        ("http", "TCP", 8080),
-        &list,
-    );
-    s += &yaml::service(
-        "default",
-        "dns",
-        &["10.96.0.53"],
-        &[("dns", "UDP", 53, 30053)],
-        "type: NodePort",
-    );
-    s += &yaml::slice(
-        "default",
-        "dns",
-        "dns-v4",
-        "IPv4",
-        ("dns", "UDP", 53),
-        &list,
-    );
+    let mut s = scenario::web_yaml_with(extra_spec, eps, false);
+    s += &scenario::dns_yaml("default", 30053, eps);
     s += &yaml::service(
         "default",
         "empty",
