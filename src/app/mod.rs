@@ -29,8 +29,8 @@ use crate::source::manifest::{self, ManifestCache};
 
 use hooks::Hooks;
 
-/// A failure that ends the daemon. [`AppError::is_usage`] tells a usage error (exit 2) from
-/// a runtime failure (exit 1).
+/// A failure that ends the daemon (exit 1; flag and configuration errors are found before
+/// [`run`] and exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     #[error("cannot read manifests at {path}: {error}")]
@@ -50,13 +50,6 @@ pub enum AppError {
     SourceEnded,
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
-}
-
-impl AppError {
-    /// Whether the command line or configuration is at fault (exit code 2).
-    pub fn is_usage(&self) -> bool {
-        matches!(self, AppError::Manifests { .. } | AppError::Kube(_))
-    }
 }
 
 /// The API client: `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,

@@ -1,6 +1,8 @@
 //! Pure ctnetlink codec: the dump request, entry decoding and delete messages
 //! (`linux/netfilter/nfnetlink_conntrack.h`). Integers in attributes are big-endian.
 
+pub use super::uapi::*;
+
 use std::net::IpAddr;
 
 use crate::kernel::netlink::msg::nfgenmsg;
@@ -10,25 +12,6 @@ use crate::kernel::netlink::msg::{
 use crate::model::net::Family;
 
 use super::Flow;
-
-pub const NFNL_SUBSYS_CTNETLINK: u16 = 1;
-pub const IPCTNL_MSG_CT_NEW: u16 = 0;
-pub const IPCTNL_MSG_CT_GET: u16 = 1;
-pub const IPCTNL_MSG_CT_DELETE: u16 = 2;
-
-const CTA_TUPLE_ORIG: u16 = 1;
-const CTA_TUPLE_REPLY: u16 = 2;
-const CTA_ID: u16 = 12;
-const CTA_ZONE: u16 = 18;
-const CTA_TUPLE_IP: u16 = 1;
-const CTA_TUPLE_PROTO: u16 = 2;
-const CTA_IP_V4_SRC: u16 = 1;
-const CTA_IP_V4_DST: u16 = 2;
-const CTA_IP_V6_SRC: u16 = 3;
-const CTA_IP_V6_DST: u16 = 4;
-const CTA_PROTO_NUM: u16 = 1;
-const CTA_PROTO_SRC_PORT: u16 = 2;
-const CTA_PROTO_DST_PORT: u16 = 3;
 
 pub fn msg_type(m: u16) -> u16 {
     (NFNL_SUBSYS_CTNETLINK << 8) | m

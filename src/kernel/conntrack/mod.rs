@@ -5,6 +5,7 @@
 pub mod codec;
 pub mod ctnetlink;
 pub mod tuning;
+pub mod uapi;
 
 use std::net::IpAddr;
 

@@ -1,6 +1,8 @@
 //! Pure codec for the `IPVS` generic netlink family. Integers are native-endian except ports
 //! (big-endian) and the IPv4 netmask (big-endian), as `ip_vs_genl_parse_*` reads them.
 
+pub use super::uapi::*;
+
 use netlink_packet_core::{
     Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
 };
@@ -8,9 +10,6 @@ use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
 use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
 use netlink_packet_generic::{GenlHeader, GenlMessage};
 
-/// The generic netlink controller's id (`GENL_ID_CTRL`), the message type of family
-/// look-ups.
-pub const GENL_ID_CTRL: u16 = 0x10;
 const GENL_HDRLEN: usize = 4;
 use std::net::IpAddr;
 
@@ -21,46 +20,6 @@ use crate::kernel::netlink::msg::{
 use super::{Forward, RealServer, Timeouts, VirtualServer};
 
 pub const IPVS_GENL_NAME: &str = "IPVS";
-pub const IPVS_GENL_VERSION: u8 = 1;
-
-pub const CMD_NEW_SERVICE: u8 = 1;
-pub const CMD_SET_SERVICE: u8 = 2;
-pub const CMD_DEL_SERVICE: u8 = 3;
-pub const CMD_GET_SERVICE: u8 = 4;
-pub const CMD_NEW_DEST: u8 = 5;
-pub const CMD_SET_DEST: u8 = 6;
-pub const CMD_DEL_DEST: u8 = 7;
-pub const CMD_GET_DEST: u8 = 8;
-pub const CMD_SET_CONFIG: u8 = 12;
-pub const CMD_GET_CONFIG: u8 = 13;
-pub const CMD_FLUSH: u8 = 17;
-
-const CMD_ATTR_SERVICE: u16 = 1;
-const CMD_ATTR_DEST: u16 = 2;
-const CMD_ATTR_TIMEOUT_TCP: u16 = 4;
-const CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
-const CMD_ATTR_TIMEOUT_UDP: u16 = 6;
-
-const SVC_AF: u16 = 1;
-const SVC_PROTOCOL: u16 = 2;
-const SVC_ADDR: u16 = 3;
-const SVC_PORT: u16 = 4;
-const SVC_SCHED_NAME: u16 = 6;
-const SVC_FLAGS: u16 = 7;
-const SVC_TIMEOUT: u16 = 8;
-const SVC_NETMASK: u16 = 9;
-
-const DEST_ADDR: u16 = 1;
-const DEST_PORT: u16 = 2;
-const DEST_FWD_METHOD: u16 = 3;
-const DEST_WEIGHT: u16 = 4;
-const DEST_U_THRESH: u16 = 5;
-const DEST_L_THRESH: u16 = 6;
-const DEST_ACTIVE_CONNS: u16 = 7;
-const DEST_INACT_CONNS: u16 = 8;
-const DEST_ADDR_FAMILY: u16 = 11;
-
-const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
 
 use crate::kernel::netlink::msg::ip_bytes as addr_bytes;
 

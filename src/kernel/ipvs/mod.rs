@@ -7,6 +7,7 @@ pub mod codec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod netlink;
+pub mod uapi;
 
 use std::net::IpAddr;
 

@@ -1,22 +1,10 @@
 //! Pure netlink message writing and reading: headers, attributes (TLVs), nesting.
 //! No I/O here; everything works on byte buffers so it can be tested without root.
 
-/// `NLA_F_NESTED`: set on attributes that contain attributes.
-pub const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
+pub use super::uapi::*;
+
 /// Size of `struct nlmsghdr`.
 pub const NLMSG_HDRLEN: usize = 16;
-
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
-
-pub const NLM_F_REQUEST: u16 = 0x1;
-pub const NLM_F_MULTI: u16 = 0x2;
-pub const NLM_F_ACK: u16 = 0x4;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLM_F_EXCL: u16 = 0x200;
-pub const NLM_F_CREATE: u16 = 0x400;
-pub const NLM_F_APPEND: u16 = 0x800;
 
 /// An address as netlink carries it: 4 or 16 bytes, network order.
 pub use crate::model::net::ip_bytes;
@@ -279,10 +267,6 @@ pub struct ErrorMsg {
     pub seq: u32,
     pub ext_msg: Option<String>,
 }
-
-const NLMSGERR_ATTR_MSG: u16 = 1;
-const NLM_F_CAPPED: u16 = 0x100;
-const NLM_F_ACK_TLVS: u16 = 0x200;
 
 /// Decodes an `NLMSG_ERROR` message.
 pub fn parse_error(m: &RawMsg<'_>) -> Result<ErrorMsg, String> {

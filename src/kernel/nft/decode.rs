@@ -195,7 +195,7 @@ fn data_value(a: Option<Attr<'_>>) -> Result<Vec<u8>, DecodeError> {
 /// `nft_dump_register`): 1..=4 stand for NFT_REG32_00, _04, _08, _12. Normalise to 32-bit ids.
 fn norm_reg(r: u32) -> u32 {
     match r {
-        1..=4 => super::lower::REG32_00 + (r - 1) * 4,
+        1..=4 => super::uapi::REG32_00 + (r - 1) * 4,
         r => r,
     }
 }
@@ -276,7 +276,7 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
         "immediate" => {
             let dreg = reg(&d, 1, "immediate")?;
             let data = d.get(2).ok_or_else(|| err("immediate", "no data"))?;
-            if dreg == super::lower::REG_VERDICT {
+            if dreg == super::uapi::REG_VERDICT {
                 KExpr::ImmVerdict(decode_verdict(data)?)
             } else {
                 KExpr::ImmData {

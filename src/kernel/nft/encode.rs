@@ -2,102 +2,15 @@
 //! message per operation, `NFNL_MSG_BATCH_END`), byte for byte what the kernel's
 //! `nf_tables_api.c` parses. Attribute numbers come from `linux/netfilter/nf_tables.h`.
 
+pub use super::uapi::*;
+
 use crate::kernel::netlink::msg::{MsgWriter, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
 
 use super::lower::{key_bytes, lower, KExpr};
 use super::{Chain, Element, Family, Field, Object, Op, Rule, Set, Table, Transaction, Verdict};
 
-pub const NFNL_SUBSYS_NFTABLES: u16 = 10;
-pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-pub const NFNL_MSG_BATCH_END: u16 = 0x11;
-
-pub const NFT_MSG_NEWTABLE: u16 = 0;
-pub const NFT_MSG_GETTABLE: u16 = 1;
-pub const NFT_MSG_DELTABLE: u16 = 2;
-pub const NFT_MSG_NEWCHAIN: u16 = 3;
-pub const NFT_MSG_GETCHAIN: u16 = 4;
-pub const NFT_MSG_DELCHAIN: u16 = 5;
-pub const NFT_MSG_NEWRULE: u16 = 6;
-pub const NFT_MSG_GETRULE: u16 = 7;
-pub const NFT_MSG_DELRULE: u16 = 8;
-pub const NFT_MSG_NEWSET: u16 = 9;
-pub const NFT_MSG_GETSET: u16 = 10;
-pub const NFT_MSG_DELSET: u16 = 11;
-pub const NFT_MSG_NEWSETELEM: u16 = 12;
-pub const NFT_MSG_GETSETELEM: u16 = 13;
-pub const NFT_MSG_DELSETELEM: u16 = 14;
-pub const NFT_MSG_GETGEN: u16 = 16;
-
-// nft_table_attributes
-pub const NFTA_TABLE_NAME: u16 = 1;
-pub const NFTA_TABLE_FLAGS: u16 = 2;
-pub const NFTA_TABLE_USERDATA: u16 = 6;
-// nft_chain_attributes
-pub const NFTA_CHAIN_TABLE: u16 = 1;
-pub const NFTA_CHAIN_NAME: u16 = 3;
-pub const NFTA_CHAIN_HOOK: u16 = 4;
-pub const NFTA_CHAIN_POLICY: u16 = 5;
-pub const NFTA_CHAIN_TYPE: u16 = 7;
-pub const NFTA_CHAIN_USERDATA: u16 = 12;
-pub const NFTA_HOOK_HOOKNUM: u16 = 1;
-pub const NFTA_HOOK_PRIORITY: u16 = 2;
-// nft_rule_attributes
-pub const NFTA_RULE_TABLE: u16 = 1;
-pub const NFTA_RULE_CHAIN: u16 = 2;
-pub const NFTA_RULE_EXPRESSIONS: u16 = 4;
-pub const NFTA_RULE_USERDATA: u16 = 7;
-pub const NFTA_LIST_ELEM: u16 = 1;
-pub const NFTA_EXPR_NAME: u16 = 1;
-pub const NFTA_EXPR_DATA: u16 = 2;
-// nft_set_attributes
-pub const NFTA_SET_TABLE: u16 = 1;
-pub const NFTA_SET_NAME: u16 = 2;
-pub const NFTA_SET_FLAGS: u16 = 3;
-pub const NFTA_SET_KEY_TYPE: u16 = 4;
-pub const NFTA_SET_KEY_LEN: u16 = 5;
-pub const NFTA_SET_DATA_TYPE: u16 = 6;
-pub const NFTA_SET_DATA_LEN: u16 = 7;
-pub const NFTA_SET_ID: u16 = 10;
-pub const NFTA_SET_TIMEOUT: u16 = 11;
-pub const NFTA_SET_USERDATA: u16 = 13;
-pub const NFT_SET_MAP: u32 = 0x8;
-pub const NFT_SET_TIMEOUT: u32 = 0x10;
-pub const NFT_SET_EVAL: u32 = 0x20;
-pub const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
-// nft_set_elem_list_attributes / nft_set_elem_attributes
-pub const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
-pub const NFTA_SET_ELEM_LIST_SET: u16 = 2;
-pub const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
-pub const NFTA_SET_ELEM_KEY: u16 = 1;
-pub const NFTA_SET_ELEM_DATA: u16 = 2;
-pub const NFTA_SET_ELEM_USERDATA: u16 = 6;
-// nft_data_attributes / nft_verdict_attributes
-pub const NFTA_DATA_VALUE: u16 = 1;
-pub const NFTA_DATA_VERDICT: u16 = 2;
-pub const NFTA_VERDICT_CODE: u16 = 1;
-pub const NFTA_VERDICT_CHAIN: u16 = 2;
-
-pub const NF_DROP: i32 = 0;
-pub const NF_ACCEPT: i32 = 1;
-pub const NFT_JUMP: i32 = -3;
-pub const NFT_GOTO: i32 = -4;
-pub const NFT_RETURN: i32 = -5;
-
-/// libnftnl user-data TLV type of a comment on tables, chains, rules and elements.
-pub const UDATA_COMMENT: u8 = 0;
-/// libnftnl user-data TLV type of a set comment (`NFTNL_UDATA_SET_COMMENT`).
-pub const UDATA_SET_COMMENT: u8 = 7;
 /// The kernel caps user data; nft caps comments at 128 bytes.
 pub const MAX_COMMENT: usize = 127;
-
-// nft's datatype ids (userspace only: `NFTA_SET_KEY_TYPE` is informational to the kernel,
-// but `nft list` uses it to print keys).
-const TYPE_IPADDR: u32 = 7;
-const TYPE_IP6ADDR: u32 = 8;
-const TYPE_INET_PROTOCOL: u32 = 12;
-const TYPE_INET_SERVICE: u32 = 13;
-const TYPE_BITS: u32 = 6;
-const TYPE_INTEGER: u32 = 4;
 
 /// libnftnl user data of `typeof numgen random mod 1 : ip daddr . tcp dport` (key byte
 /// order host, data byte order network, then the typeof expressions), as nft 1.0.6 sends it
@@ -551,7 +464,7 @@ pub fn encode_kexpr(w: &mut MsgWriter, k: &KExpr) {
         } => {
             w.attr_be32(1, *dreg);
             w.attr_be32(2, *modulus);
-            w.attr_be32(3, super::lower::NFT_NG_RANDOM);
+            w.attr_be32(3, super::uapi::NFT_NG_RANDOM);
             w.attr_be32(4, *offset);
         }
         KExpr::Cmp { sreg, op, data } => {
@@ -591,7 +504,7 @@ pub fn encode_kexpr(w: &mut MsgWriter, k: &KExpr) {
             data_value(w, 2, data);
         }
         KExpr::ImmVerdict(v) => {
-            w.attr_be32(1, super::lower::REG_VERDICT);
+            w.attr_be32(1, super::uapi::REG_VERDICT);
             w.nest_start(2);
             verdict_data(w, v);
             w.nest_end();

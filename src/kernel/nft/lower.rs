@@ -1,34 +1,9 @@
 //! Lowers typed [`Expr`]essions to the kernel's register-machine expressions ([`KExpr`]),
 //! the form that nfnetlink carries and that the kernel lists back. Pure.
 
+use super::uapi::*;
+
 use super::{CmpOp, Expr, Family, Field, KeyValue, Verdict};
-
-/// The verdict register.
-pub const REG_VERDICT: u32 = 0;
-/// First 32-bit data register (`NFT_REG32_00`); concatenations fill consecutive ones.
-pub const REG32_00: u32 = 8;
-
-const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
-const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
-pub const NFT_META_MARK: u32 = 3;
-pub const NFT_META_L4PROTO: u32 = 16;
-pub const NFT_META_IIFNAME: u32 = 6;
-pub const NFT_CT_STATE: u32 = 0;
-pub const NFT_CT_STATUS: u32 = 2;
-/// `NF_CT_STATE_BIT(IP_CT_NEW)`.
-pub const CT_STATE_NEW: u32 = 1 << 3;
-/// `IPS_DST_NAT`.
-pub const CT_STATUS_DNAT: u32 = 1 << 5;
-pub const NFTA_FIB_F_SADDR: u32 = 1;
-pub const NFTA_FIB_F_DADDR: u32 = 2;
-pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
-pub const RTN_LOCAL: u32 = 2;
-pub const NFT_NG_RANDOM: u32 = 1;
-pub const NFT_NAT_DNAT: u32 = 1;
-pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 1 << 4;
-pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;
-pub const NFT_DYNSET_OP_UPDATE: u32 = 1;
-pub const NFT_LOOKUP_F_INV: u32 = 1;
 
 /// A kernel expression, one `NFTA_LIST_ELEM` of `NFTA_RULE_EXPRESSIONS`.
 #[derive(Debug, Clone, PartialEq, Eq)]

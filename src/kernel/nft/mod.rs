@@ -18,6 +18,7 @@ pub mod render;
 #[cfg(any(test, feature = "testing"))]
 pub mod trace;
 pub mod transaction;
+pub mod uapi;
 
 use std::net::IpAddr;
 

@@ -4,15 +4,13 @@
 //! another agent) means our rules may be gone: the syncer then restores them with a full
 //! sync, at once, without polling a canary. Classification is pure; [`watch`] does the I/O.
 
+use super::uapi::*;
+
 use crate::kernel::netlink::msg::{parse_msgs, Attrs, RawMsg};
 use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_NETFILTER};
 
 use super::encode::{NFNL_SUBSYS_NFTABLES, NFT_MSG_GETGEN};
 use super::Family;
-
-/// `NFNLGRP_NFTABLES`.
-pub const NFNLGRP_NFTABLES: u32 = 7;
-const NFT_MSG_NEWGEN: u16 = 15;
 
 /// Whether one notification reports a change to our table made by someone else.
 pub fn is_foreign_change(m: &RawMsg<'_>, table: &str, families: &[Family], our_port: u32) -> bool {

@@ -1,6 +1,8 @@
 //! [`NetlinkNftables`]: the nftables backend that talks to the kernel. The only nft file that
 //! does I/O: it sends batches encoded by `encode` and decodes dumps with `decode`.
 
+use super::uapi::*;
+
 use crate::kernel::netlink::msg::{parse_error, NLMSG_ERROR};
 use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_NETFILTER};
 
@@ -24,8 +26,6 @@ struct Quiet {
     switch: crate::kernel::netlink::socket::GroupSwitch,
     on_missed: Box<dyn Fn() + Send>,
 }
-
-const NFT_MSG_NEWGEN: u16 = 15;
 
 impl NetlinkNftables {
     pub fn open() -> Result<Self, Error> {
