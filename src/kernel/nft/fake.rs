@@ -313,7 +313,7 @@ impl FakeNftables {
 impl Nftables for FakeNftables {
     fn apply(&mut self, tx: &Transaction) -> Result<(), Error> {
         if tx.is_empty() {
-            return Ok(()); // as the kernel backend: nothing is sent
+            return Ok(()); // as the netlink client: nothing is sent
         }
         if let Some(errno) = self.fail_next.take() {
             return Err(Error::Rejected {

@@ -1,4 +1,4 @@
-//! [`NetlinkNftables`]: the nftables backend that talks to the kernel. The only nft file that
+//! [`NetlinkNftables`]: the nftables client that talks to the kernel. The only nft file that
 //! does I/O: it sends batches encoded by `encode` and decodes dumps with `decode`.
 
 use super::uapi::*;

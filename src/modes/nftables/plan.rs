@@ -1,10 +1,14 @@
 //! Builds the [`Ruleset`] of one family from the model. Pure.
 //!
 //! Layout (see README "Ruleset design"): upstream nftables mode's base chains, static chains
-//! and verdict maps keyed on `daddr . l4proto . dport`; per service port a chain holding a
-//! cascade of `numgen random mod (N-i) 0 … dnat to endpoint_i` rules instead of upstream's
-//! per-endpoint chains and anonymous numgen vmaps (the kernel's commit cost grows with the
-//! number of chains and anonymous sets); hairpin masquerade through one `saddr . daddr` set.
+//! and verdict maps keyed on `daddr . l4proto . dport`; per service port a chain whose one
+//! `dnat to numgen random mod N offset O map @endpoints-XX` rule picks an endpoint from a
+//! block of slots in one of the shared endpoint maps ([`super::slots`]), instead of upstream's
+//! per-endpoint chains and anonymous numgen vmaps (the kernel re-validates the chain graph on
+//! every rule change; map elements need no validation). One endpoint is a plain `dnat to`;
+//! ClientIP affinity keeps a cascade of `numgen random mod (N-i) 0 … dnat to endpoint_i`
+//! rules with per-endpoint affinity sets. Hairpin masquerade goes through one
+//! `saddr . daddr` set.
 
 use std::net::IpAddr;
 

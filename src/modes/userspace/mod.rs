@@ -2,7 +2,7 @@
 //! daemon itself carries every connection. Each service port gets a listener per family and
 //! traffic scope (internal: ClusterIPs; external: NodePorts, externalIPs, LoadBalancer IPs,
 //! which follow `externalTrafficPolicy`), and nftables `redirect` rules send the Service's
-//! traffic to it. Backends see the node as the client (the proxy opens the connections), as
+//! traffic to it. Endpoints see the node as the client (the proxy opens the connections), as
 //! with upstream's userspace mode. No-endpoint rejects and source ranges stay in nftables.
 //! Planning is pure; [`UserspaceProxier`] owns the listeners and applies the table.
 
