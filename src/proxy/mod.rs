@@ -5,15 +5,15 @@
 //! ([`conntrack`]), and [`SyncStats`]/[`SyncError`]. Imports the model and the kernel
 //! clients, never a mode.
 
-pub mod cleanup;
+pub(crate) mod cleanup;
 pub mod config;
 pub mod conntrack;
-pub mod fxhash;
+pub(crate) mod fxhash;
 pub mod names;
-pub mod rules;
+pub(crate) mod rules;
 pub mod ruleset;
 pub mod runner;
-pub mod table_sync;
+pub(crate) mod table_sync;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

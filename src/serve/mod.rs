@@ -5,4 +5,4 @@
 pub mod admin;
 pub mod metrics;
 pub mod proxy_health;
-pub mod service_health;
+pub(crate) mod service_health;

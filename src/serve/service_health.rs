@@ -145,11 +145,6 @@ impl ServiceHealthServers {
         }
     }
 
-    /// Ports currently served.
-    pub fn ports(&self) -> Vec<u16> {
-        self.servers.keys().copied().collect()
-    }
-
     /// Starts and stops listeners to match `want`. Must run inside the tokio runtime. A
     /// port that cannot be bound is logged (once until it changes) and retried next time;
     /// the others are unaffected. Returns the ports that newly failed, for events.

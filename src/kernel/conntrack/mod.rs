@@ -5,7 +5,7 @@
 pub mod codec;
 pub mod ctnetlink;
 pub mod tuning;
-pub mod uapi;
+pub(crate) mod uapi;
 
 use std::net::IpAddr;
 

@@ -7,7 +7,7 @@ pub mod codec;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod netlink;
-pub mod uapi;
+pub(crate) mod uapi;
 
 use std::net::IpAddr;
 

@@ -4,6 +4,6 @@
 pub mod error;
 pub mod msg;
 pub mod socket;
-pub mod uapi;
+pub(crate) mod uapi;
 
 pub use error::{Error, Result};

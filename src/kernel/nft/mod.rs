@@ -11,14 +11,14 @@ pub mod fake;
 pub mod lower;
 pub mod monitor;
 pub mod netlink;
-pub mod plan_only;
+pub(crate) mod plan_only;
 #[cfg(test)]
 mod proptests;
 pub mod render;
 #[cfg(any(test, feature = "testing"))]
 pub mod trace;
 pub mod transaction;
-pub mod uapi;
+pub(crate) mod uapi;
 
 use std::net::IpAddr;
 

@@ -3,8 +3,8 @@
 //! `netlink-packet-route` (mapped in the pure [`codec`]); one small I/O type behind the
 //! [`Links`] trait sends them on our socket.
 
-pub mod codec;
-pub mod uapi;
+pub(crate) mod codec;
+pub(crate) mod uapi;
 
 use std::net::IpAddr;
 

@@ -3,8 +3,8 @@
 //! [`proxier::IpvsProxier`] that applies them.
 
 pub mod plan;
-pub mod proxier;
-pub mod sysctl;
+pub(crate) mod proxier;
+pub(crate) mod sysctl;
 pub mod table;
 
 use crate::kernel::conntrack::Conntrack;

@@ -2,8 +2,8 @@
 //! [`slots`]) and kept in step by the [`proxier::NftablesProxier`].
 
 pub mod plan;
-pub mod proxier;
-pub mod slots;
+pub(crate) mod proxier;
+pub(crate) mod slots;
 #[cfg(test)]
 mod tests;
 

@@ -6,11 +6,11 @@
 //! with upstream's userspace mode. No-endpoint rejects and source ranges stay in nftables.
 //! Planning is pure; [`UserspaceProxier`] owns the listeners and applies the table.
 
-pub mod forward;
-pub mod listeners;
+pub(crate) mod forward;
+pub(crate) mod listeners;
 pub mod localhost;
-pub mod proxier;
-pub mod table;
+pub(crate) mod proxier;
+pub(crate) mod table;
 
 pub use listeners::{plan_listeners, ListenerKey};
 pub use proxier::UserspaceProxier;
