@@ -29,16 +29,25 @@ pub fn cleanup<N: Nftables>(nft: &mut N, table: &str) -> Result<Vec<String>, nft
             tracing::warn!(%family, table, comment = ?t.comment, "table has our name but not our comment; left alone");
             continue;
         }
-        let mut tx = Transaction::new(family, table);
-        tx.delete(Table {
-            family,
-            name: table.into(),
-            comment: None,
-        });
-        nft.apply(&tx)?;
-        removed.push(format!("table {family} {table}"));
+        removed.push(delete_table(nft, family, table)?);
     }
     Ok(removed)
+}
+
+/// Deletes one table (and everything in it) in one transaction.
+fn delete_table<N: Nftables>(
+    nft: &mut N,
+    family: Family,
+    name: &str,
+) -> Result<String, nft::Error> {
+    let mut tx = Transaction::new(family, name);
+    tx.delete(Table {
+        family,
+        name: name.into(),
+        comment: None,
+    });
+    nft.apply(&tx)?;
+    Ok(format!("table {family} {name}"))
 }
 
 /// Upstream kube-proxy's nftables-mode table name.
@@ -57,14 +66,7 @@ pub fn cleanup_upstream<N: Nftables>(nft: &mut N) -> Result<Vec<String>, nft::Er
         {
             continue;
         }
-        let mut tx = Transaction::new(family, UPSTREAM_TABLE);
-        tx.delete(Table {
-            family,
-            name: UPSTREAM_TABLE.into(),
-            comment: None,
-        });
-        nft.apply(&tx)?;
-        removed.push(format!("table {family} {UPSTREAM_TABLE}"));
+        removed.push(delete_table(nft, family, UPSTREAM_TABLE)?);
     }
     Ok(removed)
 }

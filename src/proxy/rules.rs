@@ -9,7 +9,10 @@ use crate::kernel::nft::{
 };
 use crate::model::{NodeInfo, ServicePort};
 
-use super::names::{firewall_chain, FIREWALL_IPS, NAT_OUTPUT, NAT_PREROUTING, REJECT_CHAIN};
+use super::names::{
+    firewall_chain, FIREWALL_IPS, NAT_OUTPUT, NAT_PREROUTING, NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_CHECKS,
+};
 use super::{Fragment, LocalDetector, NodePortAddresses, ProxierConfig};
 
 /// Base-chain priorities, nftables' named ones (`nft` prints them as `dstnat`, `srcnat`,
@@ -167,6 +170,23 @@ pub fn pre_dnat_checks(f: &mut Fragment, chains: [(&str, Hook); 2], target: &str
             vec![Rule::new(name, vec![Expr::CtStateNew, jump(target)])],
         );
     }
+}
+
+/// The IPVS and userspace modes' `service-checks` chain, reached from their pre-DNAT
+/// filter chains: loadBalancerSourceRanges firewalls, then no-endpoint rejects for service
+/// addresses and (behind `guards`) NodePorts.
+pub fn service_checks(f: &mut Fragment, guards: &[Vec<Expr>]) {
+    let r = |exprs: Vec<Expr>| Rule::new(SERVICE_CHECKS, exprs);
+    let mut checks = vec![
+        r(vec![vmap(addr_key(), FIREWALL_IPS)]),
+        r(vec![vmap(addr_key(), NO_ENDPOINT_SERVICES)]),
+    ];
+    checks.extend(guarded(
+        guards,
+        SERVICE_CHECKS,
+        &[vmap(port_key(), NO_ENDPOINT_NODEPORTS)],
+    ));
+    f.chain(Chain::regular(SERVICE_CHECKS), checks);
 }
 
 /// The chain that rejects connections to Services without endpoints.

@@ -13,10 +13,29 @@ use crate::kernel::ipvs::Error as IpvsError;
 use crate::kernel::nft::Nftables;
 use crate::kernel::rtnl::{Links, NetlinkLinks};
 use crate::model::ProxyState;
-use crate::proxy::{LocalDetectorResolver, Options, SyncError};
+use crate::proxy::{LocalDetectorResolver, Options, ProxierConfig, SyncError};
 
 pub use plan::IpvsConfig;
 pub use proxier::IpvsProxier;
+
+/// The proxier over the kernel's IPVS and rtnetlink, with `proxier`'s table settings.
+fn over_kernel<N: Nftables>(
+    ipvs: NetlinkIpvs,
+    links: NetlinkLinks,
+    nft: N,
+    opts: &Options,
+    proxier: ProxierConfig,
+    cfg: &IpvsConfig,
+) -> IpvsProxier<NetlinkIpvs, NetlinkLinks, N> {
+    IpvsProxier::new(
+        ipvs,
+        links,
+        nft,
+        cfg.clone(),
+        proxier,
+        opts.detect_local.clone(),
+    )
+}
 
 /// The IPVS mode over the kernel: writes the sysctls it needs, opens IPVS and rtnetlink.
 /// Returns the proxier and the rtnetlink socket's port (its own link changes are told apart
@@ -33,15 +52,8 @@ pub fn open<N: Nftables>(
     let ipvs = NetlinkIpvs::open()?;
     let links = NetlinkLinks::open()?;
     let port = links.port_id();
-    let mut p = IpvsProxier::new(
-        ipvs,
-        links,
-        nft,
-        cfg.clone(),
-        opts.proxier.clone(),
-        opts.detect_local.clone(),
-    )
-    .with_full_every(opts.sync_period);
+    let mut p = over_kernel(ipvs, links, nft, opts, opts.proxier.clone(), cfg)
+        .with_full_every(opts.sync_period);
     if let Some(ct) = conntrack {
         p = p.with_conntrack(ct);
     }
@@ -72,14 +84,7 @@ pub fn cleanup<N: Nftables>(
         Err(e) => return Err(e.into()),
     };
     let links = NetlinkLinks::open()?;
-    let mut p = IpvsProxier::new(
-        ipvs,
-        links,
-        nft,
-        cfg.clone(),
-        opts.proxier.clone(),
-        opts.detect_local.clone(),
-    );
+    let mut p = over_kernel(ipvs, links, nft, opts, opts.proxier.clone(), cfg);
     removed.extend(p.cleanup()?);
     Ok(removed)
 }
@@ -99,14 +104,7 @@ pub fn cleanup_leftovers<N: Nftables>(
     }
     let mut proxier = opts.proxier.clone();
     proxier.table = table::DEFAULT_TABLE.into();
-    let mut p = IpvsProxier::new(
-        NetlinkIpvs::open()?,
-        links,
-        nft,
-        cfg.clone(),
-        proxier,
-        opts.detect_local.clone(),
-    );
+    let mut p = over_kernel(NetlinkIpvs::open()?, links, nft, opts, proxier, cfg);
     removed.extend(p.cleanup()?);
     Ok(removed)
 }

@@ -19,7 +19,7 @@ use crate::proxy::names::{
 pub use crate::proxy::names::{FIREWALL_IPS, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES};
 use crate::proxy::rules::{
     addr_key, element, from_pod, guarded, in_set, jump, nat_dispatch, nodeport_guards, port_key,
-    pre_dnat_checks, reject_chain, source_range_firewall, vmap, SRCNAT,
+    pre_dnat_checks, reject_chain, service_checks, source_range_firewall, SRCNAT,
 };
 use crate::proxy::{Fragment, ProxierConfig, Ruleset};
 
@@ -43,16 +43,7 @@ pub fn build_base(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Fragm
         SERVICE_CHECKS,
     );
     let guards = nodeport_guards(cfg, node, family);
-    let mut checks = vec![
-        r(SERVICE_CHECKS, vec![vmap(addr_key(), FIREWALL_IPS)]),
-        r(SERVICE_CHECKS, vec![vmap(addr_key(), NO_ENDPOINT_SERVICES)]),
-    ];
-    checks.extend(guarded(
-        &guards,
-        SERVICE_CHECKS,
-        &[vmap(port_key(), NO_ENDPOINT_NODEPORTS)],
-    ));
-    f.chain(Chain::regular(SERVICE_CHECKS), checks);
+    service_checks(&mut f, &guards);
     nat_dispatch(&mut f, SERVICES);
     let mut services = Vec::new();
     let to_cluster_ip = in_set(addr_key(), CLUSTER_IPS);

@@ -14,7 +14,7 @@ use crate::proxy::names::{
 };
 use crate::proxy::rules::{
     addr_key, element, guarded, nat_dispatch, nodeport_guards, port_key, pre_dnat_checks,
-    reject_chain, source_range_firewall, vmap,
+    reject_chain, service_checks, source_range_firewall, vmap,
 };
 use crate::proxy::{Fragment, ProxierConfig};
 
@@ -35,16 +35,7 @@ pub fn build_base(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Fragm
     );
     // NodePorts only on the addresses `nodePortAddresses` allows (one rule per guard).
     let guards = nodeport_guards(cfg, node, family);
-    let mut checks = vec![
-        r(SERVICE_CHECKS, vec![vmap(addr_key(), FIREWALL_IPS)]),
-        r(SERVICE_CHECKS, vec![vmap(addr_key(), NO_ENDPOINT_SERVICES)]),
-    ];
-    checks.extend(guarded(
-        &guards,
-        SERVICE_CHECKS,
-        &[vmap(port_key(), NO_ENDPOINT_NODEPORTS)],
-    ));
-    f.chain(Chain::regular(SERVICE_CHECKS), checks);
+    service_checks(&mut f, &guards);
     nat_dispatch(&mut f, SERVICES);
     let mut services = vec![r(SERVICES, vec![vmap(addr_key(), SERVICE_IPS)])];
     services.extend(guarded(
