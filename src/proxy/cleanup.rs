@@ -70,3 +70,44 @@ pub fn cleanup_upstream<N: Nftables>(nft: &mut N) -> Result<Vec<String>, nft::Er
     }
     Ok(removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::FakeNftables;
+
+    fn create(nft: &mut FakeNftables, family: Family, name: &str, comment: Option<&str>) {
+        let mut tx = Transaction::new(family, name);
+        tx.add(Table {
+            family,
+            name: name.into(),
+            comment: comment.map(String::from),
+        });
+        nft.apply(&tx).unwrap();
+    }
+
+    #[test]
+    fn only_tables_with_our_comment_are_deleted() {
+        let mut nft = FakeNftables::new();
+        create(&mut nft, Family::Ip, "ours", Some(TABLE_COMMENT));
+        create(&mut nft, Family::Ip6, "ours", Some(TABLE_COMMENT));
+        create(&mut nft, Family::Ip, "theirs", Some("someone else"));
+        let removed = delete_tables(&mut nft, &["ours", "theirs", "absent"]).unwrap();
+        assert_eq!(removed, ["table ip ours", "table ip6 ours"]);
+        assert!(!nft.has_table(Family::Ip, "ours"));
+        assert!(nft.has_table(Family::Ip, "theirs"));
+    }
+
+    #[test]
+    fn upstream_tables_are_deleted_whatever_their_comment() {
+        let mut nft = FakeNftables::new();
+        create(
+            &mut nft,
+            Family::Ip,
+            UPSTREAM_TABLE,
+            Some("rules for kube-proxy"),
+        );
+        assert_eq!(cleanup_upstream(&mut nft).unwrap(), ["table ip kube-proxy"]);
+        assert!(cleanup_upstream(&mut nft).unwrap().is_empty());
+    }
+}

@@ -107,3 +107,30 @@ impl LocalDetectorResolver {
         cfg
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_cidr_detection_follows_the_node_and_others_stay_as_configured() {
+        let base = ProxierConfig {
+            local_detector: LocalDetector::Bridge("cbr0".into()),
+            ..Default::default()
+        };
+        let mut node = NodeInfo::default();
+        let mut fixed = LocalDetectorResolver::new(DetectLocal::BridgeInterface("cbr0".into()));
+        assert_eq!(fixed.resolve(&base, &node), base);
+        let mut by_node = LocalDetectorResolver::new(DetectLocal::NodeCidr);
+        assert_eq!(
+            by_node.resolve(&base, &node).local_detector,
+            LocalDetector::None,
+            "no podCIDRs yet: nothing is detected"
+        );
+        node.pod_cidrs = vec!["10.244.1.0/24".parse().unwrap()];
+        assert_eq!(
+            by_node.resolve(&base, &node).local_detector,
+            LocalDetector::Cidrs(node.pod_cidrs.clone())
+        );
+    }
+}

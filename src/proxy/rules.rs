@@ -24,6 +24,10 @@ pub const FILTER: i32 = 0;
 /// runs at -99 and LOCAL_IN at 98), so firewall and no-endpoint checks see the Service's
 /// own address of every new connection.
 pub const PRE_DNAT: i32 = DSTNAT - 10;
+const _: () = assert!(
+    PRE_DNAT < DSTNAT && DSTNAT < -99,
+    "before IPVS's LOCAL_OUT at -99"
+);
 
 pub fn jump(c: &str) -> Expr {
     Expr::Verdict(Verdict::Jump(c.into()))
@@ -250,4 +254,79 @@ pub fn source_range_firewall(
         Some(Verdict::Jump(chain)),
         comment,
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node() -> NodeInfo {
+        NodeInfo {
+            name: "n".into(),
+            addresses: vec!["192.168.0.2".parse().unwrap(), "fd00::2".parse().unwrap()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn nodeport_guards_follow_nodeport_addresses_per_family() {
+        let mut cfg = ProxierConfig::default();
+        let all = nodeport_guards(&cfg, &node(), Family::Ip);
+        assert_eq!(all.len(), 1);
+        assert!(all[0].contains(&Expr::FibLocal(Field::Daddr)));
+        cfg.nodeport_addresses = NodePortAddresses::Cidrs(vec![
+            "192.168.0.0/24".parse().unwrap(),
+            "10.1.0.0/16".parse().unwrap(),
+            "fd00::/64".parse().unwrap(),
+        ]);
+        assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip).len(), 2);
+        assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip6).len(), 1);
+        cfg.nodeport_addresses = NodePortAddresses::Primary;
+        let primary = nodeport_guards(&cfg, &node(), Family::Ip6);
+        assert_eq!(
+            primary,
+            [vec![Expr::Addr {
+                field: Field::Daddr,
+                op: CmpOp::Eq,
+                value: Cidr::host("fd00::2".parse().unwrap()),
+            }]]
+        );
+    }
+
+    #[test]
+    fn from_pod_matches_the_detector_in_its_family_only() {
+        let cidrs = LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]);
+        assert!(from_pod(&cidrs, Family::Ip, CmpOp::Eq).is_some());
+        assert_eq!(from_pod(&cidrs, Family::Ip6, CmpOp::Eq), None);
+        assert_eq!(from_pod(&LocalDetector::None, Family::Ip, CmpOp::Eq), None);
+        assert_eq!(
+            from_pod(
+                &LocalDetector::InterfacePrefix("veth".into()),
+                Family::Ip6,
+                CmpOp::Neq
+            ),
+            Some(Expr::IifName {
+                name: "veth".into(),
+                prefix: true,
+                op: CmpOp::Neq,
+            })
+        );
+    }
+
+    #[test]
+    fn shared_base_chains_hook_before_and_at_dstnat() {
+        let mut f = Fragment::default();
+        nat_dispatch(&mut f, "services");
+        pre_dnat_checks(
+            &mut f,
+            [("a", Hook::Prerouting), ("b", Hook::Output)],
+            "checks",
+        );
+        reject_chain(&mut f);
+        let prio = |n: &str| f.chains[n].0.base.as_ref().map(|b| b.priority);
+        assert_eq!(prio(NAT_PREROUTING), Some(DSTNAT));
+        assert_eq!(prio(NAT_OUTPUT), Some(DSTNAT));
+        assert_eq!(prio("a"), Some(PRE_DNAT));
+        assert_eq!(f.chains[REJECT_CHAIN].1[0].exprs, [Expr::Reject]);
+    }
 }

@@ -384,3 +384,150 @@ pub fn plan_transaction(
         .collect();
     plan_changes(prev, &next.base, &changes, pending_deletes)
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::kernel::nft::{Expr, Field, Verdict};
+    use crate::model::Protocol;
+
+    pub(crate) fn spn(name: &str) -> ServicePortName {
+        ServicePortName {
+            namespace: "ns".into(),
+            name: name.into(),
+            port: "p".into(),
+            protocol: Protocol::Tcp,
+        }
+    }
+
+    /// A base with a dispatch chain and one set of service addresses.
+    pub(crate) fn base() -> Fragment {
+        let mut f = Fragment::default();
+        f.chain(
+            Chain::regular("services"),
+            vec![Rule::new("services", vec![Expr::Verdict(Verdict::Accept)])],
+        );
+        f.set(Set::plain("ips", vec![Field::Daddr]));
+        f
+    }
+
+    pub(crate) fn element(addr: &str) -> Element {
+        Element {
+            set: "ips".into(),
+            key: vec![KeyValue::Addr(addr.parse().unwrap())],
+            verdict: None,
+            target: None,
+            comment: None,
+        }
+    }
+
+    /// A service port: its own chain and its address in the shared set.
+    pub(crate) fn service(name: &str, addr: &str) -> Arc<Fragment> {
+        let mut f = Fragment::default();
+        let chain = format!("svc-{name}");
+        f.chain(
+            Chain::regular(&chain),
+            vec![Rule::new(&chain, vec![Expr::Reject])],
+        );
+        f.element(element(addr));
+        Arc::new(f)
+    }
+
+    pub(crate) fn ruleset(services: &[(&str, &str)]) -> Ruleset {
+        let table = Table {
+            family: Family::Ip,
+            name: "t".into(),
+            comment: None,
+        };
+        let mut rs = Ruleset::new(table, base());
+        for (n, a) in services {
+            rs.set_service(&spn(n), Some(service(n, a)));
+        }
+        rs
+    }
+
+    fn verbs(tx: &Transaction) -> Vec<String> {
+        tx.ops
+            .iter()
+            .map(|o| format!("{} {}", o.verb(), o.object().describe()))
+            .collect()
+    }
+
+    #[test]
+    fn an_element_two_fragments_add_stays_until_both_are_gone() {
+        let mut rs = ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.1")]);
+        assert_eq!(rs.element_count(), 1);
+        assert_eq!(rs.rule_count(), 3);
+        let prev = rs.clone();
+        rs.set_service(&spn("a"), None);
+        let p = plan_transaction(Some(&prev), &rs, None, &[]);
+        assert!(
+            !verbs(&p.tx).iter().any(|v| v.starts_with("delete element")),
+            "b still adds the element: {:?}",
+            verbs(&p.tx)
+        );
+        assert_eq!(
+            p.stale_chains,
+            ["svc-a"],
+            "a's chain is flushed, deleted next time"
+        );
+        let prev = rs.clone();
+        rs.set_service(&spn("b"), None);
+        let p = plan_transaction(Some(&prev), &rs, None, &[]);
+        assert!(verbs(&p.tx).contains(&"delete element of ips".to_string()));
+        assert_eq!(rs.element_count(), 0);
+    }
+
+    #[test]
+    fn no_change_plans_an_empty_transaction() {
+        let rs = ruleset(&[("a", "10.0.0.1")]);
+        let p = plan_transaction(Some(&rs), &rs.clone(), None, &[]);
+        assert!(p.tx.ops.is_empty(), "{:?}", verbs(&p.tx));
+        assert!(p.stale_chains.is_empty());
+    }
+
+    #[test]
+    fn a_full_plan_flushes_what_the_kernel_has_and_clears_leftovers() {
+        let rs = ruleset(&[("a", "10.0.0.1")]);
+        let existing = Existing {
+            chains: ["services", "svc-a", "svc-old", "svc-older"]
+                .map(String::from)
+                .into(),
+            sets: ["ips", "old-set"].map(String::from).into(),
+        };
+        let pending = ["svc-older".into(), "gone-already".into()];
+        let p = plan_full(&rs, Some(&existing), &pending);
+        let v = verbs(&p.tx);
+        // Pending deletes first, only of chains the kernel still has; existing chains and
+        // sets are flushed before being refilled.
+        assert_eq!(v[0], "delete chain svc-older", "{v:?}");
+        assert!(
+            !v.contains(&"delete chain gone-already".to_string()),
+            "{v:?}"
+        );
+        for want in [
+            "add table ip t",
+            "flush chain services",
+            "flush chain svc-a",
+            "flush set ips",
+            "add element of ips",
+            "flush chain svc-old",
+            "delete set old-set",
+        ] {
+            assert!(v.contains(&want.to_string()), "{want} missing from {v:?}");
+        }
+        // The unknown chain is emptied now and deleted by the next sync.
+        assert_eq!(p.stale_chains, ["svc-old"]);
+    }
+
+    #[test]
+    fn a_changed_fragment_replaces_only_its_own_objects() {
+        let prev = ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.2")]);
+        let mut next = prev.clone();
+        next.set_service(&spn("b"), Some(service("b", "10.0.0.3")));
+        let v = verbs(&plan_transaction(Some(&prev), &next, None, &[]).tx);
+        assert!(v.iter().all(|o| !o.contains("svc-a")), "{v:?}");
+        assert!(v.contains(&"delete element of ips".to_string()), "{v:?}");
+        assert!(v.contains(&"add element of ips".to_string()), "{v:?}");
+    }
+}

@@ -180,3 +180,108 @@ impl TableSync {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::FakeNftables;
+    use crate::proxy::ruleset::tests::{ruleset, service, spn};
+
+    #[test]
+    fn first_sync_is_full_then_an_unchanged_sync_sends_nothing() {
+        let (mut nft, mut ts) = (FakeNftables::new(), TableSync::new("t"));
+        let mut stats = SyncStats::default();
+        ts.sync(&mut nft, ruleset(&[("a", "10.0.0.1")]), false, &mut stats)
+            .unwrap();
+        assert!(nft.rules(Family::Ip, "t", "svc-a").is_some());
+        assert_eq!(nft.applied, 1);
+        let mut stats = SyncStats::default();
+        ts.sync(&mut nft, ruleset(&[("a", "10.0.0.1")]), false, &mut stats)
+            .unwrap();
+        assert_eq!(stats.ops[&Family::Ip], 0);
+        assert_eq!(nft.applied, 1, "nothing applied when nothing changed");
+        ts.count(&mut stats);
+        assert_eq!((stats.rules, stats.elements), (2, 1));
+    }
+
+    #[test]
+    fn a_failed_apply_keeps_the_kernel_and_forgets_so_the_next_sync_is_full() {
+        let (mut nft, mut ts) = (FakeNftables::new(), TableSync::new("t"));
+        let mut stats = SyncStats::default();
+        ts.sync(&mut nft, ruleset(&[("a", "10.0.0.1")]), false, &mut stats)
+            .unwrap();
+        let before = nft.dump(Family::Ip, "t");
+        nft.fail_next = Some(libc::ENOMEM);
+        let err = ts
+            .sync(&mut nft, ruleset(&[("b", "10.0.0.2")]), false, &mut stats)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SyncError::Nft {
+                    family: Family::Ip,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            nft.dump(Family::Ip, "t"),
+            before,
+            "kernel kept the old ruleset"
+        );
+        assert!(ts.last(Family::Ip).is_none());
+        // The retry lists the kernel and re-asserts everything, removing a's chain.
+        ts.sync(&mut nft, ruleset(&[("b", "10.0.0.2")]), false, &mut stats)
+            .unwrap();
+        assert!(nft.rules(Family::Ip, "t", "svc-b").is_some());
+        assert_eq!(
+            nft.rules(Family::Ip, "t", "svc-a").map(|r| r.len()),
+            Some(0)
+        );
+        assert!(
+            ts.has_pending_deletes(),
+            "svc-a is deleted by the next sync"
+        );
+        ts.sync(&mut nft, ruleset(&[("b", "10.0.0.2")]), false, &mut stats)
+            .unwrap();
+        assert!(nft.rules(Family::Ip, "t", "svc-a").is_none());
+        assert!(!ts.has_pending_deletes());
+    }
+
+    #[test]
+    fn known_changes_touch_only_their_service_port() {
+        let (mut nft, mut ts) = (FakeNftables::new(), TableSync::new("t"));
+        let mut stats = SyncStats::default();
+        ts.sync(
+            &mut nft,
+            ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.2")]),
+            true,
+            &mut stats,
+        )
+        .unwrap();
+        let mut stats = SyncStats::default();
+        ts.sync_changes(
+            &mut nft,
+            Family::Ip,
+            &[spn("b")],
+            |_| Some((*service("b", "10.0.0.3")).clone()),
+            &mut stats,
+        )
+        .unwrap();
+        let tx = nft.last_transaction.clone().unwrap();
+        assert!(
+            tx.ops
+                .iter()
+                .all(|o| !o.object().describe().contains("svc-a")),
+            "{tx:?}"
+        );
+        // Delete the old element, add the new one, and re-assert b's chain.
+        assert!(stats.ops[&Family::Ip] >= 2);
+        let ips = nft.elements(Family::Ip, "t", "ips").unwrap();
+        assert_eq!(ips.len(), 2);
+        // A family never synced in full has nothing to change.
+        ts.sync_changes(&mut nft, Family::Ip6, &[spn("b")], |_| None, &mut stats)
+            .unwrap();
+    }
+}

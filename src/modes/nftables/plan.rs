@@ -575,3 +575,108 @@ pub fn build_ruleset_with_slots(
     }
     rs
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::render;
+    use crate::model::{Protocol, ServicePortName};
+    use crate::proxy::{plan_transaction, LocalDetector};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn state(eps: &[&str]) -> ProxyState {
+        let mut st = ProxyState::default();
+        st.node.name = "node1".into();
+        let name = ServicePortName {
+            namespace: "ns".into(),
+            name: "web".into(),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        let sp = ServicePort::new(name.clone(), ip("172.30.0.10"), 80);
+        st.endpoints.insert(
+            name.clone(),
+            eps.iter()
+                .map(|e| Endpoint::ready(ip(e), 8080, false))
+                .collect(),
+        );
+        st.services.insert(name, sp);
+        st
+    }
+
+    fn text(st: &ProxyState, cfg: &ProxierConfig, family: Family) -> String {
+        let rs = build_ruleset(st, cfg, family);
+        render::transaction(&plan_transaction(None, &rs, None, &[]).tx)
+    }
+
+    #[test]
+    fn several_endpoints_are_one_rule_over_an_endpoint_map() {
+        let t = text(
+            &state(&["10.180.0.1", "10.180.0.2"]),
+            &ProxierConfig::default(),
+            Family::Ip,
+        );
+        assert!(t.contains("numgen random mod 2 offset"), "{t}");
+        assert!(t.contains("map @endpoints-"), "{t}");
+        assert!(
+            t.contains("10.180.0.1 . 8080") && t.contains("10.180.0.2 . 8080"),
+            "{t}"
+        );
+        assert!(!t.contains("dnat to 10.180.0.1:8080"), "{t}");
+    }
+
+    #[test]
+    fn one_endpoint_is_a_plain_dnat() {
+        let t = text(
+            &state(&["10.180.0.1"]),
+            &ProxierConfig::default(),
+            Family::Ip,
+        );
+        assert!(t.contains("dnat to 10.180.0.1:8080"), "{t}");
+        assert!(!t.contains("map @endpoints"), "no endpoint-map rule: {t}");
+    }
+
+    #[test]
+    fn no_endpoints_rejects_through_the_no_endpoint_map() {
+        let t = text(&state(&[]), &ProxierConfig::default(), Family::Ip);
+        assert!(
+            t.contains("172.30.0.10 . tcp . 80 comment \"ns/web:http\" : goto reject-chain"),
+            "{t}"
+        );
+        assert!(!t.contains("dnat to"), "{t}");
+    }
+
+    #[test]
+    fn the_other_family_gets_none_of_an_ipv4_service() {
+        let t = text(
+            &state(&["10.180.0.1"]),
+            &ProxierConfig::default(),
+            Family::Ip6,
+        );
+        assert!(!t.contains("172.30.0.10"), "{t}");
+        assert!(t.contains("add table ip6 kube-nlproxy"), "{t}");
+    }
+
+    #[test]
+    fn masquerade_all_marks_every_cluster_ip_connection() {
+        let cfg = ProxierConfig {
+            masquerade_all: true,
+            ..Default::default()
+        };
+        let all = text(&state(&["10.180.0.1"]), &cfg, Family::Ip);
+        let detected = text(
+            &state(&["10.180.0.1"]),
+            &ProxierConfig {
+                local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+                ..Default::default()
+            },
+            Family::Ip,
+        );
+        assert!(detected.contains("ip saddr != 10.0.0.0/8"), "{detected}");
+        assert!(!all.contains("ip saddr != 10.0.0.0/8"), "{all}");
+        assert!(all.contains("jump mark-for-masquerade"), "{all}");
+    }
+}

@@ -78,3 +78,30 @@ pub fn plan_listeners(
     }
     (out, sctp)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::modes::userspace::proxier::tests::{ip, sample, spn};
+
+    #[test]
+    fn listeners_per_scope_follow_the_policies() {
+        let (want, sctp) = plan_listeners(&sample());
+        assert_eq!(sctp, [spn("sctp", Protocol::Sctp)]);
+        let key = |name, p, external| ListenerKey {
+            service: spn(name, p),
+            external,
+            v4: true,
+        };
+        assert_eq!(want[&key("web", Protocol::Tcp, false)].endpoints.len(), 2);
+        assert_eq!(
+            want[&key("web", Protocol::Tcp, true)].endpoints,
+            [SocketAddr::new(ip("10.244.1.2"), 8080)],
+            "externalTrafficPolicy Local"
+        );
+        assert!(want[&key("empty", Protocol::Udp, false)]
+            .endpoints
+            .is_empty());
+        assert!(!want.contains_key(&key("empty", Protocol::Udp, true)));
+    }
+}

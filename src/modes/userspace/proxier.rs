@@ -182,12 +182,12 @@ impl<N: Nftables> Proxier for UserspaceProxier<N> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kernel::nft::fake::FakeNftables;
     use crate::model::{Endpoint, Protocol, ServicePort};
 
-    fn spn(name: &str, p: Protocol) -> ServicePortName {
+    pub(crate) fn spn(name: &str, p: Protocol) -> ServicePortName {
         ServicePortName {
             namespace: "ns".into(),
             name: name.into(),
@@ -195,11 +195,11 @@ mod tests {
             protocol: p,
         }
     }
-    fn ip(s: &str) -> IpAddr {
+    pub(crate) fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
-    fn sample() -> ProxyState {
+    pub(crate) fn sample() -> ProxyState {
         let mut st = ProxyState::default();
         st.node.name = "node1".into();
         let mut web = ServicePort::new(spn("web", Protocol::Tcp), ip("10.96.0.10"), 80);
@@ -218,27 +218,6 @@ mod tests {
         let sctp = ServicePort::new(spn("sctp", Protocol::Sctp), ip("10.96.0.12"), 9);
         st.services.insert(sctp.name.clone(), sctp);
         st
-    }
-
-    #[test]
-    fn listeners_per_scope_follow_the_policies() {
-        let (want, sctp) = plan_listeners(&sample());
-        assert_eq!(sctp, [spn("sctp", Protocol::Sctp)]);
-        let key = |name, p, external| ListenerKey {
-            service: spn(name, p),
-            external,
-            v4: true,
-        };
-        assert_eq!(want[&key("web", Protocol::Tcp, false)].endpoints.len(), 2);
-        assert_eq!(
-            want[&key("web", Protocol::Tcp, true)].endpoints,
-            [SocketAddr::new(ip("10.244.1.2"), 8080)],
-            "externalTrafficPolicy Local"
-        );
-        assert!(want[&key("empty", Protocol::Udp, false)]
-            .endpoints
-            .is_empty());
-        assert!(!want.contains_key(&key("empty", Protocol::Udp, true)));
     }
 
     #[tokio::test]
