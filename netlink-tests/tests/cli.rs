@@ -227,3 +227,71 @@ fn json_logs_are_json() {
     assert_eq!(v["level"], "WARN");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Durations beyond Go's range (±292 years) are rejected as Go rejects them: exit 2 with one
+/// line naming the flag, or the config file field, never a panic.
+#[test]
+fn overflowing_durations_exit_2_naming_the_flag_or_field() {
+    for (flag, value) in [
+        ("--sync-period", "99999999999999999999h"),
+        ("--min-sync-period", "18446744073709551616s"),
+        ("--config-sync-period", "9223372036854775808ns"),
+        ("--ipvs-tcp-timeout", "3000000h"),
+    ] {
+        let out = bin()
+            .args([
+                "--hostname-override",
+                "n",
+                "--manifests",
+                &example(),
+                "--dry-run",
+            ])
+            .args([flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(flag) && err.contains("invalid duration"),
+            "{err}"
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("knp-dur-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (field, yaml) in [
+        (
+            "configSyncPeriod",
+            "configSyncPeriod: 18446744073709551616s\n",
+        ),
+        (
+            "nftables.syncPeriod",
+            "nftables: {syncPeriod: 99999999999999999999h}\n",
+        ),
+        ("ipvs.udpTimeout", "ipvs: {udpTimeout: 3000000h}\n"),
+    ] {
+        let path = dir.join("config.yaml");
+        std::fs::write(
+            &path,
+            format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{yaml}"),
+        )
+        .unwrap();
+        let out = bin()
+            .args([
+                "--hostname-override",
+                "n",
+                "--manifests",
+                &example(),
+                "--dry-run",
+            ])
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{field}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("field {field}")), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+
+pub mod duration;
 use serde_yaml::Value;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
@@ -204,40 +206,13 @@ fn bad(what: &str, why: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Parses a Go-style duration: `30s`, `1m30s`, `500ms`, `1h`.
+/// Parses a duration as Go's `time.ParseDuration` does (`30s`, `1m30s`, `500ms`, `1h`);
+/// overflow and negative values are errors, never a panic.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let n = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("{s:?}: missing unit (use ms, s, m or h)"))?;
-        let (num, tail) = rest.split_at(n);
-        let v: f64 = num.parse().map_err(|_| format!("{s:?}: bad number"))?;
-        let u = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(u);
-        let mult = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(format!("{s:?}: unknown unit {unit:?}")),
-        };
-        total += v * mult;
-        rest = tail;
-    }
-    Ok(Duration::from_secs_f64(total))
+    let ns = duration::parse(s.trim()).map_err(|e| e.to_string())?;
+    u64::try_from(ns)
+        .map(Duration::from_nanos)
+        .map_err(|_| format!("{s:?}: must not be negative"))
 }
 
 fn parse_cidrs(what: &str, s: &str) -> Result<Vec<Cidr>, ConfigError> {
@@ -315,6 +290,17 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
         return Err(bad(&what, "kind is not KubeProxyConfiguration"));
     }
     let field_err = |f: &str| bad(&format!("{what} field {f}"), "wrong type");
+    // A duration field, checked here so that an error names the field, not a flag.
+    let dur_field = |f: &str, v: &Value| -> Result<Option<String>, ConfigError> {
+        match v {
+            Value::Null => Ok(None),
+            v => {
+                let s = as_str(v).ok_or_else(|| field_err(f))?;
+                parse_duration(&s).map_err(|e| bad(&format!("{what} field {f}"), e))?;
+                Ok(Some(s))
+            }
+        }
+    };
     for (k, val) in &m {
         let Some(key) = k.as_str() else { continue };
         match key {
@@ -330,7 +316,7 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
             "clusterCIDR" => fc.cluster_cidr = as_str(val),
             "detectLocalMode" => fc.detect_local_mode = as_str(val),
             "mode" => fc.mode = as_str(val),
-            "configSyncPeriod" => fc.config_sync_period = as_str(val),
+            "configSyncPeriod" => fc.config_sync_period = dur_field(key, val)?,
             "healthzBindAddress" => fc.healthz = as_str(val),
             "metricsBindAddress" => fc.metrics = as_str(val),
             "nodePortAddresses" => match val {
@@ -428,8 +414,8 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                 for (k2, v2) in n {
                     match k2.as_str().unwrap_or("") {
                         "scheduler" => i.scheduler = as_str(v2).filter(|s| !s.is_empty()),
-                        "syncPeriod" => i.sync_period = as_str(v2),
-                        "minSyncPeriod" => i.min_sync_period = as_str(v2),
+                        "syncPeriod" => i.sync_period = dur_field("ipvs.syncPeriod", v2)?,
+                        "minSyncPeriod" => i.min_sync_period = dur_field("ipvs.minSyncPeriod", v2)?,
                         "excludeCIDRs" => match v2 {
                             Value::Sequence(s) => {
                                 i.exclude_cidrs = Some(s.iter().filter_map(as_str).collect())
@@ -438,9 +424,9 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                             _ => return Err(field_err("ipvs.excludeCIDRs")),
                         },
                         "strictARP" => i.strict_arp = v2.as_bool(),
-                        "tcpTimeout" => i.tcp_timeout = as_str(v2),
-                        "tcpFinTimeout" => i.tcp_fin_timeout = as_str(v2),
-                        "udpTimeout" => i.udp_timeout = as_str(v2),
+                        "tcpTimeout" => i.tcp_timeout = dur_field("ipvs.tcpTimeout", v2)?,
+                        "tcpFinTimeout" => i.tcp_fin_timeout = dur_field("ipvs.tcpFinTimeout", v2)?,
+                        "udpTimeout" => i.udp_timeout = dur_field("ipvs.udpTimeout", v2)?,
                         other => fc.warnings.push(format!(
                             "config field ipvs.{other} is not supported; ignored"
                         )),
@@ -457,8 +443,10 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                             fc.masquerade_bit = v2.as_u64().and_then(|b| u8::try_from(b).ok())
                         }
                         "masqueradeAll" => fc.masquerade_all = v2.as_bool(),
-                        "syncPeriod" => fc.sync_period = as_str(v2),
-                        "minSyncPeriod" => fc.min_sync_period = as_str(v2),
+                        "syncPeriod" => fc.sync_period = dur_field("nftables.syncPeriod", v2)?,
+                        "minSyncPeriod" => {
+                            fc.min_sync_period = dur_field("nftables.minSyncPeriod", v2)?
+                        }
                         "tableName" => fc.table = as_str(v2),
                         "localhostNodePorts" => fc.localhost_nodeports = v2.as_bool(),
                         other => fc.warnings.push(format!(
@@ -775,13 +763,10 @@ fn valid_ifname(n: &str) -> bool {
             .any(|c| c == '/' || c.is_whitespace() || c == '\0')
 }
 
-/// A duration as Go prints it, in a form [`parse_duration`] reads back.
+/// A duration as Go prints it (`15m0s`, `250ms`), which [`parse_duration`] and upstream
+/// read back; beyond Go's range (292 years) it saturates.
 pub fn format_duration(d: Duration) -> String {
-    if d.subsec_millis() != 0 {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{}s", d.as_secs())
-    }
+    duration::format(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 impl Config {
