@@ -43,6 +43,10 @@ fn main() -> std::process::ExitCode {
     };
     match rt.block_on(kube_nlproxy::app::run(cfg)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.is_usage() => {
+            eprintln!("kube-nlproxy: {e}");
+            std::process::ExitCode::from(2)
+        }
         Err(e) => {
             let e = anyhow::Error::from(e);
             tracing::error!("{e:#}");

@@ -8,6 +8,7 @@
 //! Pod CIDR 10.244.0.0/16 (fd00:10:244::/48); this node's pods 10.244.1.0/24.
 #![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
+use crate::bounded::{OutputWithin, TEST_LIMIT};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -161,7 +162,7 @@ impl Cluster {
             ])
             .args(args)
             .env("RUST_LOG", "info")
-            .output()
+            .output_within(TEST_LIMIT)
             .expect("spawn kube-nlproxy");
         (
             out.status.success(),
@@ -288,7 +289,11 @@ impl Daemon {
         // SAFETY: signalling a child process we own.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let t0 = Instant::now();
-        let st = self.child.wait().unwrap();
+        let st = crate::bounded::wait_within(
+            &mut self.child,
+            Duration::from_secs(30),
+            "the daemon after SIGTERM",
+        );
         (st, t0.elapsed())
     }
 }

@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod backend;
 pub mod baseline;
+pub mod bounded;
 pub mod cluster;
 pub mod listing;
 pub mod ns;

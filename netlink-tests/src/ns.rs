@@ -2,6 +2,7 @@
 //! inside it, delete it on drop. Test-only: it uses the `ip` binary to manage namespaces.
 #![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
+use crate::bounded::{OutputWithin, TEST_LIMIT};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::process::{Command, Output};
@@ -19,7 +20,7 @@ pub fn sh(cmd: &str) -> String {
     let out = Command::new("sh")
         .arg("-c")
         .arg(cmd)
-        .output()
+        .output_within(TEST_LIMIT)
         .expect("spawn sh");
     if !out.status.success() {
         panic!(
@@ -61,7 +62,7 @@ impl NetNs {
         Command::new("ip")
             .args(["netns", "exec", &self.name, program])
             .args(args)
-            .output()
+            .output_within(TEST_LIMIT)
             .expect("spawn ip netns exec")
     }
 

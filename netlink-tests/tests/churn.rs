@@ -5,6 +5,7 @@
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 #![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
+use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -148,7 +149,7 @@ fn sixty_seconds_of_endpoint_churn_loses_nothing() {
             "node1",
             "--once",
         ])
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),

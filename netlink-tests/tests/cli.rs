@@ -2,6 +2,7 @@
 //! Needs no root.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
+use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
 use std::process::Command;
 
 fn bin() -> Command {
@@ -16,7 +17,7 @@ fn example() -> String {
 fn bad_flag_value_is_one_line_and_exit_code_2() {
     let out = bin()
         .args(["--cluster-cidr", "10.0.0.0/40", "--hostname-override", "n"])
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -26,7 +27,10 @@ fn bad_flag_value_is_one_line_and_exit_code_2() {
 
 #[test]
 fn unknown_flag_exits_2() {
-    let out = bin().arg("--no-such-flag").output().unwrap();
+    let out = bin()
+        .arg("--no-such-flag")
+        .output_within(TEST_LIMIT)
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -37,7 +41,7 @@ fn missing_source_is_explained() {
         .env_remove("KUBECONFIG")
         .env("HOME", "/nonexistent")
         .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -51,7 +55,7 @@ fn missing_source_is_explained() {
 fn bad_master_url_exits_2() {
     let out = bin()
         .args(["--hostname-override", "n", "--master", "nope"])
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--master"));
@@ -70,7 +74,7 @@ fn dry_run_matches_golden_output() {
             "--dry-run",
         ])
         .env("RUST_LOG", "off")
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -111,7 +115,7 @@ fn write_config_to_round_trips_through_config() {
             "--write-config-to",
             a.to_str().unwrap(),
         ])
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -125,7 +129,7 @@ fn write_config_to_round_trips_through_config() {
             "--write-config-to",
             b.to_str().unwrap(),
         ])
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -211,7 +215,7 @@ fn json_logs_are_json() {
             "json",
         ])
         .env_remove("RUST_LOG")
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     assert!(
         out.status.success(),
@@ -247,7 +251,7 @@ fn overflowing_durations_exit_2_naming_the_flag_or_field() {
                 "--dry-run",
             ])
             .args([flag, value])
-            .output()
+            .output_within(TEST_LIMIT)
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
@@ -286,12 +290,50 @@ fn overflowing_durations_exit_2_naming_the_flag_or_field() {
             ])
             .arg("--config")
             .arg(&path)
-            .output()
+            .output_within(TEST_LIMIT)
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{field}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains(&format!("field {field}")), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `--manifests` path that cannot be used is exit 2 with one line, never an empty ruleset:
+/// a typo, a symlink loop, a FIFO (refused without blocking), a device.
+#[test]
+fn unusable_manifest_paths_exit_2_with_one_line() {
+    let dir = std::env::temp_dir().join(format!("knp-mf-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink(dir.join("loop"), dir.join("loop")).unwrap();
+    let fifo = dir.join("fifo.yaml");
+    let st = Command::new("mkfifo")
+        .arg(&fifo)
+        .output_within(TEST_LIMIT)
+        .unwrap();
+    assert!(st.status.success());
+    for (path, says) in [
+        (dir.join("typo.yaml"), "No such file"),
+        (dir.join("loop"), "symbolic links"),
+        (fifo.clone(), "a FIFO"),
+        ("/dev/zero".into(), "character device"),
+    ] {
+        for mode in ["--dry-run", "--once"] {
+            let out = bin()
+                .args(["--hostname-override", "n", mode, "--manifests"])
+                .arg(&path)
+                .output_within(std::time::Duration::from_secs(20))
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{path:?} {mode}: {err}");
+            let last = err.lines().last().unwrap_or("");
+            assert!(
+                last.contains(&*path.to_string_lossy()) && last.contains(says),
+                "{path:?}: {err}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

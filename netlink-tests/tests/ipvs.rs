@@ -60,6 +60,7 @@ mod guest {
         tally, tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe,
         OpenConn, Reply,
     };
+    use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
     use netlink_tests::cluster::{
         sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
     };
@@ -458,7 +459,7 @@ mod guest {
                 .arg(&trace)
                 .arg(&bin)
                 .args(*args)
-                .output()
+                .output_within(TEST_LIMIT)
                 .unwrap();
             assert!(
                 st.status.success(),

@@ -3,6 +3,7 @@
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 #![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
+use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
 use std::process::Command;
 use std::time::Duration;
 
@@ -58,7 +59,12 @@ fn binary_execs_nothing() {
     ];
     for (i, args) in runs.iter().enumerate() {
         let trace = dir.join(format!("trace{i}"));
-        let st = traced(&ns, &trace).arg(&bin).args(*args).status().unwrap();
+        let st = traced(&ns, &trace)
+            .arg(&bin)
+            .args(*args)
+            .output_within(TEST_LIMIT)
+            .unwrap()
+            .status;
         assert!(st.success(), "{args:?}");
         let e = execs(&trace);
         assert_eq!(e.len(), 1, "only strace's own exec of the binary: {e:?}");
@@ -139,7 +145,7 @@ fn runs_with_only_cap_net_admin() {
         ])
         .args(["--config", cfg.to_str().unwrap()])
         .env("RUST_LOG", "info")
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     let _ = std::fs::remove_file(&cfg);
     let err = String::from_utf8_lossy(&out.stderr);

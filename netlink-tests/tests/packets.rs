@@ -692,3 +692,32 @@ fn localhost_node_ports_work_with_the_option_and_not_without() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(conn.echo("still").unwrap(), "still");
 }
+
+/// The single manifest file disappears (an editor's unlink-and-create, a ConfigMap volume
+/// swap): the daemon keeps the last good state with a warning, and picks the file up again
+/// when it returns.
+#[test]
+fn a_vanished_manifest_keeps_the_last_good_state() {
+    let c = web_cluster();
+    let y = web_yaml("");
+    let d = c.start_daemon(&y, &[]);
+    d.wait_for_log("synced", 1);
+    let path = c.write_manifests(&y);
+    std::fs::remove_file(&path).unwrap();
+    d.wait_for_log("keeping the last good state", 1);
+    // Several poll periods later the Service still answers.
+    std::thread::sleep(Duration::from_millis(800));
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 80));
+    assert!(
+        matches!(r, Reply::Answered { .. }),
+        "{r:?}\n{}",
+        d.log_text()
+    );
+    assert!(c.ruleset("ip").contains("10.96.0.10"));
+    // It comes back without the remote endpoint: that change applies.
+    let back = scenario::web_yaml_with("", &[LOCAL_EP], true);
+    c.write_manifests(&back);
+    c.wait_ruleset("ip", "the remote endpoint removed", |r| {
+        !r.contains("10.244.2.2")
+    });
+}

@@ -29,15 +29,14 @@ use crate::source::manifest::{self, ManifestCache};
 
 use hooks::Hooks;
 
-/// A failure that ends the daemon (exit 1; flag and configuration errors are found before
-/// [`run`] and exit 2).
+/// A failure that ends the daemon: exit 1, except [`AppError::is_usage`] (exit 2, as flag
+/// and configuration errors found before [`run`]).
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("cannot read manifests at {path}: {error}")]
-    Manifests {
-        path: PathBuf,
-        error: std::io::Error,
-    },
+    /// The manifests cannot be read at start: a usage error (exit 2), since running would
+    /// program an empty cluster.
+    #[error(transparent)]
+    Manifests(#[from] manifest::ManifestError),
     #[error("cannot open the nftables netlink socket: {0}")]
     Netlink(crate::kernel::nft::Error),
     #[error(transparent)]
@@ -50,6 +49,13 @@ pub enum AppError {
     SourceEnded,
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
+}
+
+impl AppError {
+    /// The command line points at something unusable (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, AppError::Manifests(_))
+    }
 }
 
 /// The API client: `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,
@@ -79,12 +85,7 @@ async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
 }
 
 fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
-    let (snap, mut warnings) = cache
-        .load(path, node)
-        .map_err(|error| AppError::Manifests {
-            path: path.to_path_buf(),
-            error,
-        })?;
+    let (snap, mut warnings) = cache.load(path, node)?;
     let (state, w2) = build_state(&snap, node);
     warnings.extend(w2);
     for w in warnings {
@@ -427,7 +428,7 @@ async fn watch_manifests(
                 tracing::info!(path = %path.display(), "manifests changed");
                 let _ = tx.send(Some(Arc::new(s)));
             }
-            Err(e) => tracing::error!("{e}; keeping the last good state"),
+            Err(e) => tracing::warn!("{e}; keeping the last good state"),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! The manifest source: a YAML file or a directory of them (multi-document, `kind: List`
 //! accepted), holding v1 Services, discovery.k8s.io/v1 EndpointSlices and v1 Nodes. A
-//! document that does not parse, or is of another kind, is reported with its file and line
-//! and skipped. Parsing is pure; [`load`] and [`fingerprint`] read the file system.
+//! document that does not parse, is not UTF-8, or is of another kind, is reported with its
+//! file and line and skipped. A path that is missing or unreadable, or a file that is not a
+//! regular file or exceeds [`MAX_FILE_BYTES`], is a [`ManifestError`]: never read as an
+//! empty cluster. Parsing is pure; [`ManifestCache::load`] and [`fingerprint`] read the
+//! file system.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -12,28 +15,86 @@ use serde_yaml::Value;
 
 use super::Snapshot;
 
-/// Splits a YAML stream into documents with the (1-based) line each starts at.
-fn split_documents(text: &str) -> Vec<(usize, String)> {
+/// The largest manifest file read: 256 MiB holds about 160k Services with 10 endpoints
+/// each in the shape real EndpointSlices have (15.5 MB per 10k); anything larger is refused
+/// with a message rather than read without bound.
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// Why a manifest path could not be read. The caller keeps the last good state.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifests {path}: {error}")]
+    Unreadable {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("manifests {path}: not a regular file or directory ({kind}); refused")]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error("manifests {path}: {size} bytes is more than the {limit}-byte limit; refused")]
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
+}
+
+impl ManifestError {
+    fn unreadable(path: &Path, error: std::io::Error) -> Self {
+        ManifestError::Unreadable {
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}
+
+/// Splits a YAML stream into documents with the (1-based) line each starts at. Works on
+/// bytes: a document that is not UTF-8 comes back as an error naming its first bad line,
+/// and the other documents still parse.
+fn split_documents(bytes: &[u8]) -> Vec<(usize, Result<String, String>)> {
+    fn finish(
+        docs: &mut Vec<(usize, Result<String, String>)>,
+        start: usize,
+        cur: &mut Vec<u8>,
+        bad_line: &mut Option<usize>,
+    ) {
+        let doc = std::mem::take(cur);
+        let res = match bad_line.take() {
+            Some(l) => Err(format!("line {l} is not valid UTF-8")),
+            None => String::from_utf8(doc).map_err(|_| "not valid UTF-8".to_string()),
+        };
+        docs.push((start, res));
+    }
     let mut docs = Vec::new();
-    let mut cur = String::new();
+    let mut cur: Vec<u8> = Vec::new();
     let mut start = 1;
-    for (i, line) in text.lines().enumerate() {
-        if line.starts_with("---") && (line.len() == 3 || line[3..].starts_with([' ', '\t'])) {
-            docs.push((start, std::mem::take(&mut cur)));
+    let mut bad_line: Option<usize> = None;
+    let mut lines = bytes.split(|b| *b == b'\n').enumerate().peekable();
+    while let Some((i, line)) = lines.next() {
+        if lines.peek().is_none() && line.is_empty() {
+            break; // what follows the final newline
+        }
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.starts_with(b"---") && (line.len() == 3 || matches!(line[3], b' ' | b'\t')) {
+            finish(&mut docs, start, &mut cur, &mut bad_line);
             start = i + 2;
             continue;
         }
-        if line.starts_with("...") && line.trim_end() == "..." {
+        if line.starts_with(b"...") && line.trim_ascii_end() == b"..." {
             continue;
         }
-        cur.push_str(line);
-        cur.push('\n');
+        if bad_line.is_none() && std::str::from_utf8(line).is_err() {
+            bad_line = Some(i + 1);
+        }
+        cur.extend_from_slice(line);
+        cur.push(b'\n');
     }
-    docs.push((start, cur));
+    finish(&mut docs, start, &mut cur, &mut bad_line);
     docs.into_iter()
-        .filter(|(_, d)| {
-            d.lines()
-                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .filter(|(_, d)| match d {
+            Ok(d) => d
+                .lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')),
+            Err(_) => true,
         })
         .collect()
 }
@@ -95,8 +156,27 @@ pub fn parse_manifest(
     snap: &mut Snapshot,
     warnings: &mut Vec<String>,
 ) {
-    for (line, doc) in split_documents(text) {
+    parse_manifest_bytes(text.as_bytes(), file, node_name, snap, warnings)
+}
+
+/// [`parse_manifest`] of a file's bytes: a document with invalid UTF-8 is skipped with a
+/// warning naming its position; the rest still apply. Pure.
+pub fn parse_manifest_bytes(
+    bytes: &[u8],
+    file: &str,
+    node_name: &str,
+    snap: &mut Snapshot,
+    warnings: &mut Vec<String>,
+) {
+    for (line, doc) in split_documents(bytes) {
         let whence = format!("{file}:{line}");
+        let doc = match doc {
+            Ok(d) => d,
+            Err(why) => {
+                warnings.push(format!("{whence}: document {why}; skipped"));
+                continue;
+            }
+        };
         match serde_yaml::from_str::<Value>(&doc) {
             Ok(Value::Null) => {}
             Ok(v @ Value::Mapping(_)) => add_object(v, &whence, node_name, snap, warnings),
@@ -112,28 +192,87 @@ pub fn parse_manifest(
     }
 }
 
-fn manifest_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
-    if path.is_dir() {
-        let mut v: Vec<PathBuf> = std::fs::read_dir(path)?
+fn kind_of(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// The manifest files under `path`: the file itself, or a directory's `*.yaml`, `*.yml` and
+/// `*.json` entries (sorted). Errors when `path` cannot be read or is neither.
+fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    let meta = std::fs::metadata(path).map_err(|e| ManifestError::unreadable(path, e))?;
+    if meta.is_dir() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| ManifestError::unreadable(path, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
-                p.is_file()
-                    && matches!(
-                        p.extension().and_then(|e| e.to_str()),
-                        Some("yaml" | "yml" | "json")
-                    )
+                matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
             })
             .collect();
         v.sort();
         Ok(v)
-    } else {
+    } else if meta.is_file() {
         Ok(vec![path.to_path_buf()])
+    } else {
+        Err(ManifestError::NotRegular {
+            path: path.to_path_buf(),
+            kind: kind_of(meta.file_type()),
+        })
     }
 }
 
-/// Reads every manifest under `path`. An unreadable file is a warning; a missing path is an
-/// error.
-pub fn load(path: &Path, node_name: &str) -> std::io::Result<(Snapshot, Vec<String>)> {
+/// Reads one manifest file: only a regular file (opened without blocking, so a FIFO put in
+/// its place cannot hang the reader), at most [`MAX_FILE_BYTES`].
+fn read_file(f: &Path) -> Result<Vec<u8>, ManifestError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(f)
+        .map_err(|e| ManifestError::unreadable(f, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| ManifestError::unreadable(f, e))?;
+    if !meta.is_file() {
+        return Err(ManifestError::NotRegular {
+            path: f.to_path_buf(),
+            kind: kind_of(meta.file_type()),
+        });
+    }
+    let too_large = |size| ManifestError::TooLarge {
+        path: f.to_path_buf(),
+        size,
+        limit: MAX_FILE_BYTES,
+    };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| ManifestError::unreadable(f, e))?;
+    if buf.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(buf.len() as u64));
+    }
+    Ok(buf)
+}
+
+/// Reads every manifest under `path` (see [`ManifestCache::load`]).
+pub fn load(path: &Path, node_name: &str) -> Result<(Snapshot, Vec<String>), ManifestError> {
     ManifestCache::new().load(path, node_name)
 }
 
@@ -156,26 +295,32 @@ impl ManifestCache {
         Self::default()
     }
 
-    /// Like [`load`], reusing what did not change since the last call.
+    /// Every manifest under `path`, reusing what did not change since the last call.
+    ///
+    /// A single file that is missing, unreadable, not a regular file or too large is an
+    /// error (the caller keeps its last good state). In a directory, a removed file removes
+    /// exactly its objects; a file that cannot be read is a warning and keeps what it last
+    /// held.
     pub fn load(
         &mut self,
         path: &Path,
         node_name: &str,
-    ) -> std::io::Result<(Snapshot, Vec<String>)> {
+    ) -> Result<(Snapshot, Vec<String>), ManifestError> {
+        let single = !std::fs::metadata(path).is_ok_and(|m| m.is_dir());
         let files = manifest_files(path)?;
         let mut keep = std::collections::BTreeSet::new();
+        let mut problems = Vec::new();
         for f in files {
             let key = match std::fs::metadata(&f) {
                 Ok(m) => file_key(&m),
+                // Gone between listing and reading: removed, like a file not listed.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !single => continue,
                 Err(e) => {
-                    self.files.insert(
-                        f.clone(),
-                        (
-                            (0, None, 0),
-                            Snapshot::default(),
-                            vec![format!("{}: {e}; skipped", f.display())],
-                        ),
-                    );
+                    let err = ManifestError::unreadable(&f, e);
+                    if single {
+                        return Err(err);
+                    }
+                    problems.push(format!("{err}; keeping what it held"));
                     keep.insert(f);
                     continue;
                 }
@@ -188,23 +333,28 @@ impl ManifestCache {
             {
                 continue;
             }
+            let bytes = match read_file(&f) {
+                Ok(b) => b,
+                Err(err) if single => return Err(err),
+                Err(err) => {
+                    problems.push(format!("{err}; keeping what it held"));
+                    continue;
+                }
+            };
             let mut snap = Snapshot::default();
             let mut warnings = Vec::new();
-            match std::fs::read_to_string(&f) {
-                Ok(text) => parse_manifest(
-                    &text,
-                    &f.display().to_string(),
-                    node_name,
-                    &mut snap,
-                    &mut warnings,
-                ),
-                Err(e) => warnings.push(format!("{}: {e}; skipped", f.display())),
-            }
+            parse_manifest_bytes(
+                &bytes,
+                &f.display().to_string(),
+                node_name,
+                &mut snap,
+                &mut warnings,
+            );
             self.files.insert(f, (key, snap, warnings));
         }
         self.files.retain(|f, _| keep.contains(f));
         let mut out = Snapshot::default();
-        let mut warnings = Vec::new();
+        let mut warnings = problems;
         for (_, s, w) in self.files.values() {
             out.services.extend(s.services.iter().cloned());
             out.endpoint_slices
@@ -339,5 +489,112 @@ metadata: {name: node2}
         parse_manifest(text, "l.yaml", "n", &mut s, &mut w);
         assert_eq!(s.services.len(), 1);
         assert!(w.is_empty());
+    }
+
+    fn tempdir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nlp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn mkfifo(p: &Path) {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path and a mode.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+        assert_eq!(rc, 0, "mkfifo {}", p.display());
+    }
+
+    #[test]
+    fn a_missing_or_looping_path_is_an_error_not_an_empty_cluster() {
+        let d = tempdir("missing");
+        let err = load(&d.join("nope.yaml"), "n").unwrap_err();
+        assert!(matches!(err, ManifestError::Unreadable { .. }), "{err}");
+        assert!(err.to_string().contains("nope.yaml"), "{err}");
+        std::os::unix::fs::symlink(d.join("loop"), d.join("loop")).unwrap();
+        assert!(load(&d.join("loop"), "n").is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn fifos_and_devices_are_refused_without_reading() {
+        let d = tempdir("fifo");
+        let fifo = d.join("m.yaml");
+        mkfifo(&fifo);
+        let t0 = std::time::Instant::now();
+        let err = load(&fifo, "n").unwrap_err();
+        assert!(err.to_string().contains("a FIFO"), "{err}");
+        let err = load(Path::new("/dev/zero"), "n").unwrap_err();
+        assert!(err.to_string().contains("character device"), "{err}");
+        // In a directory the FIFO is a warning; the other files still load.
+        std::fs::write(d.join("a.yaml"), GOOD).unwrap();
+        let (s, w) = load(&d, "node1").unwrap();
+        assert_eq!(s.services.len(), 1);
+        assert!(w.iter().any(|w| w.contains("a FIFO")), "{w:?}");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "never blocks"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn files_over_the_limit_are_refused_with_the_limit_named() {
+        let d = tempdir("large");
+        let f = d.join("big.yaml");
+        std::fs::File::create(&f)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let err = load(&f, "n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("{MAX_FILE_BYTES}-byte limit")),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_file_turned_unreadable_in_a_directory_keeps_what_it_held() {
+        let d = tempdir("keep");
+        std::fs::write(d.join("a.yaml"), GOOD).unwrap();
+        let mut c = ManifestCache::new();
+        assert_eq!(c.load(&d, "node1").unwrap().0.services.len(), 1);
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        mkfifo(&d.join("a.yaml"));
+        let (s, w) = c.load(&d, "node1").unwrap();
+        assert_eq!(s.services.len(), 1, "last good content of a.yaml kept");
+        assert!(
+            w.iter().any(|w| w.contains("keeping what it held")),
+            "{w:?}"
+        );
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        assert!(
+            c.load(&d, "node1").unwrap().0.services.is_empty(),
+            "removed: gone"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn invalid_utf8_skips_only_its_document() {
+        let mut bytes = GOOD.as_bytes().to_vec();
+        bytes.extend_from_slice(b"---\napiVersion: v1\nkind: Service\nmetadata: {name: bad\xff}\n");
+        bytes.extend_from_slice(b"---\r\napiVersion: v1\r\nkind: Service\r\nmetadata: {name: crlf}\r\nspec: {clusterIP: 10.0.0.9}\r\n");
+        let (mut s, mut w) = (Snapshot::default(), Vec::new());
+        parse_manifest_bytes(&bytes, "u.yaml", "node1", &mut s, &mut w);
+        let names: Vec<_> = s
+            .services
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect();
+        assert_eq!(names, ["svc1", "crlf"], "{w:?}");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("u.yaml:29:") && w[0].contains("line 31 is not valid UTF-8"),
+            "{w:?}"
+        );
     }
 }

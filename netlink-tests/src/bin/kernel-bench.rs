@@ -9,6 +9,7 @@
 #![allow(clippy::disallowed_methods)] // the baselines are external tools by design
 #![allow(unsafe_code)] // kill(2), setns(2), geteuid(2) and socket calls on test processes
 
+use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -59,7 +60,7 @@ fn timed(ns: &NetNs, cmd: &[&str], input: &str) -> Duration {
         .args(["netns", "exec", &ns.name])
         .args(cmd)
         .stdin(std::fs::File::open(&path).unwrap())
-        .output()
+        .output_within(TEST_LIMIT)
         .unwrap();
     let d = t0.elapsed();
     let _ = std::fs::remove_file(&path);
