@@ -74,6 +74,25 @@ pub fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus
     }
 }
 
+/// [`Child::wait_with_output`] within `limit`; on timeout the child is killed (SIGKILL) and
+/// this panics naming `what`.
+pub fn wait_with_output_within(child: Child, limit: Duration, what: &str) -> Output {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
+        Err(_) => {
+            // SAFETY: signalling our own child, which has not been reaped (its waiter is
+            // still blocked).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{what} did not finish within {limit:?}; killed");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

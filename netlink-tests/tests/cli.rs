@@ -187,7 +187,11 @@ fn config_file_edit_makes_the_daemon_exit_and_oom_score_is_set() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     std::fs::write(&cfg, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 501\n").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = netlink_tests::bounded::wait_with_output_within(
+        child,
+        std::time::Duration::from_secs(30),
+        "the daemon after its config file changed",
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("configuration file changed"), "{err}");
@@ -334,6 +338,99 @@ fn unusable_manifest_paths_exit_2_with_one_line() {
                 "{path:?}: {err}"
             );
         }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGTERM while the daemon is still starting (here: parsing 4,000 Services) ends it
+/// cleanly with exit 0, not by the signal; a config file edited meanwhile is noticed.
+#[test]
+fn sigterm_and_config_edits_during_start_up_are_honoured() {
+    netlink_tests::ns::require_root();
+    let ns = netlink_tests::ns::NetNs::new("sigstart");
+    let dir = std::env::temp_dir().join(format!("nlp-ss-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut y = String::new();
+    for i in 0..4000 {
+        y += &format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: bulk}}\nspec:\n  clusterIP: 10.96.{}.{}\n  ports: [{{name: p, port: 80, protocol: TCP}}]\n",
+            i / 250,
+            i % 250 + 1
+        );
+    }
+    let manifests = dir.join("big.yaml");
+    std::fs::write(&manifests, y).unwrap();
+    // A config edit made while it starts is noticed too: exit 1 asking for a restart.
+    let cfg = dir.join("kp.yaml");
+    std::fs::write(
+        &cfg,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n",
+    )
+    .unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(netlink_tests::cluster::proxy_bin())
+        .args(["--hostname-override", "node1", "--manifests"])
+        .arg(&manifests)
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    std::fs::write(
+        &cfg,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 7\n",
+    )
+    .unwrap();
+    let out = netlink_tests::bounded::wait_with_output_within(
+        child,
+        std::time::Duration::from_secs(20),
+        "the daemon after a config edit during start-up",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("configuration file changed"), "{err}");
+    for delay_ms in [50u64, 150, 400] {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(netlink_tests::cluster::proxy_bin())
+            .args(["--hostname-override", "node1", "--manifests"])
+            .arg(&manifests)
+            .args([
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // `ip netns exec` execs the proxy in place: the child's pid is the daemon's.
+        #[allow(unsafe_code)]
+        // SAFETY: signalling our own child.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM)
+        };
+        let out = netlink_tests::bounded::wait_with_output_within(
+            child,
+            std::time::Duration::from_secs(20),
+            "the daemon after SIGTERM during start-up",
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "SIGTERM {delay_ms} ms after start: {:?}\n{err}",
+            out.status
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

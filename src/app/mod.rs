@@ -105,6 +105,7 @@ fn options(cfg: &Config) -> Options {
 
 /// Runs the proxy as configured.
 pub async fn run(cfg: Config) -> Result<(), AppError> {
+    let shutdown = Shutdown::install();
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
@@ -148,7 +149,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             r = rx.changed() => if r.is_err() {
                 return Err(AppError::SourceEnded);
             },
-            _ = shutdown_signal() => return Ok(()),
+            _ = shutdown.clone().signalled() => return Ok(()),
         }
     };
     if cfg.dry_run {
@@ -206,7 +207,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         nft_port,
         link,
     };
-    let res = drive(&cfg, proxier, rx, state, watch, warnings).await;
+    let res = drive(&cfg, proxier, rx, state, watch, warnings, shutdown).await;
     watcher.abort();
     res
 }
@@ -319,6 +320,7 @@ async fn drive<P: Proxier>(
     state: Arc<ProxyState>,
     w: Watch,
     warnings: Option<tokio::sync::mpsc::UnboundedSender<kube_source::Warning>>,
+    shutdown: Shutdown,
 ) -> Result<(), AppError> {
     let Watch {
         tamper,
@@ -391,11 +393,15 @@ async fn drive<P: Proxier>(
     }
     let config_changed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop = {
-        let (flag, path) = (config_changed.clone(), cfg.config_path.clone());
+        let (flag, path, loaded) = (
+            config_changed.clone(),
+            cfg.config_path.clone(),
+            cfg.config_bytes.clone(),
+        );
         async move {
             tokio::select! {
-                _ = shutdown_signal() => {}
-                _ = watch_config_file(path) => flag.store(true, std::sync::atomic::Ordering::SeqCst),
+                _ = shutdown.signalled() => {}
+                _ = watch_config_file(path, loaded) => flag.store(true, std::sync::atomic::Ordering::SeqCst),
             }
         }
     };
@@ -433,19 +439,19 @@ async fn watch_manifests(
     }
 }
 
-/// Resolves when the `--config` file changes (never without one).
-async fn watch_config_file(path: Option<PathBuf>) {
+/// Resolves when the `--config` file no longer holds the bytes the configuration was
+/// loaded from (never without one). Comparing against those bytes, not a later read, catches
+/// an edit made while the daemon was starting.
+async fn watch_config_file(path: Option<PathBuf>, loaded: Option<Vec<u8>>) {
     let Some(path) = path else {
         return std::future::pending().await;
     };
-    let read = || std::fs::read(&path).ok();
-    let original = read();
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if read() != original {
+        if std::fs::read(&path).ok() != loaded {
             tracing::error!(path = %path.display(), "the configuration file changed");
             return;
         }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -457,17 +463,38 @@ fn set_oom_score_adj(v: i32) {
     }
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!("cannot listen for SIGTERM: {e}");
-            return std::future::pending().await;
+/// SIGTERM or SIGINT, listened for from the first moment of [`run`]: a signal during
+/// start-up (listing, opening sockets, the first sync) is kept and ends the daemon cleanly
+/// as soon as start-up reaches a wait, instead of killing it with the rules half-written.
+#[derive(Clone)]
+struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Installs the handlers now (tokio registers them when the streams are created).
+    fn install() -> Shutdown {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (tx, rx) = watch::channel(false);
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = term.recv() => tracing::info!("SIGTERM received"),
+                        _ = int.recv() => tracing::info!("SIGINT received"),
+                    }
+                    let _ = tx.send(true);
+                });
+            }
+            (Err(e), _) | (_, Err(e)) => tracing::error!("cannot listen for SIGTERM/SIGINT: {e}"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => {},
-        _ = tokio::signal::ctrl_c() => {},
+        Shutdown(rx)
+    }
+
+    /// Resolves once a signal arrived (at once if it already had).
+    async fn signalled(mut self) {
+        if self.0.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }

@@ -181,6 +181,9 @@ pub struct Config {
     /// The `--config` file, watched: when it changes the daemon exits so that it is
     /// restarted with the new file (kube-proxy's behaviour).
     pub config_path: Option<PathBuf>,
+    /// The bytes the configuration was read from: the file watcher compares against them,
+    /// so an edit made at any time after loading is noticed.
+    pub config_bytes: Option<Vec<u8>>,
     /// Default log filter (`info`, `debug`, `trace`).
     pub log_level: &'static str,
     /// Settings from the file that were not understood, to be logged.
@@ -278,6 +281,9 @@ fn as_str(v: &Value) -> Option<String> {
     }
 }
 
+/// The one KubeProxyConfiguration version read (and written).
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+
 fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
     let what = format!("config file {path}");
     let v: Value = serde_yaml::from_str(text).map_err(|e| bad(&what, e.to_string()))?;
@@ -289,7 +295,31 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
     if kind.as_deref() != Some("KubeProxyConfiguration") {
         return Err(bad(&what, "kind is not KubeProxyConfiguration"));
     }
+    // Upstream decodes strictly by group/version: a missing or other apiVersion is an error.
+    match m.get("apiVersion").and_then(as_str).as_deref() {
+        Some(API_VERSION) => {}
+        None => {
+            return Err(bad(
+                &format!("{what} field apiVersion"),
+                format!("missing (use {API_VERSION})"),
+            ))
+        }
+        Some(other) => {
+            return Err(bad(
+                &format!("{what} field apiVersion"),
+                format!("{other:?} is not supported (use {API_VERSION})"),
+            ))
+        }
+    }
     let field_err = |f: &str| bad(&format!("{what} field {f}"), "wrong type");
+    // A boolean field: `true` or `false`, nothing else (upstream's decoder rejects the rest).
+    let bool_field = |f: &str, v: &Value| -> Result<Option<bool>, ConfigError> {
+        match v {
+            Value::Null => Ok(None),
+            Value::Bool(b) => Ok(Some(*b)),
+            _ => Err(bad(&format!("{what} field {f}"), "not true or false")),
+        }
+    };
     // A duration field, checked here so that an error names the field, not a flag.
     let dur_field = |f: &str, v: &Value| -> Result<Option<String>, ConfigError> {
         match v {
@@ -397,7 +427,10 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                         "min" => c.min = int(v2)?,
                         "tcpEstablishedTimeout" => c.tcp_established_timeout = dur(v2)?,
                         "tcpCloseWaitTimeout" => c.tcp_close_wait_timeout = dur(v2)?,
-                        "tcpBeLiberal" => c.tcp_be_liberal = v2.as_bool().unwrap_or(false),
+                        "tcpBeLiberal" => {
+                            c.tcp_be_liberal =
+                                bool_field("conntrack.tcpBeLiberal", v2)?.unwrap_or(false)
+                        }
                         "udpTimeout" => c.udp_timeout = dur(v2)?,
                         "udpStreamTimeout" => c.udp_stream_timeout = dur(v2)?,
                         other => fc.warnings.push(format!(
@@ -423,7 +456,7 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                             Value::Null => {}
                             _ => return Err(field_err("ipvs.excludeCIDRs")),
                         },
-                        "strictARP" => i.strict_arp = v2.as_bool(),
+                        "strictARP" => i.strict_arp = bool_field("ipvs.strictARP", v2)?,
                         "tcpTimeout" => i.tcp_timeout = dur_field("ipvs.tcpTimeout", v2)?,
                         "tcpFinTimeout" => i.tcp_fin_timeout = dur_field("ipvs.tcpFinTimeout", v2)?,
                         "udpTimeout" => i.udp_timeout = dur_field("ipvs.udpTimeout", v2)?,
@@ -440,15 +473,32 @@ fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
                 for (k2, v2) in n {
                     match k2.as_str().unwrap_or("") {
                         "masqueradeBit" => {
-                            fc.masquerade_bit = v2.as_u64().and_then(|b| u8::try_from(b).ok())
+                            fc.masquerade_bit = match v2 {
+                                Value::Null => None,
+                                v => Some(
+                                    v.as_u64()
+                                        .and_then(|b| u8::try_from(b).ok())
+                                        .filter(|b| *b <= 31)
+                                        .ok_or_else(|| {
+                                            bad(
+                                                &format!("{what} field nftables.masqueradeBit"),
+                                                "must be an integer from 0 to 31",
+                                            )
+                                        })?,
+                                ),
+                            }
                         }
-                        "masqueradeAll" => fc.masquerade_all = v2.as_bool(),
+                        "masqueradeAll" => {
+                            fc.masquerade_all = bool_field("nftables.masqueradeAll", v2)?
+                        }
                         "syncPeriod" => fc.sync_period = dur_field("nftables.syncPeriod", v2)?,
                         "minSyncPeriod" => {
                             fc.min_sync_period = dur_field("nftables.minSyncPeriod", v2)?
                         }
                         "tableName" => fc.table = as_str(v2),
-                        "localhostNodePorts" => fc.localhost_nodeports = v2.as_bool(),
+                        "localhostNodePorts" => {
+                            fc.localhost_nodeports = bool_field("nftables.localhostNodePorts", v2)?
+                        }
                         other => fc.warnings.push(format!(
                             "config field nftables.{other} is not supported; ignored"
                         )),
@@ -472,10 +522,18 @@ fn hostname() -> String {
 impl Config {
     /// Merges flags over the config file (if any) and validates everything.
     pub fn from_flags(f: Flags) -> Result<Config, ConfigError> {
+        let mut config_bytes = None;
         let fc = match &f.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
+                let bytes = std::fs::read(p)
                     .map_err(|e| bad("--config", format!("{}: {e}", p.display())))?;
+                let text = String::from_utf8(bytes.clone()).map_err(|e| {
+                    bad(
+                        &format!("config file {}", p.display()),
+                        format!("not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
+                    )
+                })?;
+                config_bytes = Some(bytes);
                 parse_file(&text, &p.display().to_string())?
             }
             None => FileConfig::default(),
@@ -674,6 +732,7 @@ impl Config {
             oom_score_adj,
             write_config_to: f.write_config_to.clone(),
             config_path: f.config.clone(),
+            config_bytes,
             manifests: f.manifests,
             kubeconfig: f.kubeconfig.clone().or(fc.kubeconfig.map(PathBuf::from)),
             master,
@@ -1103,5 +1162,58 @@ mod tests {
         assert_eq!(c.conntrack.udp_timeout, Some(Duration::from_secs(30)));
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].contains("featureGates"));
+    }
+
+    #[test]
+    fn wrong_types_and_ranges_in_the_file_name_the_field() {
+        let hdr = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+        for (body, field) in [
+            ("nftables: {masqueradeBit: abc}", "nftables.masqueradeBit"),
+            ("nftables: {masqueradeBit: -1}", "nftables.masqueradeBit"),
+            ("nftables: {masqueradeBit: 300}", "nftables.masqueradeBit"),
+            ("nftables: {masqueradeBit: 32}", "nftables.masqueradeBit"),
+            (
+                "nftables: {masqueradeAll: yes-please}",
+                "nftables.masqueradeAll",
+            ),
+            (
+                "nftables: {localhostNodePorts: 1}",
+                "nftables.localhostNodePorts",
+            ),
+            ("ipvs: {strictARP: maybe}", "ipvs.strictARP"),
+            (
+                "conntrack: {tcpBeLiberal: \"true\"}",
+                "conntrack.tcpBeLiberal",
+            ),
+        ] {
+            let e = parse_file(&format!("{hdr}{body}\n"), "kp.yaml").unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("field {field}")),
+                "{body}: {e}"
+            );
+        }
+        let ok = parse_file(
+            &format!("{hdr}nftables: {{masqueradeBit: 31}}\n"),
+            "kp.yaml",
+        );
+        assert_eq!(ok.unwrap().masquerade_bit, Some(31));
+    }
+
+    #[test]
+    fn api_version_must_be_v1alpha1() {
+        for (text, says) in [
+            ("kind: KubeProxyConfiguration\n", "missing"),
+            (
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n",
+                "v1alpha2\" is not supported",
+            ),
+            (
+                "apiVersion: v1\nkind: KubeProxyConfiguration\n",
+                "is not supported",
+            ),
+        ] {
+            let e = parse_file(text, "kp.yaml").unwrap_err().to_string();
+            assert!(e.contains("field apiVersion") && e.contains(says), "{e}");
+        }
     }
 }
