@@ -286,6 +286,15 @@ pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
 
 fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
     let what = format!("config file {path}");
+    if let Err(line) = crate::source::yaml::check_depth(text) {
+        return Err(bad(
+            &what,
+            format!(
+                "line {line}: nests deeper than {} levels",
+                crate::source::yaml::MAX_DEPTH
+            ),
+        ));
+    }
     let v: Value = serde_yaml::from_str(text).map_err(|e| bad(&what, e.to_string()))?;
     let Value::Mapping(m) = v else {
         return Err(bad(&what, "not a mapping"));

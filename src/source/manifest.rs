@@ -177,6 +177,14 @@ pub fn parse_manifest_bytes(
                 continue;
             }
         };
+        if let Err(at) = super::yaml::check_depth(&doc) {
+            warnings.push(format!(
+                "{file}:{}: document nests deeper than {} levels; skipped",
+                line + at - 1,
+                super::yaml::MAX_DEPTH
+            ));
+            continue;
+        }
         match serde_yaml::from_str::<Value>(&doc) {
             Ok(Value::Null) => {}
             Ok(v @ Value::Mapping(_)) => add_object(v, &whence, node_name, snap, warnings),
@@ -594,6 +602,26 @@ metadata: {name: node2}
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
             w[0].starts_with("u.yaml:29:") && w[0].contains("line 31 is not valid UTF-8"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn deeply_nested_documents_are_skipped_quickly_and_the_rest_applies() {
+        let deep = "{a: ".repeat(50_000) + &"}".repeat(50_000);
+        let text = format!("{GOOD}---\n{deep}\n");
+        let t0 = std::time::Instant::now();
+        let (mut s, mut w) = (Snapshot::default(), Vec::new());
+        parse_manifest(&text, "d.yaml", "node1", &mut s, &mut w);
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(s.services.len(), 1);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("d.yaml:29:") && w[0].contains("deeper than 128"),
             "{w:?}"
         );
     }

@@ -5,5 +5,6 @@ pub mod kube;
 pub mod manifest;
 #[cfg(test)]
 mod proptests;
+pub mod yaml;
 
 pub use crate::model::convert::Snapshot;
