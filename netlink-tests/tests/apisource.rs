@@ -164,3 +164,34 @@ fn config_sync_period_republishes_the_watched_state() {
         "{last}"
     );
 }
+
+/// One Service with a field of the wrong type (`port: "eighty"`, as a newer API server's
+/// schema could send) is skipped with a warning naming it; every other object applies, at
+/// start-up and on later watch events, and the client does not dump response bodies.
+#[test]
+fn an_undecodable_object_is_skipped_and_the_rest_programmed() {
+    let (c, api) = setup();
+    let mut bad = obj::service("default", "broken", "10.96.0.30", 80);
+    bad["spec"]["ports"][0]["port"] = "eighty".into();
+    api.apply(bad.clone());
+    let d = start(&c, &api);
+    wait("the good Service", Duration::from_secs(20), || {
+        !answered(&c, "10.96.0.10", 4).is_empty() && c.ruleset("ip").contains("10.96.0.10")
+    });
+    d.wait_for_log("Service default/broken: cannot decode", 1);
+    // A later watch event with another bad object does not stop the next good change.
+    bad["metadata"]["name"] = "broken2".into();
+    api.apply(bad);
+    api.apply(obj::service("default", "api3", "10.96.0.40", 80));
+    c.wait_ruleset("ip", "api3 programmed", |r| r.contains("10.96.0.40"));
+    d.wait_for_log("Service default/broken2: cannot decode", 1);
+    let log = d.log_text();
+    assert!(
+        !c.ruleset("ip").contains("10.96.0.30"),
+        "the broken one is not"
+    );
+    assert!(
+        !log.contains("\"kind\":\"ServiceList\""),
+        "no response bodies: {log}"
+    );
+}

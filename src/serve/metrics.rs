@@ -170,6 +170,11 @@ impl Metrics {
             m.nftables_restores.clone(),
         );
         r.register(
+            "api_objects_skipped",
+            "Services, EndpointSlices and Nodes from the API server that could not be decoded and were skipped (kube-nlproxy's own metric)",
+            crate::source::kube::UNDECODABLE_OBJECTS.clone(),
+        );
+        r.register(
             "conntrack_reconciler_deleted_entries",
             "Cumulative conntrack flows deleted by conntrack reconciler",
             m.conntrack_deleted.clone(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -35,6 +36,73 @@ fn key_of<K: Resource>(o: &K) -> Key {
     )
 }
 
+/// One watcher event after decoding, per object: what a [`Store`] applies.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// A (re)list starts.
+    Init,
+    InitApply(K),
+    /// A listed object that could not be decoded: keep what the store had under this key.
+    InitKeep(Key),
+    InitDone,
+    Apply(K),
+    /// Deleted: known by key alone, so even an undecodable object is removed.
+    Delete(Key),
+}
+
+impl<K: Resource> From<Event<K>> for Change<K> {
+    fn from(e: Event<K>) -> Self {
+        match e {
+            Event::Init => Change::Init,
+            Event::InitApply(o) => Change::InitApply(o),
+            Event::InitDone => Change::InitDone,
+            Event::Apply(o) => Change::Apply(o),
+            Event::Delete(o) => Change::Delete(key_of(&o)),
+        }
+    }
+}
+
+/// Objects of any kind skipped because they could not be decoded; served as
+/// `kubeproxy_api_objects_skipped_total` (ours: upstream fails the whole list instead).
+pub static UNDECODABLE_OBJECTS: std::sync::LazyLock<prometheus_client::metrics::counter::Counter> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Decodes one watcher event of untyped objects into `K`, object by object: a Service with
+/// `port: "eighty"` (schema skew with a newer API server, or a broken object) is named in a
+/// warning, counted, and skipped; every other object of its list still applies. Pure but for
+/// the log line and the counter.
+pub fn decode_event<K>(kind: &str, ev: Event<DynamicObject>) -> Option<Change<K>>
+where
+    K: Resource + for<'a> serde::Deserialize<'a>,
+{
+    let key = |o: &DynamicObject| key_of(o);
+    let parse = |o: DynamicObject| -> Result<K, (Key, String)> {
+        let k = key(&o);
+        o.try_parse::<K>().map_err(|e| (k, e.to_string()))
+    };
+    let skipped = |(k, e): (Key, String), what: &str| {
+        UNDECODABLE_OBJECTS.inc();
+        tracing::warn!("{kind} {}/{}: cannot decode: {e}; {what}", k.0, k.1);
+        k
+    };
+    Some(match ev {
+        Event::Init => Change::Init,
+        Event::InitDone => Change::InitDone,
+        Event::InitApply(o) => match parse(o) {
+            Ok(k) => Change::InitApply(k),
+            Err(e) => Change::InitKeep(skipped(e, "keeping its last known version")),
+        },
+        Event::Apply(o) => match parse(o) {
+            Ok(k) => Change::Apply(k),
+            Err(e) => {
+                skipped(e, "keeping its last known version");
+                return None;
+            }
+        },
+        Event::Delete(o) => Change::Delete(key(&o)),
+    })
+}
+
 /// The objects of one kind, fed by watcher events. Pure.
 #[derive(Debug)]
 pub struct Store<K> {
@@ -55,19 +123,25 @@ impl<K> Default for Store<K> {
 
 impl<K: Resource + Clone> Store<K> {
     /// Applies one event; returns whether the visible contents changed.
-    pub fn apply(&mut self, ev: Event<K>) -> bool {
-        match ev {
-            Event::Init => {
+    pub fn apply(&mut self, ev: impl Into<Change<K>>) -> bool {
+        match ev.into() {
+            Change::Init => {
                 self.relist = Some(BTreeMap::new());
                 false
             }
-            Event::InitApply(o) => {
+            Change::InitApply(o) => {
                 if let Some(b) = self.relist.as_mut() {
                     b.insert(key_of(&o), o);
                 }
                 false
             }
-            Event::InitDone => {
+            Change::InitKeep(k) => {
+                if let (Some(b), Some(o)) = (self.relist.as_mut(), self.objects.get(&k)) {
+                    b.insert(k, o.clone());
+                }
+                false
+            }
+            Change::InitDone => {
                 // Swap atomically: what was not listed again was deleted meanwhile.
                 if let Some(b) = self.relist.take() {
                     self.objects = b;
@@ -75,11 +149,11 @@ impl<K: Resource + Clone> Store<K> {
                 self.synced = true;
                 true
             }
-            Event::Apply(o) => {
+            Change::Apply(o) => {
                 self.objects.insert(key_of(&o), o);
                 true
             }
-            Event::Delete(o) => self.objects.remove(&key_of(&o)).is_some(),
+            Change::Delete(k) => self.objects.remove(&k).is_some(),
         }
     }
     /// Whether the initial list has completed.
@@ -105,11 +179,11 @@ pub struct Stores {
     pub nodes: Store<Node>,
 }
 
-/// One watcher event of any kind (boxed: Node objects are large).
+/// One decoded event of any kind (boxed: Node objects are large).
 pub enum Update {
-    Service(Box<Event<Service>>),
-    Slice(Box<Event<EndpointSlice>>),
-    Node(Box<Event<Node>>),
+    Service(Box<Change<Service>>),
+    Slice(Box<Change<EndpointSlice>>),
+    Node(Box<Change<Node>>),
 }
 
 impl Stores {
@@ -203,21 +277,39 @@ pub async fn run(
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
 ) {
+    // Untyped watchers, decoded object by object: one undecodable object must not fail its
+    // whole list (and with it every sync).
+    let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
     let cfg = watcher::Config::default().labels(SELECTOR);
-    let svc = watcher(Api::<Service>::all(client.clone()), cfg.clone())
+    let svc = watcher(api(ApiResource::erase::<Service>(&())), cfg.clone())
         .default_backoff()
-        .map(|r| r.map(|e| Update::Service(Box::new(e))))
+        .filter_map(|r| async move {
+            match r {
+                Ok(e) => decode_event("Service", e).map(|c| Ok(Update::Service(Box::new(c)))),
+                Err(e) => Some(Err(e)),
+            }
+        })
         .boxed();
-    let eps = watcher(Api::<EndpointSlice>::all(client.clone()), cfg)
+    let eps = watcher(api(ApiResource::erase::<EndpointSlice>(&())), cfg)
         .default_backoff()
-        .map(|r| r.map(|e| Update::Slice(Box::new(e))))
+        .filter_map(|r| async move {
+            match r {
+                Ok(e) => decode_event("EndpointSlice", e).map(|c| Ok(Update::Slice(Box::new(c)))),
+                Err(e) => Some(Err(e)),
+            }
+        })
         .boxed();
     let nodes = watcher(
-        Api::<Node>::all(client),
+        api(ApiResource::erase::<Node>(&())),
         watcher::Config::default().fields(&format!("metadata.name={node}")),
     )
     .default_backoff()
-    .map(|r| r.map(|e| Update::Node(Box::new(e))))
+    .filter_map(|r| async move {
+        match r {
+            Ok(e) => decode_event("Node", e).map(|c| Ok(Update::Node(Box::new(c)))),
+            Err(e) => Some(Err(e)),
+        }
+    })
     .boxed();
     let mut all = stream::select_all([svc, eps, nodes]).ready_chunks(4096);
     let mut stores = Stores::default();
@@ -316,13 +408,64 @@ mod tests {
     #[test]
     fn first_sync_waits_for_all_three_kinds() {
         let mut s = Stores::default();
-        s.apply(Update::Service(Box::new(Event::Init)));
-        s.apply(Update::Service(Box::new(Event::InitDone)));
-        s.apply(Update::Slice(Box::new(Event::Init)));
-        s.apply(Update::Slice(Box::new(Event::InitDone)));
+        s.apply(Update::Service(Box::new(Change::Init)));
+        s.apply(Update::Service(Box::new(Change::InitDone)));
+        s.apply(Update::Slice(Box::new(Change::Init)));
+        s.apply(Update::Slice(Box::new(Change::InitDone)));
         assert!(!s.synced());
-        s.apply(Update::Node(Box::new(Event::Init)));
-        s.apply(Update::Node(Box::new(Event::InitDone)));
+        s.apply(Update::Node(Box::new(Change::Init)));
+        s.apply(Update::Node(Box::new(Change::InitDone)));
         assert!(s.synced());
+    }
+
+    fn dynamic(json: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn web(port: serde_json::Value) -> DynamicObject {
+        dynamic(serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]}
+        }))
+    }
+
+    #[test]
+    fn an_undecodable_object_is_skipped_and_its_list_still_applies() {
+        let before = UNDECODABLE_OBJECTS.get();
+        let mut st: Store<Service> = Store::default();
+        for ev in [
+            Event::Init,
+            Event::InitApply(web(serde_json::json!(80))),
+            Event::InitDone,
+        ] {
+            st.apply(decode_event::<Service>("Service", ev).unwrap());
+        }
+        assert_eq!(st.len(), 1);
+        // A relist where web has become undecodable and another Service appeared: web keeps
+        // its last known version, the other one applies.
+        let mut other = web(serde_json::json!(53));
+        other.metadata.name = Some("dns".into());
+        for ev in [
+            Event::Init,
+            Event::InitApply(web(serde_json::json!("eighty"))),
+            Event::InitApply(other),
+            Event::InitDone,
+        ] {
+            st.apply(decode_event::<Service>("Service", ev).unwrap());
+        }
+        let ports: Vec<_> = st
+            .values()
+            .map(|s| s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port)
+            .collect();
+        assert_eq!(ports, [53, 80], "dns added, web kept at 80");
+        // A watch event with a bad object is skipped; a delete of it still deletes.
+        assert!(
+            decode_event::<Service>("Service", Event::Apply(web(serde_json::json!("x")))).is_none()
+        );
+        let del = decode_event::<Service>("Service", Event::Delete(web(serde_json::json!("x"))));
+        assert!(st.apply(del.unwrap()));
+        assert_eq!(st.len(), 1);
+        assert!(UNDECODABLE_OBJECTS.get() >= before + 2);
     }
 }
