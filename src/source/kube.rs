@@ -267,6 +267,41 @@ pub async fn run_events(
     }
 }
 
+/// One line for a watcher failure. An API `Status` is shown by its fields, with what is
+/// missing said so (a garbled one used to print as `ApiError: : (Status { code: 0 … })`).
+pub fn describe_watch_error(e: &watcher::Error) -> String {
+    fn status(s: &kube::core::Status) -> String {
+        let or = |v: &str, none: &str| {
+            if v.is_empty() {
+                none.to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        let code = if s.code == 0 {
+            "no code".to_string()
+        } else {
+            format!("HTTP {}", s.code)
+        };
+        format!(
+            "{code}, reason {}: {}",
+            or(&s.reason, "(none)"),
+            or(&s.message, "(no message)")
+        )
+    }
+    match e {
+        watcher::Error::WatchError(s) => format!("the API server ended the watch: {}", status(s)),
+        watcher::Error::InitialListFailed(kube::Error::Api(s)) => {
+            format!("list failed: {}", status(s))
+        }
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => {
+            format!("watch failed to start: {}", status(s))
+        }
+        watcher::Error::WatchFailed(kube::Error::Api(s)) => format!("watch failed: {}", status(s)),
+        other => other.to_string(),
+    }
+}
+
 /// Watches the API and publishes states until the streams end (they do not, in practice:
 /// watchers retry forever with backoff).
 /// Every `resync`, the current state is published again (like an informer resync: the
@@ -334,7 +369,8 @@ pub async fn run(
             match item {
                 Ok(u) => changed |= stores.apply(u),
                 Err(e) => tracing::warn!(
-                    "watch failed, retrying with backoff; rules stay as they are: {e}"
+                    "{}; retrying with backoff, rules stay as they are",
+                    describe_watch_error(&e)
                 ),
             }
         }
@@ -467,5 +503,24 @@ mod tests {
         assert!(st.apply(del.unwrap()));
         assert_eq!(st.len(), 1);
         assert!(UNDECODABLE_OBJECTS.get() >= before + 2);
+    }
+
+    #[test]
+    fn watch_errors_read_as_one_clear_line() {
+        let garbled: kube::core::Status = serde_json::from_value(serde_json::json!({})).unwrap();
+        let e = describe_watch_error(&watcher::Error::WatchError(Box::new(garbled)));
+        assert_eq!(
+            e,
+            "the API server ended the watch: no code, reason (none): (no message)"
+        );
+        let gone: kube::core::Status = serde_json::from_value(serde_json::json!(
+            {"code": 410, "reason": "Expired", "message": "too old resource version"}
+        ))
+        .unwrap();
+        let e = describe_watch_error(&watcher::Error::WatchError(Box::new(gone)));
+        assert!(
+            e.ends_with("HTTP 410, reason Expired: too old resource version"),
+            "{e}"
+        );
     }
 }

@@ -99,6 +99,30 @@ fn split_documents(bytes: &[u8]) -> Vec<(usize, Result<String, String>)> {
         .collect()
 }
 
+/// A field's value for messages: the string itself, anything else as YAML would show it.
+fn shown(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "(missing)".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => serde_yaml::to_string(other)
+            .map(|t| t.trim().to_string())
+            .unwrap_or_else(|_| format!("{other:?}")),
+    }
+}
+
+/// Decodes `v` as `T`; the error names the field (`spec.ports[0].port: invalid type …`).
+fn decode<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("field {path}: {inner}")
+        }
+    })
+}
+
 fn add_object(
     v: Value,
     whence: &str,
@@ -109,41 +133,46 @@ fn add_object(
     let api = v
         .get("apiVersion")
         .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let kind = v
-        .get("kind")
+        .map(str::to_string);
+    let kind = v.get("kind").and_then(Value::as_str).map(str::to_string);
+    let meta = v.get("metadata");
+    let name = shown(meta.and_then(|m| m.get("name")));
+    let object = match meta
+        .and_then(|m| m.get("namespace"))
         .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    match (api.as_str(), kind.as_str()) {
-        (_, "List") => {
+    {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name,
+    };
+    let bad = |kind: &str, e: String| format!("{whence}: {kind} {object}: {e}; skipped");
+    match (api.as_deref(), kind.as_deref()) {
+        (_, Some("List")) => {
             if let Some(Value::Sequence(items)) = v.get("items").cloned() {
                 for (i, item) in items.into_iter().enumerate() {
                     add_object(item, &format!("{whence} item {i}"), node_name, snap, warnings);
                 }
             }
         }
-        ("v1", "Service") => match serde_yaml::from_value::<Service>(v) {
+        (Some("v1"), Some("Service")) => match decode::<Service>(v) {
             Ok(s) => snap.services.push(s),
-            Err(e) => warnings.push(format!("{whence}: invalid Service: {e}; skipped")),
+            Err(e) => warnings.push(bad("Service", e)),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            match serde_yaml::from_value::<EndpointSlice>(v) {
-                Ok(s) => snap.endpoint_slices.push(s),
-                Err(e) => warnings.push(format!("{whence}: invalid EndpointSlice: {e}; skipped")),
-            }
-        }
-        ("v1", "Node") => match serde_yaml::from_value::<Node>(v) {
+        (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => match decode::<EndpointSlice>(v) {
+            Ok(s) => snap.endpoint_slices.push(s),
+            Err(e) => warnings.push(bad("EndpointSlice", e)),
+        },
+        (Some("v1"), Some("Node")) => match decode::<Node>(v) {
             Ok(n) => {
                 if n.metadata.name.as_deref() == Some(node_name) {
                     snap.node = Some(n);
                 }
             }
-            Err(e) => warnings.push(format!("{whence}: invalid Node: {e}; skipped")),
+            Err(e) => warnings.push(bad("Node", e)),
         },
         _ => warnings.push(format!(
-            "{whence}: {api}/{kind} is not a v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node; skipped"
+            "{whence}: apiVersion {} kind {} ({object}) is not a v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node; skipped",
+            shown(v.get("apiVersion")),
+            shown(v.get("kind")),
         )),
     }
 }
@@ -460,7 +489,8 @@ metadata: {name: node2}
         );
         assert!(w[1].contains("YAML error"), "{w:?}");
         assert!(
-            w[2].starts_with("c.yaml:35:") && w[2].contains("invalid Service"),
+            w[2].starts_with("c.yaml:35:")
+                && w[2].contains("Service bad: field spec.ports: invalid type"),
             "{w:?}"
         );
     }
@@ -622,6 +652,19 @@ metadata: {name: node2}
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
             w[0].starts_with("d.yaml:29:") && w[0].contains("deeper than 128"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn messages_name_the_object_and_the_field() {
+        let text = "apiVersion: v1\nkind: 7\nmetadata: {name: seven}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: ns}\nspec:\n  ports:\n  - port: eighty\n";
+        let (mut s, mut w) = (Snapshot::default(), Vec::new());
+        parse_manifest(text, "m.yaml", "n", &mut s, &mut w);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("apiVersion v1 kind 7 (seven)"), "{w:?}");
+        assert!(
+            w[1].starts_with("m.yaml:5: Service ns/web: field spec.ports[0].port:"),
             "{w:?}"
         );
     }
