@@ -421,11 +421,24 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
         node: convert_node(snap.node.as_ref(), node_name, &mut warnings),
         ..Default::default()
     };
+    let mut seen = std::collections::BTreeSet::new();
     for svc in &snap.services {
+        let m = &svc.metadata;
+        let id = (
+            m.namespace.clone().unwrap_or_default(),
+            m.name.clone().unwrap_or_default(),
+        );
+        if !seen.insert(id.clone()) {
+            warnings.push(format!(
+                "Service {}/{} is defined more than once; the last definition is used",
+                id.0, id.1
+            ));
+        }
         for sp in convert_service(svc, &mut warnings) {
             state.services.insert(sp.name.clone(), sp);
         }
     }
+    warnings.extend(collisions(&state));
     // The same endpoint may appear in two slices while a slice is being rebalanced: keep one.
     let mut eps: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
     for slice in &snap.endpoint_slices {
@@ -469,6 +482,45 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
         }
     }
     (state, warnings)
+}
+
+/// Service ports that claim the same address and port, or the same NodePort: the API server
+/// does not prevent it for externalIPs and LoadBalancer IPs, and manifests can say anything.
+/// One warning per clash, naming both. Pure.
+pub fn collisions(state: &ProxyState) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut addrs: BTreeMap<(IpAddr, u8, u16), &ServicePortName> = BTreeMap::new();
+    let mut node_ports: BTreeMap<(u8, u16), &ServicePortName> = BTreeMap::new();
+    for (spn, sp) in &state.services {
+        let proto = spn.protocol.number();
+        let mut mine = std::collections::BTreeSet::new();
+        for ip in sp
+            .cluster_ips
+            .iter()
+            .chain(&sp.external_ips)
+            .chain(&sp.load_balancer_ips)
+        {
+            if !mine.insert(*ip) {
+                continue; // the same Service naming an address twice is no clash
+            }
+            if let Some(other) = addrs.insert((*ip, proto, sp.port), spn) {
+                out.push(format!(
+                    "Services {other} and {spn} both claim {}/{}; only one of them gets that traffic",
+                    std::net::SocketAddr::new(*ip, sp.port),
+                    spn.protocol.lower()
+                ));
+            }
+        }
+        if let Some(np) = sp.node_port {
+            if let Some(other) = node_ports.insert((proto, np), spn) {
+                out.push(format!(
+                    "Services {other} and {spn} both claim NodePort {np}/{}; only one of them gets that traffic",
+                    spn.protocol.lower()
+                ));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -629,5 +681,30 @@ mod tests {
         assert!(!eps[1].ready && eps[1].serving && eps[1].terminating);
         assert_eq!(w.len(), 1);
         assert!(w[0].contains("does not match addressType"), "{w:?}");
+    }
+
+    #[test]
+    fn duplicate_names_and_shared_addresses_are_named_in_warnings() {
+        let a = svc("  clusterIP: 10.0.0.1\n  externalIPs: [1.2.3.4]\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: 30080}]\n");
+        let mut b = svc("  clusterIP: 10.0.0.2\n  externalIPs: [1.2.3.4, 1.2.3.4]\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: 30080}]\n");
+        b.metadata.name = Some("other".into());
+        let again = a.clone();
+        let snap = Snapshot {
+            services: vec![a, b, again],
+            ..Default::default()
+        };
+        let (_, w) = build_state(&snap, "n");
+        let text = w.join("\n");
+        assert!(text.contains("is defined more than once"), "{text}");
+        assert!(
+            text.contains("both claim 1.2.3.4:80/tcp")
+                && text.contains("both claim NodePort 30080/tcp"),
+            "{text}"
+        );
+        assert_eq!(
+            w.iter().filter(|l| l.contains("1.2.3.4")).count(),
+            1,
+            "{text}"
+        );
     }
 }
