@@ -13,6 +13,8 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// A named network namespace (`/run/netns/NAME`), deleted when dropped.
 pub struct NetNs {
     pub name: String,
+    /// The test's deadline, for as long as its namespace lives.
+    _deadline: crate::deadline::Deadline,
 }
 
 /// Runs a command and panics with its output when it fails.
@@ -38,7 +40,10 @@ impl NetNs {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let name = format!("nlp-{}-{}-{}", tag, std::process::id(), n);
         sh(&format!("ip netns add {name}"));
-        let ns = NetNs { name };
+        let ns = NetNs {
+            name,
+            _deadline: crate::deadline::start(crate::deadline::PER_TEST),
+        };
         ns.ip("link set lo up");
         ns
     }

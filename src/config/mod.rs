@@ -9,6 +9,8 @@ use std::time::Duration;
 use clap::Parser;
 
 pub mod duration;
+#[cfg(test)]
+mod proptests;
 use serde_yaml::Value;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
