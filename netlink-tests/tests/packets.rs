@@ -721,3 +721,78 @@ fn a_vanished_manifest_keeps_the_last_good_state() {
         !r.contains("10.244.2.2")
     });
 }
+
+/// Two Services claim one ClusterIP:port (manifests and objects in flight can): the first by
+/// namespace/name owns it, a warning names both; when the owner is deleted the other takes
+/// the address in that same sync, and later Services still program (no sync fails).
+#[test]
+fn a_shared_service_address_passes_to_the_other_service_when_its_owner_goes() {
+    let c = web_cluster();
+    let rival = |eps: &[&str]| {
+        let mut y = yaml::service(
+            "default",
+            "a-rival",
+            &["10.96.0.10"],
+            &[("http", "TCP", 80, 0)],
+            "",
+        );
+        y += &yaml::slice(
+            "default",
+            "a-rival",
+            "a-rival-1",
+            "IPv4",
+            ("http", "TCP", 8080),
+            &eps.iter()
+                .map(|ip| yaml::ready(ip, "node2"))
+                .collect::<Vec<_>>(),
+        );
+        y
+    };
+    let only_local = scenario::web_yaml_with("", &[LOCAL_EP], false);
+    let d = c.start_daemon(&(only_local.clone() + &rival(&[REMOTE_EP])), &[]);
+    d.wait_for_log("both claim 10.96.0.10:80/tcp", 1);
+    assert_eq!(
+        names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6)),
+        ["remote".to_string()].into(),
+        "default/a-rival sorts first and owns the address"
+    );
+    // The owner goes: web takes the address.
+    c.write_manifests(&only_local);
+    let t0 = Instant::now();
+    loop {
+        let got = names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4));
+        if got == ["local".to_string()].into() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{got:?}\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A Service added afterwards is programmed: nothing is wedged.
+    let mut more = only_local.clone();
+    more += &yaml::service(
+        "default",
+        "late",
+        &["10.96.0.12"],
+        &[("http", "TCP", 80, 0)],
+        "",
+    );
+    more += &yaml::slice(
+        "default",
+        "late",
+        "late-1",
+        "IPv4",
+        ("http", "TCP", 8080),
+        &[yaml::ready(REMOTE_EP, "node2")],
+    );
+    c.write_manifests(&more);
+    c.wait_ruleset("ip", "the late Service", |r| r.contains("10.96.0.12"));
+    let log = d.log_text();
+    assert!(
+        !log.contains("sync failed") && !log.contains("busy"),
+        "{log}"
+    );
+}

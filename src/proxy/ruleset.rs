@@ -40,8 +40,8 @@ pub struct Ruleset {
     pub table: Table,
     pub base: Arc<Fragment>,
     pub services: BTreeMap<ServicePortName, Arc<Fragment>>,
-    /// Every element with the number of fragments that add it.
-    refs: FxHashMap<ElemKey, (usize, Element)>,
+    /// Every element key with the fragments' contribution to it.
+    refs: FxHashMap<ElemKey, Slot>,
     rules: usize,
 }
 
@@ -59,6 +59,49 @@ fn key_of(e: &Element) -> ElemKey {
     (e.set.clone(), e.key.clone())
 }
 
+/// What the fragments say about one element key: how many add it, the element in force,
+/// and whether they disagree about its data (two Services claiming one address and port).
+#[derive(Debug, Clone)]
+struct Slot {
+    count: usize,
+    el: Element,
+    mixed: bool,
+}
+
+/// Whether two elements of one key carry the same data.
+fn same_data(a: &Element, b: &Element) -> bool {
+    a.verdict == b.verdict && a.target == b.target && a.comment == b.comment
+}
+
+/// The element in force for `k` when fragments disagree: the first contributor in a fixed
+/// order, the base first, then service ports by namespace, name, port name and protocol, so
+/// the owner of a shared key never depends on the order of events; `overrides` replaces
+/// (or with `None` removes) service ports' fragments. The scan is over every fragment, but
+/// it only runs for keys that two contributors disagree about.
+fn owner_of<'a>(
+    base: &'a Fragment,
+    services: &'a BTreeMap<ServicePortName, Arc<Fragment>>,
+    overrides: &BTreeMap<&'a ServicePortName, Option<&'a Fragment>>,
+    k: &ElemKey,
+) -> (Option<&'a Element>, bool) {
+    let matches = |f: &'a Fragment| {
+        f.elements
+            .iter()
+            .filter(move |e| e.set == k.0 && e.key == k.1)
+    };
+    let mut names: BTreeSet<&ServicePortName> = services.keys().collect();
+    names.extend(overrides.keys().copied());
+    let frags =
+        std::iter::once(Some(base)).chain(names.into_iter().map(|n| match overrides.get(n) {
+            Some(o) => *o,
+            None => services.get(n).map(|f| &**f),
+        }));
+    let mut all = frags.flatten().flat_map(matches);
+    let first = all.next();
+    let mixed = first.is_some_and(|f| all.any(|e| !same_data(e, f)));
+    (first, mixed)
+}
+
 impl Ruleset {
     pub fn new(table: Table, base: Fragment) -> Ruleset {
         let mut rs = Ruleset {
@@ -74,50 +117,82 @@ impl Ruleset {
     pub fn family(&self) -> Family {
         self.table.family
     }
-    fn add_refs(&mut self, f: &Fragment) {
+    fn add_refs(&mut self, f: &Fragment, dirty: &mut Vec<ElemKey>) {
         for e in &f.elements {
-            match self.refs.get_mut(&(e.set.clone(), e.key.clone())) {
+            let k = key_of(e);
+            match self.refs.get_mut(&k) {
                 Some(slot) => {
-                    slot.0 += 1;
-                    if slot.1 != *e {
-                        slot.1 = e.clone();
+                    slot.count += 1;
+                    if slot.mixed || !same_data(&slot.el, e) {
+                        dirty.push(k);
                     }
                 }
                 None => {
-                    self.refs.insert(key_of(e), (1, e.clone()));
+                    self.refs.insert(
+                        k,
+                        Slot {
+                            count: 1,
+                            el: e.clone(),
+                            mixed: false,
+                        },
+                    );
                 }
             }
         }
     }
-    fn drop_refs(&mut self, f: &Fragment) {
+    fn drop_refs(&mut self, f: &Fragment, dirty: &mut Vec<ElemKey>) {
         for e in &f.elements {
             let k = key_of(e);
             if let Some(slot) = self.refs.get_mut(&k) {
-                slot.0 -= 1;
-                if slot.0 == 0 {
+                slot.count -= 1;
+                if slot.count == 0 {
+                    self.refs.remove(&k);
+                } else if slot.mixed {
+                    dirty.push(k);
+                }
+            }
+        }
+    }
+    /// Re-decides the element in force for keys whose contributors disagree.
+    fn settle(&mut self, mut dirty: Vec<ElemKey>) {
+        dirty.sort();
+        dirty.dedup();
+        for k in dirty {
+            let (first, mixed) = owner_of(&self.base, &self.services, &BTreeMap::new(), &k);
+            match (first.cloned(), self.refs.get_mut(&k)) {
+                (Some(el), Some(slot)) => {
+                    slot.el = el;
+                    slot.mixed = mixed;
+                }
+                (None, _) => {
                     self.refs.remove(&k);
                 }
+                (Some(_), None) => {}
             }
         }
     }
     pub fn set_base(&mut self, base: Arc<Fragment>) {
+        let mut dirty = Vec::new();
         let old = std::mem::replace(&mut self.base, base.clone());
-        self.drop_refs(&old);
+        self.drop_refs(&old, &mut dirty);
         self.rules -= rules_in(&old);
-        self.add_refs(&base);
+        self.add_refs(&base, &mut dirty);
         self.rules += rules_in(&base);
+        self.settle(dirty);
     }
     /// Sets (or with `None` removes) one service port's fragment.
     pub fn set_service(&mut self, name: &ServicePortName, frag: Option<Arc<Fragment>>) {
+        let mut dirty = Vec::new();
         if let Some(old) = self.services.remove(name) {
-            self.drop_refs(&old);
+            self.drop_refs(&old, &mut dirty);
             self.rules -= rules_in(&old);
         }
         if let Some(f) = frag {
-            self.add_refs(&f);
+            self.add_refs(&f, &mut dirty);
             self.rules += rules_in(&f);
             self.services.insert(name.clone(), f);
         }
+        self.settle(dirty);
     }
     fn fragments(&self) -> impl Iterator<Item = &Fragment> {
         std::iter::once(&*self.base).chain(self.services.values().map(|f| &**f))
@@ -132,7 +207,7 @@ impl Ruleset {
     }
     /// Every element, once.
     pub fn elements(&self) -> impl Iterator<Item = &Element> {
-        self.refs.values().map(|(_, e)| e)
+        self.refs.values().map(|s| &s.el)
     }
     pub fn has_chain(&self, name: &str) -> bool {
         self.chains().any(|(c, _)| c.name == name)
@@ -298,35 +373,52 @@ pub fn plan_changes(
         }
     }
     tx.ops.extend(rule_ops);
-    // Elements: net reference count per touched key after the change.
-    let mut delta: BTreeMap<ElemKey, (i64, Option<&Element>)> = BTreeMap::new();
+    // Elements: per touched key, the contributors after the change. When they agree (the
+    // usual case: one owner, or several adding identical data such as a shared ClusterIP)
+    // the answer follows from the counts; when they disagree, the fixed owner order decides.
+    let mut overrides: BTreeMap<&ServicePortName, Option<&Fragment>> = BTreeMap::new();
+    for c in changes {
+        overrides.insert(&c.name, c.new.as_deref());
+    }
+    // (contributions removed, contributions added) per key.
+    let mut delta: BTreeMap<ElemKey, (usize, Vec<&Element>)> = BTreeMap::new();
     for (old, new) in &pairs {
         for e in &old.elements {
-            delta.entry(key_of(e)).or_insert((0, None)).0 -= 1;
+            delta.entry(key_of(e)).or_default().0 += 1;
         }
         for e in &new.elements {
-            let d = delta.entry(key_of(e)).or_insert((0, None));
-            d.0 += 1;
-            d.1 = Some(e);
+            delta.entry(key_of(e)).or_default().1.push(e);
         }
     }
     let mut adds = Vec::new();
-    for (k, (d, new_data)) in &delta {
+    for (k, (removed, added)) in &delta {
         let before = last.refs.get(k);
-        let count_before = before.map(|(n, _)| *n as i64).unwrap_or(0);
-        let after = count_before + d;
-        let before_el = before.map(|(_, e)| e);
-        let after_el = if after > 0 {
-            new_data.or(before_el)
-        } else {
-            None
+        let before_el = before.map(|s| &s.el);
+        let remaining = before.map_or(0, |s| s.count).saturating_sub(*removed);
+        let agree = |e: &&Element, with: &Element| same_data(e, with);
+        let after_el: Option<&Element> = match (before, added.first()) {
+            (Some(s), _) if s.mixed => owner_of(new_base, &last.services, &overrides, k).0,
+            (_, None) if remaining > 0 => before_el,
+            (_, None) => None,
+            (Some(s), Some(_)) if remaining > 0 => {
+                if added.iter().all(|e| agree(e, &s.el)) {
+                    before_el
+                } else {
+                    owner_of(new_base, &last.services, &overrides, k).0
+                }
+            }
+            (_, Some(first)) => {
+                if added.iter().all(|e| agree(e, first)) {
+                    Some(*first)
+                } else {
+                    owner_of(new_base, &last.services, &overrides, k).0
+                }
+            }
         };
         match (before_el, after_el) {
             (Some(b), None) => tx.delete(b.clone()),
             (None, Some(a)) => adds.push(a.clone()),
-            (Some(b), Some(a))
-                if b.verdict != a.verdict || b.target != a.target || b.comment != a.comment =>
-            {
+            (Some(b), Some(a)) if !same_data(a, b) => {
                 tx.delete(b.clone());
                 adds.push(a.clone());
             }
@@ -529,5 +621,72 @@ pub(crate) mod tests {
         assert!(v.iter().all(|o| !o.contains("svc-a")), "{v:?}");
         assert!(v.contains(&"delete element of ips".to_string()), "{v:?}");
         assert!(v.contains(&"add element of ips".to_string()), "{v:?}");
+    }
+
+    /// A service port whose element in the verdict map `vm` sends `addr` to its own chain.
+    fn claim(name: &str, addr: &str) -> Arc<Fragment> {
+        let mut f = (*service(name, addr)).clone();
+        f.element(Element {
+            set: "vm".into(),
+            key: vec![KeyValue::Addr(addr.parse().unwrap())],
+            verdict: Some(Verdict::Goto(format!("svc-{name}"))),
+            target: None,
+            comment: Some(name.into()),
+        });
+        Arc::new(f)
+    }
+
+    fn in_force<'a>(rs: &'a Ruleset, set: &str) -> Vec<&'a Element> {
+        rs.elements().filter(|e| e.set == set).collect()
+    }
+
+    #[test]
+    fn a_shared_key_has_a_fixed_owner_and_passes_on_when_it_goes() {
+        // Whatever the order they arrive in, "a" (first by name) owns the shared address.
+        for order in [["a", "b"], ["b", "a"]] {
+            let mut rs = ruleset(&[]);
+            for n in order {
+                rs.set_service(&spn(n), Some(claim(n, "1.2.3.4")));
+            }
+            let vm = in_force(&rs, "vm");
+            assert_eq!(vm.len(), 1);
+            assert_eq!(
+                vm[0].verdict,
+                Some(Verdict::Goto("svc-a".into())),
+                "{order:?}"
+            );
+        }
+        // The owner goes: in the same plan its element is replaced by b's, never left
+        // pointing at a chain that is being removed.
+        let mut prev = ruleset(&[]);
+        prev.set_service(&spn("a"), Some(claim("a", "1.2.3.4")));
+        prev.set_service(&spn("b"), Some(claim("b", "1.2.3.4")));
+        let change = Change {
+            name: spn("a"),
+            old: prev.services.get(&spn("a")).cloned(),
+            new: None,
+        };
+        let p = plan_changes(&prev, &prev.base, &[change], &[]);
+        let v = verbs(&p.tx);
+        let added: Vec<_> =
+            p.tx.ops
+                .iter()
+                .filter_map(|o| match o {
+                    Op::Add(crate::kernel::nft::Object::Element(e)) if e.set == "vm" => {
+                        Some(e.verdict.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(added, [Some(Verdict::Goto("svc-b".into()))], "{v:?}");
+        let mut next = prev.clone();
+        next.set_service(&spn("a"), None);
+        assert_eq!(
+            in_force(&next, "vm")[0].verdict,
+            Some(Verdict::Goto("svc-b".into()))
+        );
+        // b going too removes the key.
+        next.set_service(&spn("b"), None);
+        assert!(in_force(&next, "vm").is_empty());
     }
 }
