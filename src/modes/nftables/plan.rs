@@ -365,28 +365,37 @@ fn service_port_rules(
         comment: None,
     });
 
-    // Cluster-policy chain.
-    let has_cluster = !cat.cluster.is_empty();
-    if has_cluster {
-        let mut rules = Vec::new();
+    // Masquerading of ClusterIP traffic belongs to the chain ClusterIP traffic uses, whatever
+    // its policy (upstream puts it in the internal traffic chain): with
+    // internalTrafficPolicy Local the node itself, off-cluster sources routed here, and
+    // every source under masqueradeAll are masqueraded just as with Cluster.
+    let masquerade_cluster_ip = |chain: &str| -> Option<Rule> {
         let to_cluster_ip = Expr::Addr {
             field: Field::Daddr,
             op: CmpOp::Eq,
             value: Cidr::host(cluster_ip),
         };
         if cfg.masquerade_all {
-            rules.push(Rule::new(
-                &svc_chain,
+            Some(Rule::new(
+                chain,
                 vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)],
-            ));
-        } else if let Some(not_pod) = from_pod(CmpOp::Neq) {
-            rules.push(
+            ))
+        } else {
+            from_pod(CmpOp::Neq).map(|not_pod| {
                 Rule::new(
-                    &svc_chain,
+                    chain,
                     vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
                 )
-                .with_comment("masquerade traffic from outside the cluster"),
-            );
+                .with_comment("masquerade traffic from outside the cluster")
+            })
+        }
+    };
+    // Cluster-policy chain.
+    let has_cluster = !cat.cluster.is_empty();
+    if has_cluster {
+        let mut rules = Vec::new();
+        if !sp.internal_policy_local {
+            rules.extend(masquerade_cluster_ip(&svc_chain));
         }
         balance_rules(&svc_chain, sp, &cat.cluster, rs, &mut rules, slots);
         rs.chain(Chain::regular(&svc_chain), rules);
@@ -395,6 +404,9 @@ fn service_port_rules(
     let has_local = !cat.local.is_empty();
     if has_local {
         let mut rules = Vec::new();
+        if sp.internal_policy_local {
+            rules.extend(masquerade_cluster_ip(&local));
+        }
         balance_rules(&local, sp, &cat.local, rs, &mut rules, slots);
         rs.chain(Chain::regular(&local), rules);
     }

@@ -673,3 +673,57 @@ mod sequences {
         }
     }
 }
+
+/// Upstream's TestInternalExternalMasquerade cases for internalTrafficPolicy Local: the
+/// policy picks the endpoints, never the masquerading. Off-cluster and node-local sources are
+/// masqueraded as with Cluster; pods are not; masqueradeAll masquerades everyone.
+#[test]
+fn internal_traffic_policy_local_masquerades_like_cluster() {
+    let svc = || {
+        service("itp", "172.30.0.50", |s| {
+            s.internal_policy_local = true;
+        })
+    };
+    let eps = || vec![ep("10.180.0.1", true), ep("10.180.1.1", false)];
+    let mut s = syncer();
+    s.sync(&state(vec![(svc(), eps())])).unwrap();
+    let to = |src: &str| pkt(src, "172.30.0.50", 80);
+    let mut node = to(NODE_IP);
+    node.iif = String::new();
+    for (p, masq, who) in [
+        (to("10.180.2.1"), false, "a pod"),
+        (
+            to("203.0.113.7"),
+            true,
+            "an off-cluster source routed to the node",
+        ),
+        (node, true, "the node itself"),
+    ] {
+        assert_eq!(
+            nat(&mut s, &p),
+            [dnat("10.180.0.1", masq)].into(),
+            "{who}: only the local endpoint, masquerade {masq}"
+        );
+    }
+    let mut all = NftablesProxier::new(
+        FakeNftables::new(),
+        ProxierConfig {
+            masquerade_all: true,
+            ..Default::default()
+        },
+        DetectLocal::ClusterCidr(vec![]),
+    );
+    all.sync(&state(vec![(svc(), eps())])).unwrap();
+    assert_eq!(
+        trace(
+            all.nft(),
+            Family::Ip,
+            TABLE,
+            names::NAT_PREROUTING,
+            0x4000,
+            &to("10.180.2.1")
+        ),
+        [dnat("10.180.0.1", true)].into(),
+        "masqueradeAll: pods too"
+    );
+}
