@@ -448,66 +448,74 @@ fn service_port_rules(
     if !has_external_dest {
         return;
     }
+    // Endpoints for external traffic under its policy.
     let external_ok = if sp.external_policy_local {
         has_local
     } else {
         has_cluster
     };
-    if external_ok {
+    // As upstream: the external chain is used whenever the Service has endpoints anywhere.
+    // With externalTrafficPolicy Local and none on this node it still short-circuits pods
+    // and the node itself to the cluster-wide endpoints; only traffic from elsewhere falls
+    // through it undNATed, to be dropped by the no-endpoint maps after DNAT.
+    let uses_ext_chain = cat.has_any && has_cluster;
+    if uses_ext_chain {
         let mut rules = Vec::new();
         if sp.external_policy_local {
             if let Some(pod) = from_pod(CmpOp::Eq) {
-                if has_cluster {
-                    rules.push(
-                        Rule::new(&ext_chain, vec![pod, goto(&svc_chain)])
-                            .with_comment("short-circuit pod traffic"),
-                    );
-                }
-            }
-            if has_cluster {
                 rules.push(
-                    Rule::new(
-                        &ext_chain,
-                        vec![Expr::FibLocal(Field::Saddr), jump(MARK_FOR_MASQUERADE)],
-                    )
-                    .with_comment("masquerade local traffic"),
-                );
-                rules.push(
-                    Rule::new(
-                        &ext_chain,
-                        vec![Expr::FibLocal(Field::Saddr), goto(&svc_chain)],
-                    )
-                    .with_comment("short-circuit local traffic"),
+                    Rule::new(&ext_chain, vec![pod, goto(&svc_chain)])
+                        .with_comment("short-circuit pod traffic"),
                 );
             }
-            rules.push(Rule::new(&ext_chain, vec![goto(&local)]));
+            rules.push(
+                Rule::new(
+                    &ext_chain,
+                    vec![Expr::FibLocal(Field::Saddr), jump(MARK_FOR_MASQUERADE)],
+                )
+                .with_comment("masquerade local traffic"),
+            );
+            rules.push(
+                Rule::new(
+                    &ext_chain,
+                    vec![Expr::FibLocal(Field::Saddr), goto(&svc_chain)],
+                )
+                .with_comment("short-circuit local traffic"),
+            );
+            if has_local {
+                rules.push(Rule::new(&ext_chain, vec![goto(&local)]));
+            }
         } else {
             rules.push(Rule::new(&ext_chain, vec![jump(MARK_FOR_MASQUERADE)]));
             rules.push(Rule::new(&ext_chain, vec![goto(&svc_chain)]));
         }
         rs.chain(Chain::regular(&ext_chain), rules);
     }
-    let ext_verdict = |ok: bool| {
-        if ok {
-            (SERVICE_IPS, Verdict::Goto(ext_chain.clone()))
-        } else {
-            (NO_ENDPOINT_SERVICES, no_ep.clone())
-        }
-    };
     for ip in external_ips.iter().chain(&lb_ips) {
-        let (set, v) = ext_verdict(external_ok);
-        rs.element(elem(set, key(*ip, proto, sp.port), v, &comment));
-    }
-    if let Some(np) = sp.node_port {
-        let k = vec![KeyValue::Proto(proto), KeyValue::Port(np)];
-        if external_ok {
+        let k = key(*ip, proto, sp.port);
+        if uses_ext_chain {
             rs.element(elem(
-                SERVICE_NODEPORTS,
-                k,
+                SERVICE_IPS,
+                k.clone(),
                 Verdict::Goto(ext_chain.clone()),
                 &comment,
             ));
-        } else {
+        }
+        if !external_ok {
+            rs.element(elem(NO_ENDPOINT_SERVICES, k, no_ep.clone(), &comment));
+        }
+    }
+    if let Some(np) = sp.node_port {
+        let k = vec![KeyValue::Proto(proto), KeyValue::Port(np)];
+        if uses_ext_chain {
+            rs.element(elem(
+                SERVICE_NODEPORTS,
+                k.clone(),
+                Verdict::Goto(ext_chain.clone()),
+                &comment,
+            ));
+        }
+        if !external_ok {
             rs.element(elem(NO_ENDPOINT_NODEPORTS, k, no_ep.clone(), &comment));
         }
     }

@@ -727,3 +727,51 @@ fn internal_traffic_policy_local_masquerades_like_cluster() {
         "masqueradeAll: pods too"
     );
 }
+
+/// Upstream's TestExternalTrafficPolicyLocal / TestInternalExternalMasquerade rows for a
+/// Service with endpoints elsewhere but none on this node: pods and the node itself reaching
+/// its externalIP, LoadBalancer IP or NodePort are short-circuited to the cluster-wide
+/// endpoints (the node masqueraded, pods not); only traffic from elsewhere is dropped.
+#[test]
+fn local_policy_without_local_endpoints_short_circuits_pods_and_the_node() {
+    let mut s = syncer();
+    let svc = service("etp", "172.30.0.42", |s| {
+        s.node_port = Some(30081);
+        s.external_policy_local = true;
+        s.external_ips = vec![ip("192.168.99.22")];
+        s.load_balancer_ips = vec![ip("1.2.3.4")];
+    });
+    s.sync(&state(vec![(svc, vec![ep("10.180.0.2", false)])]))
+        .unwrap();
+    for (dst, port) in [("192.168.99.22", 80), ("1.2.3.4", 80), (NODE_IP, 30081)] {
+        let from_pod = pkt("10.180.3.3", dst, port);
+        assert_eq!(
+            nat(&mut s, &from_pod),
+            [dnat("10.180.0.2", false)].into(),
+            "pod → {dst}:{port}"
+        );
+        let mut from_node = pkt(NODE_IP, dst, port);
+        from_node.iif = String::new();
+        assert_eq!(
+            nat(&mut s, &from_node),
+            [dnat("10.180.0.2", true)].into(),
+            "node → {dst}:{port}"
+        );
+        let outside = pkt("203.0.113.9", dst, port);
+        assert_eq!(
+            nat(&mut s, &outside),
+            [Outcome::Pass].into(),
+            "outside → {dst}"
+        );
+        let chain = if port == 30081 {
+            names::FILTER_INPUT
+        } else {
+            names::FILTER_FORWARD
+        };
+        assert_eq!(
+            filter(&mut s, chain, &outside),
+            [Outcome::Drop].into(),
+            "outside → {dst}:{port} dropped"
+        );
+    }
+}
