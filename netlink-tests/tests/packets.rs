@@ -796,3 +796,45 @@ fn a_shared_service_address_passes_to_the_other_service_when_its_owner_goes() {
         "{log}"
     );
 }
+
+/// externalTrafficPolicy Local and no endpoint on this node: pods and the node itself
+/// reaching the externalIP or NodePort get the cluster-wide endpoint (pods unmasqueraded);
+/// traffic from outside is dropped (no answer), not refused.
+#[test]
+fn external_policy_local_without_local_endpoints_serves_pods_and_the_node() {
+    let c = web_cluster();
+    let y = scenario::web_yaml_with(
+        "externalTrafficPolicy: Local\nexternalIPs: [192.0.2.20]",
+        &[REMOTE_EP],
+        false,
+    );
+    c.sync_once(&y, &[]);
+    let r = tcp_probe(&c.pods[1], sa("192.0.2.20", 80));
+    assert_eq!(r.name(), Some("remote"), "pod → externalIP: {r:?}");
+    assert_eq!(peer(&r), "10.244.1.3", "pods are not masqueraded");
+    let r = tcp_probe(&c.pods[1], sa(NODE_IP, 30080));
+    assert_eq!(r.name(), Some("remote"), "pod → NodePort: {r:?}");
+    let r = tcp_probe(&c.node, sa("192.0.2.20", 80));
+    assert_eq!(r.name(), Some("remote"), "node → externalIP: {r:?}");
+    for dst in [sa("192.0.2.20", 80), sa(NODE_IP, 30080)] {
+        let r = tcp_probe(&c.ext, dst);
+        assert!(
+            matches!(r, Reply::Timeout),
+            "outside → {dst}: dropped, got {r:?}"
+        );
+    }
+}
+
+/// internalTrafficPolicy Local picks endpoints, not masquerading: an off-cluster client routed
+/// to the node reaches the local endpoint masqueraded (its replies come back through the
+/// node), pods keep their address.
+#[test]
+fn internal_policy_local_still_masquerades_off_cluster_clients() {
+    let c = web_cluster();
+    c.sync_once(&web_yaml("internalTrafficPolicy: Local"), &[]);
+    let r = tcp_probe(&c.ext, sa("10.96.0.10", 80));
+    assert_eq!(r.name(), Some("local"), "{r:?}");
+    assert_ne!(peer(&r), EXT_IP, "off-cluster source masqueraded: {r:?}");
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 80));
+    assert_eq!(peer(&r), "10.244.1.3", "{r:?}");
+}
