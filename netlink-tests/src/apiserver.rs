@@ -19,11 +19,12 @@ use axum::routing::{get, post};
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-/// The three kinds we serve, by URL collection.
-const KINDS: [(&str, &str, &str); 3] = [
+/// The kinds we serve, by URL collection.
+const KINDS: [(&str, &str, &str); 4] = [
     ("services", "v1", "Service"),
     ("endpointslices", "discovery.k8s.io/v1", "EndpointSlice"),
     ("nodes", "v1", "Node"),
+    ("servicecidrs", "networking.k8s.io/v1", "ServiceCIDR"),
 ];
 
 #[derive(Default)]
@@ -39,6 +40,8 @@ struct Store {
     watches: BTreeMap<String, usize>,
     events: Vec<Value>,
     refuse_watches: bool,
+    /// Answer 404 for ServiceCIDRs, as an API server before Kubernetes 1.33 does.
+    no_service_cidrs: bool,
 }
 
 #[derive(Clone)]
@@ -113,6 +116,9 @@ async fn collection(
     let Some((_, api, kind)) = KINDS.iter().find(|(c, _, _)| *c == coll) else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    if coll == "servicecidrs" && sh.store.lock().unwrap().no_service_cidrs {
+        return StatusCode::NOT_FOUND.into_response();
+    }
     let labels = q.get("labelSelector").cloned();
     let fields = q.get("fieldSelector").cloned();
     if q.get("watch").map(String::as_str) != Some("true") {
@@ -248,6 +254,10 @@ impl ApiServer {
                 get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
             )
             .route(
+                "/apis/networking.k8s.io/v1/{c}",
+                get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
+            )
+            .route(
                 "/apis/events.k8s.io/v1/namespaces/{ns}/events",
                 post(post_event),
             )
@@ -256,6 +266,11 @@ impl ApiServer {
         self.server = Some(rt.spawn(async move {
             let _ = axum::serve(listener, app).await;
         }));
+    }
+
+    /// From now on answer 404 for ServiceCIDRs (an API server before Kubernetes 1.33).
+    pub fn without_service_cidrs(&self) {
+        self.shared.store.lock().unwrap().no_service_cidrs = true;
     }
 
     /// The `--master` URL.
@@ -398,6 +413,12 @@ impl Drop for ApiServer {
 /// JSON builders for the objects tests serve.
 pub mod obj {
     use serde_json::{json, Value};
+
+    /// A ServiceCIDR (cluster-scoped).
+    pub fn service_cidr(name: &str, cidrs: &[&str]) -> Value {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+               "metadata": {"name": name}, "spec": {"cidrs": cidrs}})
+    }
 
     pub fn service(ns: &str, name: &str, cluster_ip: &str, port: u16) -> Value {
         json!({"apiVersion": "v1", "kind": "Service",

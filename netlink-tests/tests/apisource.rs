@@ -195,3 +195,33 @@ fn an_undecodable_object_is_skipped_and_the_rest_programmed() {
         "no response bodies: {log}"
     );
 }
+
+/// ServiceCIDR objects reach the kernel: traffic to an unallocated address inside them is
+/// dropped once one exists, and not before. An API server without ServiceCIDRs (404, before
+/// 1.33) holds nothing back.
+#[test]
+fn service_cidr_objects_drop_unallocated_addresses() {
+    let (c, api) = setup();
+    let d = start(&c, &api);
+    assert!(!answered(&c, "10.96.0.10", 4).is_empty());
+    assert!(
+        !c.ruleset("ip").contains("unallocated"),
+        "no ServiceCIDR yet: nothing dropped"
+    );
+    api.apply(obj::service_cidr("kubernetes", &["10.96.0.0/16"]));
+    c.wait_ruleset("ip", "the unallocated-address drop", |r| {
+        r.contains("ip daddr 10.96.0.0/16 drop")
+    });
+    let r = netlink_tests::backend::tcp_probe(&c.pods[1], sa("10.96.0.77", 80));
+    assert!(matches!(r, Reply::Timeout), "{r:?}");
+    drop(d);
+    let (c2, api2) = setup();
+    api2.without_service_cidrs();
+    let d2 = start(&c2, &api2);
+    assert!(
+        !answered(&c2, "10.96.0.10", 4).is_empty(),
+        "{}",
+        d2.log_text()
+    );
+    d2.wait_for_log("ServiceCIDRs cannot be listed", 1);
+}

@@ -44,6 +44,11 @@ fn rbac_is_least_privilege() {
                 "events".into(),
                 "create,patch".into()
             ),
+            (
+                "networking.k8s.io".into(),
+                "servicecidrs".into(),
+                "get,list,watch".into()
+            ),
         ]
     );
     let binding: ClusterRoleBinding = serde_yaml::from_value(d[1].clone()).unwrap();

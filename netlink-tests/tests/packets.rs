@@ -838,3 +838,32 @@ fn internal_policy_local_still_masquerades_off_cluster_clients() {
     let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 80));
     assert_eq!(peer(&r), "10.244.1.3", "{r:?}");
 }
+
+/// Service CIDRs (`--service-cidrs` here; ServiceCIDR objects in API mode): a new connection to
+/// an address inside them that no Service owns is dropped, one to an unused port of a
+/// ClusterIP refused; Services keep working.
+#[test]
+fn unallocated_service_ips_are_dropped_and_unused_ports_refused() {
+    let c = web_cluster();
+    c.sync_once(
+        &web_yaml(""),
+        &["--service-cidrs", "10.96.0.0/16,fd00:96::/112"],
+    );
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.99", 80));
+    assert!(
+        matches!(r, Reply::Timeout),
+        "unallocated: dropped, got {r:?}"
+    );
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 81));
+    assert!(
+        matches!(r, Reply::Refused),
+        "unused port: refused, got {r:?}"
+    );
+    let r = tcp_probe(&c.pods[1], sa("10.96.0.10", 80));
+    assert!(r.name().is_some(), "{r:?}");
+    let r = tcp_probe(&c.pods[1], sa("fd00:96::99", 80));
+    assert!(
+        matches!(r, Reply::Timeout),
+        "IPv6 unallocated: dropped, got {r:?}"
+    );
+}

@@ -41,6 +41,12 @@ pub struct Flags {
     /// Pod CIDRs of the cluster, comma-separated, both families allowed.
     #[arg(long, value_name = "CIDRS")]
     pub cluster_cidr: Option<String>,
+    /// The cluster's service CIDRs, comma-separated, for clusters without ServiceCIDR
+    /// objects (before Kubernetes 1.33, or manifests without them): new connections to
+    /// addresses inside them that no Service owns are dropped. Added to those of ServiceCIDR
+    /// objects. Ours: upstream learns them from ServiceCIDR objects only.
+    #[arg(long, value_name = "CIDRS")]
+    pub service_cidrs: Option<String>,
     /// How to tell local pod traffic apart: ClusterCIDR, NodeCIDR, BridgeInterface or
     /// InterfaceNamePrefix.
     #[arg(long, value_name = "MODE")]
@@ -570,6 +576,10 @@ impl Config {
         if node_name.is_empty() {
             return Err(bad("--hostname-override", "empty node name"));
         }
+        let service_cidrs = match &f.service_cidrs {
+            Some(s) if !s.trim().is_empty() => parse_cidrs("--service-cidrs", s)?,
+            _ => Vec::new(),
+        };
         let cluster_cidrs = match f.cluster_cidr.clone().or(fc.cluster_cidr) {
             Some(s) => parse_cidrs("--cluster-cidr", &s)?,
             None => vec![],
@@ -756,6 +766,7 @@ impl Config {
                 masquerade_all: f.masquerade_all || fc.masquerade_all.unwrap_or(false),
                 local_detector,
                 nodeport_addresses,
+                service_cidrs,
             },
             sync_period,
             min_sync_period,

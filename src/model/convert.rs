@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 use crate::model::net::Cidr;
@@ -25,6 +26,8 @@ pub struct Snapshot {
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
     pub node: Option<Node>,
+    /// `networking.k8s.io/v1` ServiceCIDRs (Kubernetes 1.33+).
+    pub service_cidrs: Vec<ServiceCIDR>,
 }
 
 fn obj_name(ns: &Option<String>, name: &Option<String>) -> String {
@@ -439,6 +442,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
         }
     }
     warnings.extend(collisions(&state));
+    state.service_cidrs = convert_service_cidrs(&snap.service_cidrs, &mut warnings);
     // The same endpoint may appear in two slices while a slice is being rebalanced: keep one.
     let mut eps: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
     for slice in &snap.endpoint_slices {
@@ -482,6 +486,32 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
         }
     }
     (state, warnings)
+}
+
+/// The union of the ServiceCIDR objects' `spec.cidrs`, sorted and without duplicates; a CIDR
+/// that does not parse is named in a warning and skipped. Pure.
+pub fn convert_service_cidrs(objs: &[ServiceCIDR], warnings: &mut Vec<String>) -> Vec<Cidr> {
+    let mut out = std::collections::BTreeSet::new();
+    for o in objs {
+        let name = o.metadata.name.as_deref().unwrap_or("");
+        for c in o
+            .spec
+            .as_ref()
+            .and_then(|s| s.cidrs.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            match c.parse::<Cidr>() {
+                Ok(c) => {
+                    out.insert(c);
+                }
+                Err(e) => warnings.push(format!(
+                    "ServiceCIDR {name}: field spec.cidrs: {c:?}: {e}; skipped"
+                )),
+            }
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Service ports that claim the same address and port, or the same NodePort: the API server
@@ -629,6 +659,7 @@ mod tests {
             services: vec![s],
             endpoint_slices: vec![big, mapped],
             node: None,
+            ..Default::default()
         };
         let (st, w) = build_state(&snap, "node1");
         assert_eq!(
@@ -673,6 +704,7 @@ mod tests {
                 ),
             ],
             node: None,
+            ..Default::default()
         };
         let (st, w) = build_state(&snap, "n1");
         let eps = st.endpoints.values().next().unwrap();

@@ -189,6 +189,9 @@ pub struct ProxyState {
     /// `endpoints.kubernetes.io/last-change-trigger-time` of each service port's slices (the
     /// latest), for the network programming latency metric.
     pub trigger_times: BTreeMap<ServicePortName, std::time::SystemTime>,
+    /// The cluster's service CIDRs (the union of its ServiceCIDR objects): new connections to
+    /// addresses inside them that no Service owns are dropped. Empty: nothing is dropped.
+    pub service_cidrs: Vec<Cidr>,
 }
 
 /// How many service ports changed between two states: (services, endpoint sets). These are

@@ -54,6 +54,9 @@ pub struct ProxierConfig {
     pub masquerade_all: bool,
     pub local_detector: LocalDetector,
     pub nodeport_addresses: NodePortAddresses,
+    /// Service CIDRs known besides the ServiceCIDR objects (`--service-cidrs`); a sync uses
+    /// the union of both.
+    pub service_cidrs: Vec<Cidr>,
 }
 
 impl Default for ProxierConfig {
@@ -64,6 +67,7 @@ impl Default for ProxierConfig {
             masquerade_all: false,
             local_detector: LocalDetector::None,
             nodeport_addresses: NodePortAddresses::All,
+            service_cidrs: Vec::new(),
         }
     }
 }

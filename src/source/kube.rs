@@ -11,6 +11,7 @@ use std::sync::Arc;
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher, Event};
@@ -171,12 +172,14 @@ impl<K: Resource + Clone> Store<K> {
     }
 }
 
-/// The three stores together.
+/// The stores together.
 #[derive(Debug, Default)]
 pub struct Stores {
     pub services: Store<Service>,
     pub slices: Store<EndpointSlice>,
     pub nodes: Store<Node>,
+    /// ServiceCIDRs (Kubernetes 1.33+; an older API server has none to list).
+    pub service_cidrs: Store<ServiceCIDR>,
 }
 
 /// One decoded event of any kind (boxed: Node objects are large).
@@ -184,6 +187,7 @@ pub enum Update {
     Service(Box<Change<Service>>),
     Slice(Box<Change<EndpointSlice>>),
     Node(Box<Change<Node>>),
+    ServiceCidr(Box<Change<ServiceCIDR>>),
 }
 
 impl Stores {
@@ -192,9 +196,12 @@ impl Stores {
             Update::Service(e) => self.services.apply(*e),
             Update::Slice(e) => self.slices.apply(*e),
             Update::Node(e) => self.nodes.apply(*e),
+            Update::ServiceCidr(e) => self.service_cidrs.apply(*e),
         }
     }
-    /// All three kinds have been listed: the first sync may happen.
+    /// Services, EndpointSlices and the Node have been listed: the first sync may happen.
+    /// ServiceCIDRs do not hold it back: an API server before 1.33 does not serve them, and
+    /// until they are known nothing is dropped, which is the safe side.
     pub fn synced(&self) -> bool {
         self.services.synced() && self.slices.synced() && self.nodes.synced()
     }
@@ -207,6 +214,7 @@ impl Stores {
                 .values()
                 .find(|n| n.metadata.name.as_deref() == Some(node_name))
                 .cloned(),
+            service_cidrs: self.service_cidrs.values().cloned().collect(),
         }
     }
 }
@@ -346,7 +354,34 @@ pub async fn run(
         }
     })
     .boxed();
-    let mut all = stream::select_all([svc, eps, nodes]).ready_chunks(4096);
+    // ServiceCIDRs: an API server before 1.33 answers 404 forever; say so once, then keep
+    // retrying quietly (an upgrade makes them appear).
+    let cidrs = watcher(
+        api(ApiResource::erase::<ServiceCIDR>(&())),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .scan(false, |told, r| {
+        let item = match r {
+            Ok(e) => decode_event("ServiceCIDR", e).map(|c| Ok(Update::ServiceCidr(Box::new(c)))),
+            Err(e) => {
+                if !*told {
+                    tracing::info!(
+                        "ServiceCIDRs cannot be listed ({}); traffic to unallocated service IPs is not dropped until they can",
+                        describe_watch_error(&e)
+                    );
+                    *told = true;
+                } else {
+                    tracing::debug!("ServiceCIDR watch: {}", describe_watch_error(&e));
+                }
+                None
+            }
+        };
+        futures::future::ready(Some(item))
+    })
+    .filter_map(futures::future::ready)
+    .boxed();
+    let mut all = stream::select_all([svc, eps, nodes, cidrs]).ready_chunks(4096);
     let mut stores = Stores::default();
     let mut announced = false;
     let mut ticker = tokio::time::interval(resync.max(std::time::Duration::from_secs(1)));

@@ -1,5 +1,6 @@
 //! The manifest source: a YAML file or a directory of them (multi-document, `kind: List`
-//! accepted), holding v1 Services, discovery.k8s.io/v1 EndpointSlices and v1 Nodes. A
+//! accepted), holding v1 Services, discovery.k8s.io/v1 EndpointSlices, networking.k8s.io/v1
+//! ServiceCIDRs and v1 Nodes. A
 //! document that does not parse, is not UTF-8, or is of another kind, is reported with its
 //! file and line and skipped. A path that is missing or unreadable, or a file that is not a
 //! regular file or exceeds [`MAX_FILE_BYTES`], is a [`ManifestError`]: never read as an
@@ -11,6 +12,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use serde_yaml::Value;
 
 use super::Snapshot;
@@ -161,6 +163,10 @@ fn add_object(
             Ok(s) => snap.endpoint_slices.push(s),
             Err(e) => warnings.push(bad("EndpointSlice", e)),
         },
+        (Some("networking.k8s.io/v1"), Some("ServiceCIDR")) => match decode::<ServiceCIDR>(v) {
+            Ok(c) => snap.service_cidrs.push(c),
+            Err(e) => warnings.push(bad("ServiceCIDR", e)),
+        },
         (Some("v1"), Some("Node")) => match decode::<Node>(v) {
             Ok(n) => {
                 if n.metadata.name.as_deref() == Some(node_name) {
@@ -170,7 +176,7 @@ fn add_object(
             Err(e) => warnings.push(bad("Node", e)),
         },
         _ => warnings.push(format!(
-            "{whence}: apiVersion {} kind {} ({object}) is not a v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node; skipped",
+            "{whence}: apiVersion {} kind {} ({object}) is not a v1 Service, discovery.k8s.io/v1 EndpointSlice, networking.k8s.io/v1 ServiceCIDR or v1 Node; skipped",
             shown(v.get("apiVersion")),
             shown(v.get("kind")),
         )),
@@ -396,6 +402,7 @@ impl ManifestCache {
             out.services.extend(s.services.iter().cloned());
             out.endpoint_slices
                 .extend(s.endpoint_slices.iter().cloned());
+            out.service_cidrs.extend(s.service_cidrs.iter().cloned());
             if s.node.is_some() {
                 out.node = s.node.clone();
             }
@@ -665,6 +672,26 @@ metadata: {name: node2}
         assert!(w[0].contains("apiVersion v1 kind 7 (seven)"), "{w:?}");
         assert!(
             w[1].starts_with("m.yaml:5: Service ns/web: field spec.ports[0].port:"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn service_cidrs_are_read_and_bad_ones_named() {
+        let text = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec: {cidrs: [10.96.0.0/12, 'fd00:96::/108']}\n---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: extra}\nspec: {cidrs: [10.96.0.0/12, nonsense]}\n";
+        let (mut s, mut w) = (Snapshot::default(), Vec::new());
+        parse_manifest(text, "c.yaml", "n", &mut s, &mut w);
+        assert!(w.is_empty(), "{w:?}");
+        let (st, w) = crate::model::convert::build_state(&s, "n");
+        let got: Vec<String> = st.service_cidrs.iter().map(|c| c.to_string()).collect();
+        assert_eq!(
+            got,
+            ["10.96.0.0/12", "fd00:96::/108"],
+            "union, deduplicated"
+        );
+        assert!(
+            w.iter()
+                .any(|w| w.contains("ServiceCIDR extra: field spec.cidrs: \"nonsense\"")),
             "{w:?}"
         );
     }

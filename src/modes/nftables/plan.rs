@@ -132,7 +132,23 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
                 Expr::Reject,
             ],
         )
-        .with_comment("reject traffic to invalid ports of ClusterIPs")],
+        .with_comment("reject traffic to invalid ports of ClusterIPs")]
+        .into_iter()
+        .chain(cidrs_of(&cfg.service_cidrs, family).into_iter().map(|c| {
+            r(
+                CLUSTER_IPS_CHECK,
+                vec![
+                    Expr::Addr {
+                        field: Field::Daddr,
+                        op: CmpOp::Eq,
+                        value: c,
+                    },
+                    Expr::Verdict(Verdict::Drop),
+                ],
+            )
+            .with_comment("drop traffic to unallocated ClusterIPs")
+        }))
+        .collect(),
     );
     rs.chain(
         Chain::regular(FIREWALL_CHECK),

@@ -79,7 +79,7 @@ impl<N: Nftables> NftablesProxier<N> {
 
     /// Plans the transactions of a sync without applying them (for `--dry-run` and tests).
     pub fn plan(&mut self, state: &ProxyState) -> Vec<Transaction> {
-        let cfg = self.local.resolve(&self.cfg, &state.node);
+        let cfg = with_service_cidrs(self.local.resolve(&self.cfg, &state.node), state);
         self.families
             .iter()
             .map(|f| {
@@ -104,7 +104,7 @@ impl<N: Nftables> NftablesProxier<N> {
             self.need_full = true;
             self.last_node_labels = Some(state.node.labels.clone());
         }
-        let cfg = self.local.resolve(&self.cfg, &state.node);
+        let cfg = with_service_cidrs(self.local.resolve(&self.cfg, &state.node), state);
         // The base fragment and every service fragment depend on the config and the Node:
         // when either changes, rebuild everything.
         if self.last_cfg.as_ref() != Some(&cfg) || self.last_node.as_ref() != Some(&state.node) {
@@ -217,6 +217,16 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
     fn cleanup(&mut self) -> Result<Vec<String>, SyncError> {
         crate::proxy::cleanup::delete_tables(&mut self.nft, &[self.cfg.table.as_str()])
     }
+}
+
+/// `cfg` with the cluster's service CIDRs: the configured ones and those of its ServiceCIDR
+/// objects. They live in the base fragment, so a change makes the next sync a full one.
+fn with_service_cidrs(mut cfg: ProxierConfig, state: &ProxyState) -> ProxierConfig {
+    cfg.service_cidrs
+        .extend(state.service_cidrs.iter().copied());
+    cfg.service_cidrs.sort();
+    cfg.service_cidrs.dedup();
+    cfg
 }
 
 /// The change detector: service ports whose Service or endpoints differ between the last

@@ -775,3 +775,60 @@ fn local_policy_without_local_endpoints_short_circuits_pods_and_the_node() {
         );
     }
 }
+
+/// Upstream's TestClusterIPGeneral rows for service CIDRs: an unallocated address inside them
+/// is dropped, an unused port of an allocated ClusterIP rejected; with no service CIDR known
+/// nothing is dropped. The CIDRs come from ServiceCIDR objects (the state) and the flag.
+#[test]
+fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
+    let web = || service("web", "172.30.0.41", |_| {});
+    let eps = || vec![ep("10.180.0.1", false)];
+    let pod = |dst: &str, port: u16| pkt("10.180.2.2", dst, port);
+    let mut none = syncer();
+    none.sync(&state(vec![(web(), eps())])).unwrap();
+    assert_eq!(
+        filter(&mut none, names::FILTER_FORWARD, &pod("172.30.0.50", 80)),
+        [Outcome::Pass].into(),
+        "no service CIDR known: nothing dropped"
+    );
+    for from_objects in [true, false] {
+        let mut s = syncer();
+        let mut st = state(vec![(web(), eps())]);
+        if from_objects {
+            st.service_cidrs = vec!["172.30.0.0/16".parse().unwrap()];
+        } else {
+            s = NftablesProxier::new(
+                FakeNftables::new(),
+                ProxierConfig {
+                    local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+                    service_cidrs: vec![
+                        "172.30.0.0/16".parse().unwrap(),
+                        "fd00:30::/108".parse().unwrap(),
+                    ],
+                    ..Default::default()
+                },
+                DetectLocal::ClusterCidr(vec![]),
+            );
+        }
+        s.sync(&st).unwrap();
+        assert_eq!(
+            filter(&mut s, names::FILTER_FORWARD, &pod("172.30.0.50", 80)),
+            [Outcome::Drop].into(),
+            "unallocated (from objects: {from_objects})"
+        );
+        assert_eq!(
+            filter(&mut s, names::FILTER_FORWARD, &pod("172.30.0.41", 443)),
+            [Outcome::Reject].into(),
+            "unused port of an allocated ClusterIP"
+        );
+        assert_eq!(
+            nat(&mut s, &pod("172.30.0.41", 80)),
+            [dnat("10.180.0.1", false)].into()
+        );
+        assert_eq!(
+            filter(&mut s, names::FILTER_FORWARD, &pod("10.0.0.9", 80)),
+            [Outcome::Pass].into(),
+            "outside the service CIDRs"
+        );
+    }
+}
