@@ -367,22 +367,25 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n",
     )
     .unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(netlink_tests::cluster::proxy_bin())
-        .args(["--hostname-override", "node1", "--manifests"])
-        .arg(&manifests)
-        .arg("--config")
-        .arg(&cfg)
-        .args([
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    // The daemon on the big manifests, with `extra` arguments, stderr captured.
+    let spawn = |extra: &[&std::ffi::OsStr]| {
+        Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(netlink_tests::cluster::proxy_bin())
+            .args(["--hostname-override", "node1", "--manifests"])
+            .arg(&manifests)
+            .args([
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let child = spawn(&["--config".as_ref(), cfg.as_os_str()]);
     std::thread::sleep(std::time::Duration::from_millis(60));
     std::fs::write(
         &cfg,
@@ -398,20 +401,7 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("configuration file changed"), "{err}");
     for delay_ms in [50u64, 150, 400] {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .arg(netlink_tests::cluster::proxy_bin())
-            .args(["--hostname-override", "node1", "--manifests"])
-            .arg(&manifests)
-            .args([
-                "--healthz-bind-address",
-                "127.0.0.1:0",
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-            ])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = spawn(&[]);
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         // `ip netns exec` execs the proxy in place: the child's pid is the daemon's.
         #[allow(unsafe_code)]
