@@ -21,11 +21,8 @@ pub trait OutputWithin {
 impl OutputWithin for Command {
     fn output_within(&mut self, limit: Duration) -> std::io::Result<Output> {
         let what = format!("{self:?}");
-        let mut child = self
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
+        // stdin is left as the caller configured it (a baseline feeds its input file there).
+        let mut child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
         // Drain both pipes on threads so a chatty child cannot block on a full pipe.
         let drain = |p: Option<Box<dyn Read + Send>>| {
             std::thread::spawn(move || {

@@ -656,6 +656,8 @@ fn main() {
         ipvs_rows(&mut rows, if quick { &[1000] } else { &[1000, 10_000] });
     } else if args.iter().any(|a| a == "--partial-only") {
         partial_row(&mut rows, 10_000);
+    } else if args.iter().any(|a| a == "--latency-only") {
+        latency_rows(&mut rows, &lat, connects);
     } else if args.iter().any(|a| a == "--conntrack-only") {
         conntrack_row(&mut rows);
     } else {
