@@ -832,3 +832,127 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
         );
     }
 }
+
+/// Upstream's flow tables, ported row by row (pkg/proxy/nftables/proxier_test.go). Rows that
+/// do not apply here say why.
+mod upstream_flows {
+    use super::*;
+
+    fn lb(s: &mut ServicePort) {
+        s.node_port = Some(30001);
+        s.external_ips = vec![ip("192.168.99.11")];
+        s.load_balancer_ips = vec![ip("1.2.3.4")];
+    }
+
+    /// TestNoEndpointsReject: with no endpoints, a pod or an external client reaching the
+    /// ClusterIP, externalIP, NodePort or LoadBalancer IP is rejected.
+    #[test]
+    fn no_endpoints_reject() {
+        let mut s = syncer();
+        s.sync(&state(vec![(service("svc1", "172.30.0.41", lb), vec![])]))
+            .unwrap();
+        for src in ["10.180.0.2", "203.0.113.9"] {
+            for (dst, port, chain) in [
+                ("172.30.0.41", 80, names::FILTER_FORWARD),
+                ("192.168.99.11", 80, names::FILTER_FORWARD),
+                ("1.2.3.4", 80, names::FILTER_FORWARD),
+                (NODE_IP, 30001, names::FILTER_INPUT),
+            ] {
+                let p = pkt(src, dst, port);
+                assert_eq!(nat(&mut s, &p), [Outcome::Pass].into(), "{src} → {dst}");
+                assert_eq!(
+                    filter(&mut s, chain, &p),
+                    [Outcome::Reject].into(),
+                    "{src} → {dst}:{port}"
+                );
+            }
+        }
+    }
+
+    /// TestExternalTrafficPolicyCluster: pods reach the ClusterIP unmasqueraded; every
+    /// flow to an externalIP, LoadBalancer IP or NodePort, from a pod or from outside, reaches
+    /// every endpoint, masqueraded.
+    #[test]
+    fn external_traffic_policy_cluster() {
+        let mut s = syncer();
+        let eps = vec![ep("10.180.0.1", true), ep("10.180.1.1", false)];
+        s.sync(&state(vec![(service("svc1", "172.30.0.41", lb), eps)]))
+            .unwrap();
+        let both = |m| [dnat("10.180.0.1", m), dnat("10.180.1.1", m)].into();
+        assert_eq!(
+            nat(&mut s, &pkt("10.180.2.2", "172.30.0.41", 80)),
+            both(false)
+        );
+        for src in ["10.180.2.2", "203.0.113.9"] {
+            for (dst, port) in [("192.168.99.11", 80), ("1.2.3.4", 80), (NODE_IP, 30001)] {
+                assert_eq!(
+                    nat(&mut s, &pkt(src, dst, port)),
+                    both(true),
+                    "{src} → {dst}"
+                );
+            }
+        }
+    }
+
+    /// TestInternalTrafficPolicy: Cluster uses every endpoint; Local only the local ones;
+    /// Local without local endpoints drops; with no endpoints at all it rejects.
+    #[test]
+    fn internal_traffic_policy() {
+        let itp_local = |s: &mut ServicePort| s.internal_policy_local = true;
+        let p = pkt("10.180.2.2", "172.30.0.41", 80);
+        // (iTP Local, endpoints, what NAT does, what the filter does after it)
+        type Case = (bool, Vec<Endpoint>, BTreeSet<Outcome>, Option<Outcome>);
+        let cases: Vec<Case> = vec![
+            (
+                false,
+                vec![
+                    ep("10.180.0.1", true),
+                    ep("10.180.0.2", true),
+                    ep("10.180.1.1", false),
+                ],
+                [
+                    dnat("10.180.0.1", false),
+                    dnat("10.180.0.2", false),
+                    dnat("10.180.1.1", false),
+                ]
+                .into(),
+                None,
+            ),
+            (
+                true,
+                vec![
+                    ep("10.180.0.1", true),
+                    ep("10.180.0.2", true),
+                    ep("10.180.1.1", false),
+                ],
+                [dnat("10.180.0.1", false), dnat("10.180.0.2", false)].into(),
+                None,
+            ),
+            (
+                true,
+                vec![ep("10.180.1.1", false)],
+                [Outcome::Pass].into(),
+                Some(Outcome::Drop),
+            ),
+            (true, vec![], [Outcome::Pass].into(), Some(Outcome::Reject)),
+        ];
+        for (local, eps, want_nat, want_filter) in cases {
+            let mut s = syncer();
+            let svc = if local {
+                service("svc1", "172.30.0.41", itp_local)
+            } else {
+                service("svc1", "172.30.0.41", |_| {})
+            };
+            s.sync(&state(vec![(svc, eps.clone())])).unwrap();
+            assert_eq!(
+                nat(&mut s, &p),
+                want_nat,
+                "iTP Local {local}, {} endpoints",
+                eps.len()
+            );
+            if let Some(f) = want_filter {
+                assert_eq!(filter(&mut s, names::FILTER_FORWARD, &p), [f].into());
+            }
+        }
+    }
+}
