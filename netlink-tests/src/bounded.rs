@@ -1,7 +1,6 @@
 //! Bounded waits for test-time processes: a command's output or a child's exit within a
 //! deadline, else the process is killed and the test fails with a message saying what hung
 //! (one unbounded wait once held CI for seven minutes).
-#![allow(unsafe_code)] // kill(2) of our own children
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -22,35 +21,40 @@ impl OutputWithin for Command {
     fn output_within(&mut self, limit: Duration) -> std::io::Result<Output> {
         let what = format!("{self:?}");
         // stdin is left as the caller configured it (a baseline feeds its input file there).
-        let mut child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-        // Drain both pipes on threads so a chatty child cannot block on a full pipe.
-        let drain = |p: Option<Box<dyn Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(mut p) = p {
-                    let _ = p.read_to_end(&mut buf);
-                }
-                buf
-            })
-        };
-        let out = drain(
-            child
-                .stdout
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        );
-        let err = drain(
-            child
-                .stderr
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        );
-        let status = wait_within(&mut child, limit, &what);
-        Ok(Output {
-            status,
-            stdout: out.join().unwrap_or_default(),
-            stderr: err.join().unwrap_or_default(),
+        let child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        Ok(collect_within(child, limit, &what))
+    }
+}
+
+/// Waits for `child` within `limit`, draining its piped stdout and stderr on threads so a
+/// chatty child cannot block on a full pipe; on timeout kills it and panics naming `what`.
+fn collect_within(mut child: Child, limit: Duration, what: &str) -> Output {
+    let drain = |p: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
         })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let status = wait_within(&mut child, limit, what);
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
     }
 }
 
@@ -71,23 +75,10 @@ pub fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus
     }
 }
 
-/// [`Child::wait_with_output`] within `limit`; on timeout the child is killed (SIGKILL) and
-/// this panics naming `what`.
+/// [`Child::wait_with_output`] within `limit`: what was piped is collected, and on timeout
+/// the child is killed and this panics naming `what`.
 pub fn wait_with_output_within(child: Child, limit: Duration, what: &str) -> Output {
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => out.unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
-        Err(_) => {
-            // SAFETY: signalling our own child, which has not been reaped (its waiter is
-            // still blocked).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{what} did not finish within {limit:?}; killed");
-        }
-    }
+    collect_within(child, limit, what)
 }
 
 #[cfg(test)]
