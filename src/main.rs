@@ -1,20 +1,21 @@
 //! The kube-nlproxy binary: parse flags, set up logging, run until SIGTERM.
 
-use clap::Parser;
-use kube_nlproxy::config::{Config, Flags};
+use kube_nlproxy::config::{Command, Config};
 
 fn main() -> std::process::ExitCode {
-    let flags = Flags::parse();
-    let cfg = match Config::from_flags(flags) {
-        Ok(c) => c,
+    let cfg = match Config::from_args(std::env::args_os().skip(1)) {
+        Ok(Command::Run(c)) => *c,
+        Ok(Command::Print(text)) => {
+            print!("{text}");
+            return std::process::ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("kube-nlproxy: {e}");
             return std::process::ExitCode::from(2);
         }
     };
     if let Some(path) = &cfg.write_config_to {
-        let text = serde_yaml::to_string(&cfg.to_kube_proxy_configuration()).unwrap_or_default();
-        if let Err(e) = std::fs::write(path, text) {
+        if let Err(e) = std::fs::write(path, cfg.to_yaml()) {
             eprintln!("kube-nlproxy: cannot write {}: {e}", path.display());
             return std::process::ExitCode::FAILURE;
         }

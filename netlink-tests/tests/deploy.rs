@@ -109,14 +109,13 @@ fn configmap_holds_a_config_we_accept() {
     let text = cm.data.unwrap()["config.yaml"].clone();
     let p = std::env::temp_dir().join(format!("nlp-deploy-{}.yaml", std::process::id()));
     std::fs::write(&p, text).unwrap();
-    let flags = <kube_nlproxy::config::Flags as clap::Parser>::parse_from([
-        "kube-nlproxy",
+    let cfg = kube_nlproxy::config::Config::from_flag_list(&[
         "--config",
         p.to_str().unwrap(),
         "--hostname-override",
         "n1",
-    ]);
-    let cfg = kube_nlproxy::config::Config::from_flags(flags).unwrap();
+    ])
+    .unwrap();
     assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
     std::fs::remove_file(p).unwrap();
 }

@@ -49,6 +49,9 @@ pub enum AppError {
     SourceEnded,
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
+    /// `bindAddressHardFail`: a server could not bind its address.
+    #[error("cannot serve {0} on {1} and bindAddressHardFail is set")]
+    Bind(&'static str, std::net::SocketAddr),
 }
 
 impl AppError {
@@ -106,11 +109,24 @@ fn options(cfg: &Config) -> Options {
 /// Runs the proxy as configured.
 pub async fn run(cfg: Config) -> Result<(), AppError> {
     let shutdown = Shutdown::install();
+    for n in &cfg.notices {
+        tracing::info!("{n}");
+    }
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
     if cfg.cleanup {
         return cleanup_everything(&cfg);
+    }
+    if cfg.init_only {
+        // Upstream's --init-only: the steps that need full privileges, then exit, so that
+        // the daemon itself can run with CAP_NET_ADMIN only.
+        set_oom_score_adj(cfg.oom_score_adj);
+        for w in crate::kernel::conntrack::tuning::apply(&cfg.conntrack) {
+            tracing::warn!("{w}");
+        }
+        tracing::info!("initialization done (--init-only); exiting");
+        return Ok(());
     }
     let (tx, mut rx) = watch::channel(None);
     let mut warnings = None;
@@ -341,20 +357,30 @@ async fn drive<P: Proxier>(
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
         metrics: Arc::new(Metrics::new()),
-        configz: Arc::new(cfg.to_kube_proxy_configuration()),
+        configz: Arc::new(
+            serde_json::to_value(cfg.to_kube_proxy_configuration()).unwrap_or_default(),
+        ),
     };
-    admin::serve(
-        cfg.healthz_bind_address,
-        "healthz",
-        admin::healthz_router(shared.clone()),
-    )
-    .await;
-    admin::serve(
-        cfg.metrics_bind_address,
-        "metrics",
-        admin::metrics_router(shared.clone()),
-    )
-    .await;
+    for (addr, what, router) in [
+        (
+            cfg.healthz_bind_address,
+            "healthz",
+            admin::healthz_router(shared.clone()),
+        ),
+        (
+            cfg.metrics_bind_address,
+            "metrics",
+            admin::metrics_router(shared.clone()),
+        ),
+    ] {
+        let Some(addr) = addr else {
+            tracing::info!("{what} server disabled (empty bind address)");
+            continue;
+        };
+        if admin::serve(addr, what, router).await.is_none() && cfg.bind_address_hard_fail {
+            return Err(AppError::Bind(what, addr));
+        }
+    }
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
     if cfg.localhost_nodeports {

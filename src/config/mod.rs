@@ -1,149 +1,35 @@
-//! Command-line flags and the KubeProxyConfiguration file, merged into one validated
-//! [`Config`]. Flag names follow upstream kube-proxy where the meaning is the same; flags
-//! override the file. Pure apart from reading the config file.
+//! The command line and the KubeProxyConfiguration file, merged as upstream kube-proxy
+//! merges them (cmd/kube-proxy/app/options.go `Complete`), validated with upstream's rules,
+//! and turned into the one [`Config`] the daemon runs with. With `--config` the file
+//! replaces the flag values (a warning names each flag so ignored), except the logging
+//! flags and `--hostname-override`; without it the flags apply over upstream's defaults.
+//! Errors name the file field when the value came from the file, the flag otherwise.
+//! Pure apart from reading the config file.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
-
+pub mod decode;
 pub mod duration;
+pub mod flags;
+pub mod internal;
 #[cfg(test)]
 mod proptests;
-use serde_yaml::Value;
+pub mod v1alpha1;
+mod yaml_out;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
 use crate::kernel::nft::Cidr;
 use crate::proxy::{names, LocalDetector, NodePortAddresses, ProxierConfig};
+use flags::{Parsed, Target};
+use internal::KubeProxyConfig;
+use v1alpha1::GoDuration;
 
-/// A Kubernetes service proxy that programs the kernel only through netlink.
-#[derive(Debug, Clone, Parser, Default)]
-#[command(name = "kube-nlproxy", version, about)]
-pub struct Flags {
-    /// KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON).
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Read Services, EndpointSlices and Nodes from this YAML file or directory (watched).
-    #[arg(long, value_name = "PATH")]
-    pub manifests: Option<PathBuf>,
-    /// kubeconfig file for the API server (default: in-cluster service account, or
-    /// $KUBECONFIG / ~/.kube/config when present).
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// The API server's address (overrides the kubeconfig). Point it at the real API server:
-    /// the `kubernetes` ClusterIP is programmed by this proxy itself.
-    #[arg(long, value_name = "URL")]
-    pub master: Option<String>,
-    /// This node's name (default: the kernel's hostname).
-    #[arg(long, value_name = "NAME")]
-    pub hostname_override: Option<String>,
-    /// Pod CIDRs of the cluster, comma-separated, both families allowed.
-    #[arg(long, value_name = "CIDRS")]
-    pub cluster_cidr: Option<String>,
-    /// The cluster's service CIDRs, comma-separated, for clusters without ServiceCIDR
-    /// objects (before Kubernetes 1.33, or manifests without them): new connections to
-    /// addresses inside them that no Service owns are dropped. Added to those of ServiceCIDR
-    /// objects. Ours: upstream learns them from ServiceCIDR objects only.
-    #[arg(long, value_name = "CIDRS")]
-    pub service_cidrs: Option<String>,
-    /// How to tell local pod traffic apart: ClusterCIDR, NodeCIDR, BridgeInterface or
-    /// InterfaceNamePrefix.
-    #[arg(long, value_name = "MODE")]
-    pub detect_local_mode: Option<String>,
-    /// The pods' bridge, for `--detect-local-mode BridgeInterface`.
-    #[arg(long, value_name = "NAME")]
-    pub pod_bridge_interface: Option<String>,
-    /// The pods' interface name prefix, for `--detect-local-mode InterfaceNamePrefix`.
-    #[arg(long, value_name = "PREFIX")]
-    pub pod_interface_name_prefix: Option<String>,
-    /// Addresses that accept NodePorts: comma-separated CIDRs, or `primary`.
-    #[arg(long, value_name = "CIDRS")]
-    pub nodeport_addresses: Option<String>,
-    /// Masquerade all traffic sent to ClusterIPs.
-    #[arg(long)]
-    pub masquerade_all: bool,
-    /// Bit of the packet mark used to request masquerading (0-31).
-    #[arg(long, value_name = "BIT")]
-    pub masquerade_bit: Option<u8>,
-    /// Longest interval between two syncs when nothing changes (e.g. 30s, 1m).
-    #[arg(long, value_name = "DURATION")]
-    pub sync_period: Option<String>,
-    /// Shortest interval between syncs; changes arriving faster are batched.
-    #[arg(long, value_name = "DURATION")]
-    pub min_sync_period: Option<String>,
-    /// How often the watchers' state is re-published (upstream's informer resync period).
-    #[arg(long, value_name = "DURATION")]
-    pub config_sync_period: Option<String>,
-    /// Proxy mode: nftables, ipvs or userspace.
-    #[arg(long, value_name = "MODE")]
-    pub proxy_mode: Option<String>,
-    /// IPVS mode: scheduler of every virtual server (rr, wrr, lc, wlc, sh, mh, …).
-    #[arg(long, value_name = "NAME")]
-    pub ipvs_scheduler: Option<String>,
-    /// IPVS mode: longest interval between syncs (overrides --sync-period).
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_sync_period: Option<String>,
-    /// IPVS mode: shortest interval between syncs (overrides --min-sync-period).
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_min_sync_period: Option<String>,
-    /// IPVS mode: virtual servers in these CIDRs are never deleted by us (comma-separated).
-    #[arg(long, value_name = "CIDRS")]
-    pub ipvs_exclude_cidrs: Option<String>,
-    /// IPVS mode: set arp_ignore=1 and arp_announce=2 so only real interfaces answer ARP.
-    #[arg(long)]
-    pub ipvs_strict_arp: bool,
-    /// IPVS mode: idle timeout of TCP connections (0: leave the kernel's).
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_tcp_timeout: Option<String>,
-    /// IPVS mode: timeout of TCP connections after FIN (0: leave the kernel's).
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_tcpfin_timeout: Option<String>,
-    /// IPVS mode: timeout of UDP flows (0: leave the kernel's).
-    #[arg(long, value_name = "DURATION")]
-    pub ipvs_udp_timeout: Option<String>,
-    /// Name of our nftables table in the ip and ip6 families.
-    #[arg(long, value_name = "NAME")]
-    pub nftables_table: Option<String>,
-    /// Address of the /healthz and /livez server.
-    #[arg(long, value_name = "ADDR")]
-    pub healthz_bind_address: Option<String>,
-    /// Address of the /metrics server.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_bind_address: Option<String>,
-    /// Serve NodePorts on 127.0.0.1 too, through a userspace proxy (nftables DNAT cannot
-    /// reach loopback without route_localnet).
-    #[arg(long)]
-    pub localhost_nodeports: bool,
-    /// Do not delete stale UDP/SCTP conntrack entries after syncs (for diagnosis only: clients
-    /// of a removed endpoint then keep sending into the void).
-    #[arg(long)]
-    pub no_conntrack_cleanup: bool,
-    /// Value written to /proc/self/oom_score_adj at start-up (-1000 to 1000).
-    #[arg(long, value_name = "N", allow_hyphen_values = true)]
-    pub oom_score_adj: Option<i32>,
-    /// Write the effective configuration as a KubeProxyConfiguration file and exit.
-    #[arg(long, value_name = "FILE")]
-    pub write_config_to: Option<PathBuf>,
-    /// Log format: text or json.
-    #[arg(long, value_name = "FORMAT")]
-    pub logging_format: Option<String>,
-    /// Log verbosity as kube-proxy users know it: 0-1 info, 2-3 debug, 4+ trace (RUST_LOG
-    /// overrides).
-    #[arg(short = 'v', long = "v", value_name = "N")]
-    pub verbosity: Option<u8>,
-    /// Remove our tables from the kernel and exit.
-    #[arg(long)]
-    pub cleanup: bool,
-    /// Do one full sync and exit.
-    #[arg(long)]
-    pub once: bool,
-    /// Print the ruleset that would be programmed and exit, touching nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-}
+pub use crate::proxy::DetectLocal;
+pub use v1alpha1::API_VERSION;
 
-/// The proxy mode.
+/// The proxy mode that runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProxyMode {
     Nftables,
@@ -169,17 +55,24 @@ pub struct Config {
     pub master: Option<String>,
     pub node_name: String,
     pub mode: ProxyMode,
+    /// The mode as configured (`iptables` for an empty one): what `/proxyMode` answers and
+    /// `--write-config-to` writes, so that upstream reads back what it was given.
+    pub requested_mode: String,
     pub proxier: ProxierConfig,
     /// IPVS mode settings (used with `ProxyMode::Ipvs`).
     pub ipvs: crate::modes::ipvs::plan::IpvsConfig,
     pub sync_period: Duration,
     pub min_sync_period: Duration,
     pub config_sync_period: Duration,
-    pub healthz_bind_address: SocketAddr,
-    pub metrics_bind_address: SocketAddr,
+    /// `None`: the server is disabled.
+    pub healthz_bind_address: Option<SocketAddr>,
+    pub metrics_bind_address: Option<SocketAddr>,
+    /// A failure to bind either server is fatal (`bindAddressHardFail`).
+    pub bind_address_hard_fail: bool,
     pub cleanup: bool,
     pub once: bool,
     pub dry_run: bool,
+    pub init_only: bool,
     pub conntrack_cleanup: bool,
     pub conntrack: ConntrackConfig,
     pub json_logs: bool,
@@ -192,15 +85,28 @@ pub struct Config {
     /// The bytes the configuration was read from: the file watcher compares against them,
     /// so an edit made at any time after loading is noticed.
     pub config_bytes: Option<Vec<u8>>,
+    /// Log verbosity as upstream's `-v`.
+    pub verbosity: u32,
     /// Default log filter (`info`, `debug`, `trace`).
     pub log_level: &'static str,
-    /// Settings from the file that were not understood, to be logged.
+    /// One-line notices for the log (how upstream settings map onto this binary).
+    pub notices: Vec<String>,
+    /// Settings that were not understood or have no effect, to be logged as warnings.
     pub warnings: Vec<String>,
     /// Detect-local mode and the CIDRs it was given (NodeCIDR resolves once the Node is known).
     pub detect_local: DetectLocal,
+    /// The resolved upstream configuration (internal form): `/configz` and
+    /// `--write-config-to` show it in upstream's v1alpha1 shape.
+    pub upstream: KubeProxyConfig,
 }
 
-pub use crate::proxy::DetectLocal;
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Command {
+    Run(Box<Config>),
+    /// `--help` or `--version`: print this and exit 0.
+    Print(String),
+}
 
 /// A configuration error: one line naming the flag or field.
 #[derive(Debug, thiserror::Error)]
@@ -226,613 +132,24 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|_| format!("{s:?}: must not be negative"))
 }
 
-fn parse_cidrs(what: &str, s: &str) -> Result<Vec<Cidr>, ConfigError> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|x| !x.is_empty())
-        .map(|x| x.parse::<Cidr>().map_err(|e| bad(what, e)))
-        .collect()
+/// A duration as Go prints it (`15m0s`, `250ms`), which [`parse_duration`] and upstream
+/// read back; beyond Go's range (292 years) it saturates.
+pub fn format_duration(d: Duration) -> String {
+    duration::format(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
-fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
-    // Upstream accepts a bare IP (port defaulted) or IP:port.
-    if let Ok(a) = s.parse::<SocketAddr>() {
-        return Ok(a);
-    }
-    Err(bad(what, format!("{s:?} is not IP:port")))
-}
-
-/// Values read from a KubeProxyConfiguration file.
-#[derive(Debug, Default)]
-struct FileConfig {
-    hostname_override: Option<String>,
-    cluster_cidr: Option<String>,
-    detect_local_mode: Option<String>,
-    nodeport_addresses: Option<Vec<String>>,
-    masquerade_all: Option<bool>,
-    masquerade_bit: Option<u8>,
-    localhost_nodeports: Option<bool>,
-    sync_period: Option<String>,
-    min_sync_period: Option<String>,
-    config_sync_period: Option<String>,
-    mode: Option<String>,
-    table: Option<String>,
-    healthz: Option<String>,
-    metrics: Option<String>,
-    kubeconfig: Option<String>,
-    oom_score_adj: Option<i32>,
-    bridge_interface: Option<String>,
-    interface_name_prefix: Option<String>,
-    conntrack: ConntrackConfig,
-    ipvs: FileIpvs,
-    warnings: Vec<String>,
-}
-
-/// The `ipvs` section of a KubeProxyConfiguration.
-#[derive(Debug, Default)]
-struct FileIpvs {
-    scheduler: Option<String>,
-    sync_period: Option<String>,
-    min_sync_period: Option<String>,
-    exclude_cidrs: Option<Vec<String>>,
-    strict_arp: Option<bool>,
-    tcp_timeout: Option<String>,
-    tcp_fin_timeout: Option<String>,
-    udp_timeout: Option<String>,
-}
-
-fn as_str(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-/// The one KubeProxyConfiguration version read (and written).
-pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
-
-fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
-    let what = format!("config file {path}");
-    if let Err(line) = crate::source::yaml::check_depth(text) {
-        return Err(bad(
-            &what,
-            format!(
-                "line {line}: nests deeper than {} levels",
-                crate::source::yaml::MAX_DEPTH
-            ),
-        ));
-    }
-    let v: Value = serde_yaml::from_str(text).map_err(|e| bad(&what, e.to_string()))?;
-    let Value::Mapping(m) = v else {
-        return Err(bad(&what, "not a mapping"));
-    };
-    let mut fc = FileConfig::default();
-    let kind = m.get("kind").and_then(as_str);
-    if kind.as_deref() != Some("KubeProxyConfiguration") {
-        return Err(bad(&what, "kind is not KubeProxyConfiguration"));
-    }
-    // Upstream decodes strictly by group/version: a missing or other apiVersion is an error.
-    match m.get("apiVersion").and_then(as_str).as_deref() {
-        Some(API_VERSION) => {}
-        None => {
-            return Err(bad(
-                &format!("{what} field apiVersion"),
-                format!("missing (use {API_VERSION})"),
-            ))
-        }
-        Some(other) => {
-            return Err(bad(
-                &format!("{what} field apiVersion"),
-                format!("{other:?} is not supported (use {API_VERSION})"),
-            ))
-        }
-    }
-    let field_err = |f: &str| bad(&format!("{what} field {f}"), "wrong type");
-    // A boolean field: `true` or `false`, nothing else (upstream's decoder rejects the rest).
-    let bool_field = |f: &str, v: &Value| -> Result<Option<bool>, ConfigError> {
-        match v {
-            Value::Null => Ok(None),
-            Value::Bool(b) => Ok(Some(*b)),
-            _ => Err(bad(&format!("{what} field {f}"), "not true or false")),
-        }
-    };
-    // A duration field, checked here so that an error names the field, not a flag.
-    let dur_field = |f: &str, v: &Value| -> Result<Option<String>, ConfigError> {
-        match v {
-            Value::Null => Ok(None),
-            v => {
-                let s = as_str(v).ok_or_else(|| field_err(f))?;
-                parse_duration(&s).map_err(|e| bad(&format!("{what} field {f}"), e))?;
-                Ok(Some(s))
-            }
-        }
-    };
-    for (k, val) in &m {
-        let Some(key) = k.as_str() else { continue };
-        match key {
-            "apiVersion" | "kind" => {}
-            "hostnameOverride" => fc.hostname_override = as_str(val),
-            "oomScoreAdj" => {
-                fc.oom_score_adj = Some(
-                    val.as_i64()
-                        .and_then(|v| i32::try_from(v).ok())
-                        .ok_or_else(|| field_err(key))?,
-                )
-            }
-            "clusterCIDR" => fc.cluster_cidr = as_str(val),
-            "detectLocalMode" => fc.detect_local_mode = as_str(val),
-            "mode" => fc.mode = as_str(val),
-            "configSyncPeriod" => fc.config_sync_period = dur_field(key, val)?,
-            "healthzBindAddress" => fc.healthz = as_str(val),
-            "metricsBindAddress" => fc.metrics = as_str(val),
-            "nodePortAddresses" => match val {
-                Value::Sequence(s) => {
-                    fc.nodeport_addresses = Some(s.iter().filter_map(as_str).collect())
-                }
-                Value::Null => {}
-                _ => return Err(field_err(key)),
-            },
-            "detectLocal" => {
-                let Value::Mapping(n) = val else {
-                    return Err(field_err(key));
-                };
-                for (k2, v2) in n {
-                    match k2.as_str().unwrap_or("") {
-                        "bridgeInterface" => {
-                            fc.bridge_interface = as_str(v2).filter(|s| !s.is_empty())
-                        }
-                        "interfaceNamePrefix" => {
-                            fc.interface_name_prefix = as_str(v2).filter(|s| !s.is_empty())
-                        }
-                        other => fc.warnings.push(format!(
-                            "config field detectLocal.{other} is not supported; ignored"
-                        )),
-                    }
-                }
-            }
-            "clientConnection" => {
-                let Value::Mapping(n) = val else {
-                    return Err(field_err(key));
-                };
-                for (k2, v2) in n {
-                    match k2.as_str().unwrap_or("") {
-                        "kubeconfig" => fc.kubeconfig = as_str(v2).filter(|s| !s.is_empty()),
-                        // kube-rs has no client-side rate limiter; the watchers make a handful
-                        // of long-lived requests, so these limits are not needed.
-                        other @ ("qps" | "burst" | "contentType" | "acceptContentTypes") => {
-                            fc.warnings.push(format!(
-                                "config field clientConnection.{other} has no effect here; ignored"
-                            ))
-                        }
-                        other => fc.warnings.push(format!(
-                            "config field clientConnection.{other} is not supported; ignored"
-                        )),
-                    }
-                }
-            }
-            "conntrack" => {
-                let Value::Mapping(n) = val else {
-                    return Err(field_err(key));
-                };
-                let c = &mut fc.conntrack;
-                for (k2, v2) in n {
-                    let name = k2.as_str().unwrap_or("");
-                    let what = format!("{what} field conntrack.{name}");
-                    let dur = |v: &Value| -> Result<Option<Duration>, ConfigError> {
-                        match v {
-                            Value::Null => Ok(None),
-                            v => as_str(v)
-                                .ok_or_else(|| bad(&what, "not a duration"))
-                                .and_then(|s| {
-                                    parse_duration(&s).map(Some).map_err(|e| bad(&what, e))
-                                }),
-                        }
-                    };
-                    let int = |v: &Value| -> Result<Option<u32>, ConfigError> {
-                        match v {
-                            Value::Null => Ok(None),
-                            v => v
-                                .as_u64()
-                                .and_then(|n| u32::try_from(n).ok())
-                                .map(Some)
-                                .ok_or_else(|| bad(&what, "not a non-negative integer")),
-                        }
-                    };
-                    match name {
-                        "maxPerCore" => c.max_per_core = int(v2)?,
-                        "min" => c.min = int(v2)?,
-                        "tcpEstablishedTimeout" => c.tcp_established_timeout = dur(v2)?,
-                        "tcpCloseWaitTimeout" => c.tcp_close_wait_timeout = dur(v2)?,
-                        "tcpBeLiberal" => {
-                            c.tcp_be_liberal =
-                                bool_field("conntrack.tcpBeLiberal", v2)?.unwrap_or(false)
-                        }
-                        "udpTimeout" => c.udp_timeout = dur(v2)?,
-                        "udpStreamTimeout" => c.udp_stream_timeout = dur(v2)?,
-                        other => fc.warnings.push(format!(
-                            "config field conntrack.{other} is not supported; ignored"
-                        )),
-                    }
-                }
-            }
-            "ipvs" => {
-                let Value::Mapping(n) = val else {
-                    return Err(field_err(key));
-                };
-                let i = &mut fc.ipvs;
-                for (k2, v2) in n {
-                    match k2.as_str().unwrap_or("") {
-                        "scheduler" => i.scheduler = as_str(v2).filter(|s| !s.is_empty()),
-                        "syncPeriod" => i.sync_period = dur_field("ipvs.syncPeriod", v2)?,
-                        "minSyncPeriod" => i.min_sync_period = dur_field("ipvs.minSyncPeriod", v2)?,
-                        "excludeCIDRs" => match v2 {
-                            Value::Sequence(s) => {
-                                i.exclude_cidrs = Some(s.iter().filter_map(as_str).collect())
-                            }
-                            Value::Null => {}
-                            _ => return Err(field_err("ipvs.excludeCIDRs")),
-                        },
-                        "strictARP" => i.strict_arp = bool_field("ipvs.strictARP", v2)?,
-                        "tcpTimeout" => i.tcp_timeout = dur_field("ipvs.tcpTimeout", v2)?,
-                        "tcpFinTimeout" => i.tcp_fin_timeout = dur_field("ipvs.tcpFinTimeout", v2)?,
-                        "udpTimeout" => i.udp_timeout = dur_field("ipvs.udpTimeout", v2)?,
-                        other => fc.warnings.push(format!(
-                            "config field ipvs.{other} is not supported; ignored"
-                        )),
-                    }
-                }
-            }
-            "nftables" => {
-                let Value::Mapping(n) = val else {
-                    return Err(field_err(key));
-                };
-                for (k2, v2) in n {
-                    match k2.as_str().unwrap_or("") {
-                        "masqueradeBit" => {
-                            fc.masquerade_bit = match v2 {
-                                Value::Null => None,
-                                v => Some(
-                                    v.as_u64()
-                                        .and_then(|b| u8::try_from(b).ok())
-                                        .filter(|b| *b <= 31)
-                                        .ok_or_else(|| {
-                                            bad(
-                                                &format!("{what} field nftables.masqueradeBit"),
-                                                "must be an integer from 0 to 31",
-                                            )
-                                        })?,
-                                ),
-                            }
-                        }
-                        "masqueradeAll" => {
-                            fc.masquerade_all = bool_field("nftables.masqueradeAll", v2)?
-                        }
-                        "syncPeriod" => fc.sync_period = dur_field("nftables.syncPeriod", v2)?,
-                        "minSyncPeriod" => {
-                            fc.min_sync_period = dur_field("nftables.minSyncPeriod", v2)?
-                        }
-                        "tableName" => fc.table = as_str(v2),
-                        "localhostNodePorts" => {
-                            fc.localhost_nodeports = bool_field("nftables.localhostNodePorts", v2)?
-                        }
-                        other => fc.warnings.push(format!(
-                            "config field nftables.{other} is not supported; ignored"
-                        )),
-                    }
-                }
-            }
-            other => fc
-                .warnings
-                .push(format!("config field {other} is not supported; ignored")),
-        }
-    }
-    Ok(fc)
+/// A CIDR as upstream's `ParseCIDRSloppy` reads it (leading zeros allowed, host bits
+/// cleared).
+fn cidr_sloppy(s: &str) -> Option<Cidr> {
+    let (ip, len) = s.trim().split_once('/')?;
+    let ip = v1alpha1::parse_ip_sloppy(ip)?;
+    Cidr::new(ip, len.parse().ok()?).ok()
 }
 
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_lowercase())
         .unwrap_or_default()
-}
-
-impl Config {
-    /// Merges flags over the config file (if any) and validates everything.
-    pub fn from_flags(f: Flags) -> Result<Config, ConfigError> {
-        let mut config_bytes = None;
-        let fc = match &f.config {
-            Some(p) => {
-                let bytes = std::fs::read(p)
-                    .map_err(|e| bad("--config", format!("{}: {e}", p.display())))?;
-                let text = String::from_utf8(bytes.clone()).map_err(|e| {
-                    bad(
-                        &format!("config file {}", p.display()),
-                        format!("not UTF-8 (byte {})", e.utf8_error().valid_up_to()),
-                    )
-                })?;
-                config_bytes = Some(bytes);
-                parse_file(&text, &p.display().to_string())?
-            }
-            None => FileConfig::default(),
-        };
-        let mode = match f.proxy_mode.clone().or(fc.mode.clone()).as_deref() {
-            None | Some("") | Some("nftables") => ProxyMode::Nftables,
-            Some("ipvs") => ProxyMode::Ipvs,
-            Some("userspace") => ProxyMode::Userspace,
-            Some(m) => {
-                return Err(bad(
-                    "--proxy-mode",
-                    format!("unknown mode {m:?} (nftables, ipvs, userspace)"),
-                ))
-            }
-        };
-        let node_name = f
-            .hostname_override
-            .clone()
-            .or(fc.hostname_override)
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| s.trim().to_lowercase())
-            .unwrap_or_else(hostname);
-        if node_name.is_empty() {
-            return Err(bad("--hostname-override", "empty node name"));
-        }
-        let service_cidrs = match &f.service_cidrs {
-            Some(s) if !s.trim().is_empty() => parse_cidrs("--service-cidrs", s)?,
-            _ => Vec::new(),
-        };
-        let cluster_cidrs = match f.cluster_cidr.clone().or(fc.cluster_cidr) {
-            Some(s) => parse_cidrs("--cluster-cidr", &s)?,
-            None => vec![],
-        };
-        let detect_local = match f
-            .detect_local_mode
-            .clone()
-            .or(fc.detect_local_mode)
-            .as_deref()
-        {
-            None | Some("") | Some("ClusterCIDR") => {
-                DetectLocal::ClusterCidr(cluster_cidrs.clone())
-            }
-            Some("NodeCIDR") => DetectLocal::NodeCidr,
-            Some("BridgeInterface") => DetectLocal::BridgeInterface(
-                f.pod_bridge_interface
-                    .clone()
-                    .or(fc.bridge_interface.clone())
-                    .filter(|n| valid_ifname(n))
-                    .ok_or_else(|| bad("--pod-bridge-interface", "BridgeInterface mode needs a valid interface name"))?,
-            ),
-            Some("InterfaceNamePrefix") => DetectLocal::InterfaceNamePrefix(
-                f.pod_interface_name_prefix
-                    .clone()
-                    .or(fc.interface_name_prefix.clone())
-                    .filter(|n| valid_ifname(n))
-                    .ok_or_else(|| bad("--pod-interface-name-prefix", "InterfaceNamePrefix mode needs a valid interface name prefix"))?,
-            ),
-            Some(m) => {
-                return Err(bad(
-                    "--detect-local-mode",
-                    format!("unknown mode {m:?} (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)"),
-                ))
-            }
-        };
-        let np = match (f.nodeport_addresses.clone(), fc.nodeport_addresses) {
-            (Some(s), _) => s.split(',').map(|x| x.trim().to_string()).collect(),
-            (None, Some(v)) => v,
-            (None, None) => vec![],
-        };
-        let nodeport_addresses = if np.iter().all(|s| s.is_empty()) {
-            NodePortAddresses::All
-        } else if np.iter().any(|s| s == "primary") {
-            if np.len() > 1 {
-                return Err(bad(
-                    "--nodeport-addresses",
-                    "`primary` cannot be mixed with CIDRs",
-                ));
-            }
-            NodePortAddresses::Primary
-        } else {
-            NodePortAddresses::Cidrs(parse_cidrs("--nodeport-addresses", &np.join(","))?)
-        };
-        let masquerade_bit = f.masquerade_bit.or(fc.masquerade_bit).unwrap_or(14);
-        if masquerade_bit > 31 {
-            return Err(bad(
-                "--masquerade-bit",
-                format!("{masquerade_bit} is not in 0-31"),
-            ));
-        }
-        let dur =
-            |what: &str, v: Option<String>, default: Duration| -> Result<Duration, ConfigError> {
-                match v {
-                    Some(s) => parse_duration(&s).map_err(|e| bad(what, e)),
-                    None => Ok(default),
-                }
-            };
-        let ipvs_mode = mode == ProxyMode::Ipvs;
-        let sync_period = match (
-            ipvs_mode,
-            f.ipvs_sync_period.clone().or(fc.ipvs.sync_period.clone()),
-        ) {
-            (true, Some(s)) => dur("--ipvs-sync-period", Some(s), Duration::ZERO)?,
-            _ => dur(
-                "--sync-period",
-                f.sync_period.clone().or(fc.sync_period),
-                Duration::from_secs(30),
-            )?,
-        };
-        let min_sync_period = match (
-            ipvs_mode,
-            f.ipvs_min_sync_period
-                .clone()
-                .or(fc.ipvs.min_sync_period.clone()),
-        ) {
-            (true, Some(s)) => dur("--ipvs-min-sync-period", Some(s), Duration::ZERO)?,
-            _ => dur(
-                "--min-sync-period",
-                f.min_sync_period.clone().or(fc.min_sync_period),
-                Duration::from_secs(1),
-            )?,
-        };
-        let ipvs = ipvs_config(&f, &fc.ipvs)?;
-        let config_sync_period = dur(
-            "--config-sync-period",
-            f.config_sync_period.clone().or(fc.config_sync_period),
-            Duration::from_secs(15 * 60),
-        )?;
-        if config_sync_period.is_zero() {
-            return Err(bad("--config-sync-period", "must be greater than 0"));
-        }
-        if sync_period.is_zero() {
-            return Err(bad("--sync-period", "must be greater than 0"));
-        }
-        if min_sync_period > sync_period {
-            return Err(bad("--min-sync-period", "must not exceed --sync-period"));
-        }
-        let healthz_bind_address = parse_addr(
-            "--healthz-bind-address",
-            &f.healthz_bind_address
-                .clone()
-                .or(fc.healthz)
-                .unwrap_or_else(|| "0.0.0.0:10256".into()),
-        )?;
-        let metrics_bind_address = parse_addr(
-            "--metrics-bind-address",
-            &f.metrics_bind_address
-                .clone()
-                .or(fc.metrics)
-                .unwrap_or_else(|| "127.0.0.1:10249".into()),
-        )?;
-        let table = f
-            .nftables_table
-            .clone()
-            .or(fc.table)
-            .unwrap_or_else(|| match mode {
-                ProxyMode::Nftables | ProxyMode::Userspace => names::DEFAULT_TABLE.into(),
-                ProxyMode::Ipvs => crate::modes::ipvs::table::DEFAULT_TABLE.into(),
-            });
-        if table.is_empty()
-            || table.len() > 200
-            || !table
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(bad(
-                "--nftables-table",
-                format!("{table:?} is not a valid table name"),
-            ));
-        }
-        let json_logs = match f.logging_format.as_deref() {
-            None | Some("text") => false,
-            Some("json") => true,
-            Some(o) => {
-                return Err(bad(
-                    "--logging-format",
-                    format!("unknown format {o:?} (text, json)"),
-                ))
-            }
-        };
-        let local_detector = match &detect_local {
-            DetectLocal::ClusterCidr(c) if !c.is_empty() => LocalDetector::Cidrs(c.clone()),
-            DetectLocal::BridgeInterface(b) => LocalDetector::Bridge(b.clone()),
-            DetectLocal::InterfaceNamePrefix(p) => LocalDetector::InterfacePrefix(p.clone()),
-            _ => LocalDetector::None,
-        };
-        let master = f.master.clone();
-        if let Some(m) = &master {
-            if !(m.starts_with("http://") || m.starts_with("https://")) {
-                return Err(bad("--master", format!("{m:?} is not an http(s) URL")));
-            }
-        }
-        let oom_score_adj = f.oom_score_adj.or(fc.oom_score_adj).unwrap_or(-999);
-        if !(-1000..=1000).contains(&oom_score_adj) {
-            return Err(bad(
-                "--oom-score-adj",
-                format!("{oom_score_adj} is not in -1000..1000"),
-            ));
-        }
-        Ok(Config {
-            oom_score_adj,
-            write_config_to: f.write_config_to.clone(),
-            config_path: f.config.clone(),
-            config_bytes,
-            manifests: f.manifests,
-            kubeconfig: f.kubeconfig.clone().or(fc.kubeconfig.map(PathBuf::from)),
-            master,
-            node_name,
-            mode,
-            ipvs,
-            proxier: ProxierConfig {
-                table,
-                masquerade_bit,
-                masquerade_all: f.masquerade_all || fc.masquerade_all.unwrap_or(false),
-                local_detector,
-                nodeport_addresses,
-                service_cidrs,
-            },
-            sync_period,
-            min_sync_period,
-            config_sync_period,
-            healthz_bind_address,
-            metrics_bind_address,
-            cleanup: f.cleanup,
-            once: f.once,
-            dry_run: f.dry_run,
-            conntrack_cleanup: !f.no_conntrack_cleanup,
-            json_logs,
-            localhost_nodeports: f.localhost_nodeports || fc.localhost_nodeports.unwrap_or(false),
-            log_level: match f.verbosity.unwrap_or(0) {
-                0 | 1 => "info",
-                2 | 3 => "debug",
-                _ => "trace",
-            },
-            conntrack: fc.conntrack,
-            warnings: fc.warnings,
-            detect_local,
-        })
-    }
-}
-
-/// The IPVS settings from flags over the file's `ipvs` section.
-fn ipvs_config(
-    f: &Flags,
-    fc: &FileIpvs,
-) -> Result<crate::modes::ipvs::plan::IpvsConfig, ConfigError> {
-    use crate::modes::ipvs::plan::{IpvsConfig, SCHEDULERS};
-    let mut c = IpvsConfig::default();
-    if let Some(s) = f.ipvs_scheduler.clone().or(fc.scheduler.clone()) {
-        if !SCHEDULERS.contains(&s.as_str()) {
-            return Err(bad(
-                "--ipvs-scheduler",
-                format!("unknown scheduler {s:?} ({})", SCHEDULERS.join(", ")),
-            ));
-        }
-        c.scheduler = s;
-    }
-    c.exclude_cidrs = match (&f.ipvs_exclude_cidrs, &fc.exclude_cidrs) {
-        (Some(s), _) => parse_cidrs("--ipvs-exclude-cidrs", s)?,
-        (None, Some(v)) => parse_cidrs("--ipvs-exclude-cidrs", &v.join(","))?,
-        (None, None) => vec![],
-    };
-    c.strict_arp = f.ipvs_strict_arp || fc.strict_arp.unwrap_or(false);
-    let secs = |what: &str, v: Option<String>| -> Result<u32, ConfigError> {
-        let d = match v {
-            Some(s) => parse_duration(&s).map_err(|e| bad(what, e))?,
-            None => Duration::ZERO,
-        };
-        u32::try_from(d.as_secs()).map_err(|_| bad(what, "too long"))
-    };
-    c.tcp_timeout = secs(
-        "--ipvs-tcp-timeout",
-        f.ipvs_tcp_timeout.clone().or(fc.tcp_timeout.clone()),
-    )?;
-    c.tcp_fin_timeout = secs(
-        "--ipvs-tcpfin-timeout",
-        f.ipvs_tcpfin_timeout.clone().or(fc.tcp_fin_timeout.clone()),
-    )?;
-    c.udp_timeout = secs(
-        "--ipvs-udp-timeout",
-        f.ipvs_udp_timeout.clone().or(fc.udp_timeout.clone()),
-    )?;
-    Ok(c)
 }
 
 /// An interface name: 1 to 15 bytes, no '/', whitespace or NUL.
@@ -844,398 +161,757 @@ fn valid_ifname(n: &str) -> bool {
             .any(|c| c == '/' || c.is_whitespace() || c == '\0')
 }
 
-/// A duration as Go prints it (`15m0s`, `250ms`), which [`parse_duration`] and upstream
-/// read back; beyond Go's range (292 years) it saturates.
-pub fn format_duration(d: Duration) -> String {
-    duration::format(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+/// The flag that sets a v1alpha1 field, for error messages (no `--config`).
+fn flag_of(field: &str, p: &Parsed) -> String {
+    let base = field.split('[').next().unwrap_or(field);
+    let ours = |name: &str, upstream: &str| {
+        if p.changed(name) {
+            format!("--{name}")
+        } else {
+            format!("--{upstream}")
+        }
+    };
+    match base {
+        "iptables.masqueradeBit" => ours("masquerade-bit", "iptables-masquerade-bit"),
+        "nftables.masqueradeBit" => "--masquerade-bit".into(),
+        "iptables.syncPeriod" | "nftables.syncPeriod" => {
+            ours("sync-period", "iptables-sync-period")
+        }
+        "iptables.minSyncPeriod" | "nftables.minSyncPeriod" => {
+            ours("min-sync-period", "iptables-min-sync-period")
+        }
+        "ipvs.syncPeriod" => ours("sync-period", "ipvs-sync-period"),
+        "ipvs.minSyncPeriod" => ours("min-sync-period", "ipvs-min-sync-period"),
+        "ipvs.scheduler" => "--ipvs-scheduler".into(),
+        "ipvs.excludeCIDRs" => "--ipvs-exclude-cidrs".into(),
+        "ipvs.tcpTimeout" => "--ipvs-tcp-timeout".into(),
+        "ipvs.tcpFinTimeout" => "--ipvs-tcpfin-timeout".into(),
+        "ipvs.udpTimeout" => "--ipvs-udp-timeout".into(),
+        "configSyncPeriod" => "--config-sync-period".into(),
+        "bindAddress" => "--bind-address".into(),
+        "healthzBindAddress" => "--healthz-bind-address".into(),
+        "metricsBindAddress" => "--metrics-bind-address".into(),
+        "oomScoreAdj" => "--oom-score-adj".into(),
+        "conntrack.maxPerCore" => "--conntrack-max-per-core".into(),
+        "conntrack.min" => "--conntrack-min".into(),
+        "conntrack.tcpEstablishedTimeout" => "--conntrack-tcp-timeout-established".into(),
+        "conntrack.tcpCloseWaitTimeout" => "--conntrack-tcp-timeout-close-wait".into(),
+        "conntrack.udpTimeout" => "--conntrack-udp-timeout".into(),
+        "conntrack.udpStreamTimeout" => "--conntrack-udp-timeout-stream".into(),
+        "mode" => "--proxy-mode".into(),
+        "clientConnection.burst" => "--kube-api-burst".into(),
+        "nodePortAddresses" => "--nodeport-addresses".into(),
+        "showHiddenMetricsForVersion" => "--show-hidden-metrics-for-version".into(),
+        "detectLocalMode" => "--detect-local-mode".into(),
+        "detectLocal.bridgeInterface" => "--pod-bridge-interface".into(),
+        "detectLocal.interfaceNamePrefix" => "--pod-interface-name-prefix".into(),
+        "clusterCIDR" => "--cluster-cidr".into(),
+        "logging.format" => "--logging-format".into(),
+        "featureGates" => "--feature-gates".into(),
+        other => other.to_string(),
+    }
 }
 
-impl Config {
-    /// The effective configuration as a KubeProxyConfiguration: what `--write-config-to`
-    /// writes and `/configz` serves. Reading it back with `--config` gives the same Config.
-    pub fn to_kube_proxy_configuration(&self) -> serde_json::Value {
-        use serde_json::json;
-        let cidrs = |c: &[Cidr]| {
-            c.iter()
-                .map(|c| c.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let (mode, cluster_cidr) = match &self.detect_local {
-            DetectLocal::ClusterCidr(c) => ("ClusterCIDR", cidrs(c)),
-            DetectLocal::NodeCidr => ("NodeCIDR", String::new()),
-            DetectLocal::BridgeInterface(_) => ("BridgeInterface", String::new()),
-            DetectLocal::InterfaceNamePrefix(_) => ("InterfaceNamePrefix", String::new()),
-        };
-        let np: Vec<String> = match &self.proxier.nodeport_addresses {
-            NodePortAddresses::All => vec![],
-            NodePortAddresses::Primary => vec!["primary".into()],
-            NodePortAddresses::Cidrs(c) => c.iter().map(|c| c.to_string()).collect(),
-        };
-        let d = |d: Option<Duration>| d.map(format_duration);
-        let c = &self.conntrack;
-        let mut v = json!({
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "mode": self.mode.name(),
-            "hostnameOverride": self.node_name,
-            "detectLocalMode": mode,
-            "nodePortAddresses": np,
-            "healthzBindAddress": self.healthz_bind_address.to_string(),
-            "metricsBindAddress": self.metrics_bind_address.to_string(),
-            "oomScoreAdj": self.oom_score_adj,
-            "configSyncPeriod": format_duration(self.config_sync_period),
-            "nftables": {
-                "masqueradeBit": self.proxier.masquerade_bit,
-                "masqueradeAll": self.proxier.masquerade_all,
-                "syncPeriod": format_duration(self.sync_period),
-                "minSyncPeriod": format_duration(self.min_sync_period),
-                "tableName": self.proxier.table,
-                "localhostNodePorts": self.localhost_nodeports,
-            },
-            "conntrack": {
-                "maxPerCore": c.max_per_core,
-                "min": c.min,
-                "tcpEstablishedTimeout": d(c.tcp_established_timeout),
-                "tcpCloseWaitTimeout": d(c.tcp_close_wait_timeout),
-                "tcpBeLiberal": c.tcp_be_liberal,
-                "udpTimeout": d(c.udp_timeout),
-                "udpStreamTimeout": d(c.udp_stream_timeout),
-            },
-        });
-        if !cluster_cidr.is_empty() {
-            v["clusterCIDR"] = json!(cluster_cidr);
+/// Where an error about `field` points: the file's field, or the flag.
+struct Namer<'a> {
+    file: Option<String>,
+    parsed: &'a Parsed,
+}
+
+impl Namer<'_> {
+    fn name(&self, field: &str) -> String {
+        let logging_flag = field.starts_with("logging.") && self.parsed.changed("logging-format");
+        match &self.file {
+            Some(f) if !logging_flag => format!("config file {f} field {field}"),
+            _ => flag_of(field, self.parsed),
         }
-        if self.mode == ProxyMode::Ipvs {
-            let i = &self.ipvs;
-            let secs = |n: u32| format_duration(Duration::from_secs(n.into()));
-            v["ipvs"] = json!({
-                "scheduler": i.scheduler,
-                "syncPeriod": format_duration(self.sync_period),
-                "minSyncPeriod": format_duration(self.min_sync_period),
-                "excludeCIDRs": i.exclude_cidrs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
-                "strictARP": i.strict_arp,
-                "tcpTimeout": secs(i.tcp_timeout),
-                "tcpFinTimeout": secs(i.tcp_fin_timeout),
-                "udpTimeout": secs(i.udp_timeout),
-            });
-        }
-        match &self.detect_local {
-            DetectLocal::BridgeInterface(b) => v["detectLocal"] = json!({"bridgeInterface": b}),
-            DetectLocal::InterfaceNamePrefix(p) => {
-                v["detectLocal"] = json!({"interfaceNamePrefix": p})
-            }
-            _ => {}
-        }
-        if let Some(k) = &self.kubeconfig {
-            v["clientConnection"] = json!({"kubeconfig": k.display().to_string()});
-        }
-        v
     }
+}
+
+/// Applies the flags bound to KubeProxyConfiguration fields (upstream binds them straight
+/// into the config object; `processV1Alpha1Flags` then places the sync periods).
+fn apply_config_flags(c: &mut KubeProxyConfig, p: &Parsed) {
+    for v in p.all("feature-gates") {
+        for kv in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if let Some((k, b)) = kv.split_once('=') {
+                c.feature_gates.insert(
+                    k.trim().to_string(),
+                    flags::parse_bool(b.trim()).unwrap_or(false),
+                );
+            }
+        }
+    }
+    let s = |name: &str| p.last(name).map(str::to_string);
+    if let Some(v) = s("kubeconfig") {
+        c.client_connection.kubeconfig = v;
+    }
+    if let Some(v) = s("kube-api-content-type") {
+        c.client_connection.content_type = v;
+    }
+    if let Some(v) = p.i32("kube-api-burst") {
+        c.client_connection.burst = v;
+    }
+    if let Some(v) = p.last("kube-api-qps").and_then(|v| v.parse().ok()) {
+        c.client_connection.qps = v;
+    }
+    // IPVar: an empty value leaves the address alone.
+    if let Some(v) = s("bind-address").filter(|v| !v.is_empty()) {
+        c.bind_address = v;
+    }
+    if let Some(v) = s("healthz-bind-address") {
+        c.healthz_bind_address = v;
+    }
+    if let Some(v) = s("metrics-bind-address") {
+        c.metrics_bind_address = v;
+    }
+    if let Some(v) = p.bool("bind-address-hard-fail") {
+        c.bind_address_hard_fail = v;
+    }
+    if let Some(v) = p.bool("profiling") {
+        c.enable_profiling = v;
+    }
+    if let Some(v) = s("show-hidden-metrics-for-version") {
+        c.show_hidden_metrics_for_version = v;
+    }
+    if let Some(v) = s("proxy-mode") {
+        c.mode = v;
+    }
+    if let Some(v) = p.i32("iptables-masquerade-bit") {
+        c.iptables.masquerade_bit = Some(v);
+    }
+    if let Some(v) = p.bool("masquerade-all") {
+        c.masquerade_all = v;
+    }
+    if let Some(v) = p.bool("iptables-localhost-nodeports") {
+        c.iptables.localhost_node_ports = Some(v);
+    }
+    if let Some(v) = s("ipvs-scheduler") {
+        c.ipvs.scheduler = v;
+    }
+    if let Some(v) = p.slice("ipvs-exclude-cidrs") {
+        c.ipvs.exclude_cidrs = Some(v);
+    }
+    if let Some(v) = p.bool("ipvs-strict-arp") {
+        c.ipvs.strict_arp = v;
+    }
+    let d = |name: &str| p.duration(name).map(GoDuration);
+    if let Some(v) = d("ipvs-tcp-timeout") {
+        c.ipvs.tcp_timeout = v;
+    }
+    if let Some(v) = d("ipvs-tcpfin-timeout") {
+        c.ipvs.tcp_fin_timeout = v;
+    }
+    if let Some(v) = d("ipvs-udp-timeout") {
+        c.ipvs.udp_timeout = v;
+    }
+    if let Some(v) = s("detect-local-mode") {
+        c.detect_local_mode = v;
+    }
+    if let Some(v) = s("pod-bridge-interface") {
+        c.detect_local.bridge_interface = v;
+    }
+    if let Some(v) = s("pod-interface-name-prefix") {
+        c.detect_local.interface_name_prefix = v;
+    }
+    if let Some(v) = p.slice("nodeport-addresses") {
+        c.node_port_addresses = Some(v);
+    }
+    if let Some(v) = p.i32("oom-score-adj") {
+        c.oom_score_adj = Some(v);
+    }
+    let ct = &mut c.conntrack;
+    if let Some(v) = p.i32("conntrack-max-per-core") {
+        ct.max_per_core = Some(v);
+    }
+    if let Some(v) = p.i32("conntrack-min") {
+        ct.min = Some(v);
+    }
+    if let Some(v) = d("conntrack-tcp-timeout-established") {
+        ct.tcp_established_timeout = Some(v);
+    }
+    if let Some(v) = d("conntrack-tcp-timeout-close-wait") {
+        ct.tcp_close_wait_timeout = Some(v);
+    }
+    if let Some(v) = p.bool("conntrack-tcp-be-liberal") {
+        ct.tcp_be_liberal = v;
+    }
+    if let Some(v) = d("conntrack-udp-timeout") {
+        ct.udp_timeout = v;
+    }
+    if let Some(v) = d("conntrack-udp-timeout-stream") {
+        ct.udp_stream_timeout = v;
+    }
+    if let Some(v) = d("config-sync-period") {
+        c.config_sync_period = v;
+    }
+}
+
+/// `processV1Alpha1Flags`: the sync-period flags of the other mode are ignored.
+fn apply_v1alpha1_flags(c: &mut KubeProxyConfig, p: &Parsed) {
+    let ipvs = c.mode == "ipvs";
+    let d = |name: &str| p.duration(name).map(GoDuration);
+    if let (false, Some(v)) = (ipvs, d("iptables-sync-period")) {
+        c.sync_period = v;
+    }
+    if let (false, Some(v)) = (ipvs, d("iptables-min-sync-period")) {
+        c.min_sync_period = v;
+    }
+    if let (true, Some(v)) = (ipvs, d("ipvs-sync-period")) {
+        c.sync_period = v;
+    }
+    if let (true, Some(v)) = (ipvs, d("ipvs-min-sync-period")) {
+        c.min_sync_period = v;
+    }
+    if let Some(v) = p.last("cluster-cidr") {
+        c.detect_local.cluster_cidrs = v.split(',').map(str::to_string).collect();
+    }
+}
+
+/// `copyLogsFromFlags`: logging flags win over the file; `--vmodule` entries come first.
+fn apply_logging_flags(c: &mut KubeProxyConfig, p: &Parsed) {
+    let l = &mut c.logging;
+    if let Some(v) = p.last("logging-format") {
+        l.format = v.to_string();
+    }
+    if let Some(v) = p.duration("log-flush-frequency") {
+        l.flush_frequency = v1alpha1::TimeOrMetaDuration {
+            duration: GoDuration(v),
+            as_string: true,
+        };
+    }
+    if let Some(v) = p.last("v").and_then(|v| v.parse().ok()) {
+        l.verbosity = v;
+    }
+    if p.changed("vmodule") {
+        let mut items: Vec<v1alpha1::VModuleItem> = p
+            .all("vmodule")
+            .into_iter()
+            .flat_map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter_map(|item| {
+                let (pat, n) = item.split_once('=')?;
+                Some(v1alpha1::VModuleItem {
+                    file_pattern: pat.to_string(),
+                    verbosity: n.parse().ok()?,
+                })
+            })
+            .collect();
+        items.append(&mut l.vmodule);
+        l.vmodule = items;
+    }
+    if let Some(v) = p.bool("log-text-split-stream") {
+        l.options.text.split_stream = v;
+    }
+    if let Some(v) = p.last("log-text-info-buffer-size") {
+        l.options.text.info_buffer_size = v1alpha1::Quantity(v.into());
+    }
+    if let Some(v) = p.bool("log-json-split-stream") {
+        l.options.json.split_stream = v;
+    }
+    if let Some(v) = p.last("log-json-info-buffer-size") {
+        l.options.json.info_buffer_size = v1alpha1::Quantity(v.into());
+    }
+}
+
+/// `addressFromDeprecatedFlags`: `--healthz-port`/`--metrics-port` (default 10256/10249)
+/// fill in a missing port; 0 disables the server.
+fn address_from_deprecated_port(addr: &str, port: i32) -> String {
+    if port == 0 {
+        return String::new();
+    }
+    match u16::try_from(port) {
+        Ok(p) => v1alpha1::append_port_if_needed(addr, p),
+        Err(_) => addr.to_string(),
+    }
+}
+
+/// Feature gates this binary reads.
+const KNOWN_GATES: &[&str] = &["KubeProxyNFTablesLocalhostNodePorts"];
+
+impl Config {
+    /// Parses the arguments after the program name into what to do.
+    pub fn from_args<I, S>(args: I) -> Result<Command, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let parsed = flags::parse(args).map_err(|e| ConfigError {
+            what: "command line".into(),
+            why: e.0,
+        })?;
+        if parsed.bool("help") == Some(true) {
+            return Ok(Command::Print(flags::usage()));
+        }
+        match parsed.last("version") {
+            Some("true") | Some("raw") => {
+                return Ok(Command::Print(format!(
+                    "kube-nlproxy {} (kube-proxy v1alpha1 configuration)\n",
+                    env!("CARGO_PKG_VERSION")
+                )))
+            }
+            Some("false") | None => {}
+            Some(other) => {
+                return Err(bad(
+                    "--version",
+                    format!("{other:?}: use true, false or raw"),
+                ))
+            }
+        }
+        Config::from_parsed(&parsed).map(|c| Command::Run(Box::new(c)))
+    }
+
+    /// Test helper and library entry: flags as a slice of strings.
+    pub fn from_flag_list(args: &[&str]) -> Result<Config, ConfigError> {
+        match Config::from_args(args)? {
+            Command::Run(c) => Ok(*c),
+            Command::Print(_) => Err(bad("command line", "asked for --help or --version")),
+        }
+    }
+
+    /// Merges the file (if any) and the flags as upstream does and validates everything.
+    pub fn from_parsed(p: &Parsed) -> Result<Config, ConfigError> {
+        let config_path = p
+            .last("config")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        let file = match config_path {
+            Some(path) => {
+                let bytes = std::fs::read(&path)
+                    .map_err(|e| bad("--config", format!("{}: {e}", path.display())))?;
+                Some((path, bytes))
+            }
+            None => None,
+        };
+        Config::from_parsed_with(p, file)
+    }
+
+    /// [`Config::from_parsed`] with the `--config` file already read.
+    pub fn from_parsed_with(
+        p: &Parsed,
+        file: Option<(PathBuf, Vec<u8>)>,
+    ) -> Result<Config, ConfigError> {
+        let mut warnings = Vec::new();
+        let mut notices = Vec::new();
+        let config_path = file.as_ref().map(|(p, _)| p.clone());
+        let write_config_to = p
+            .last("write-config-to")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        let mut config_bytes = None;
+        let mut kp = match file {
+            Some((path, bytes)) => {
+                let shown = path.display().to_string();
+                let text = std::str::from_utf8(&bytes).map_err(|e| {
+                    bad(
+                        &format!("config file {shown}"),
+                        format!("not UTF-8 (byte {})", e.valid_up_to()),
+                    )
+                })?;
+                let decoded = decode::decode(text).map_err(|e| match e.field {
+                    Some(f) => bad(&format!("config file {shown} field {f}"), e.why),
+                    None => bad(&format!("config file {shown}"), e.why),
+                })?;
+                for s in decoded.strict_errors {
+                    warnings.push(format!(
+                        "config file {shown}: using lenient decoding as strict decoding failed: {s}"
+                    ));
+                }
+                config_bytes = Some(bytes);
+                let mut v = decoded.config;
+                v1alpha1::set_defaults(&mut v);
+                let mut kp = KubeProxyConfig::from_v1alpha1(&v);
+                apply_logging_flags(&mut kp, p);
+                for (spec, _) in &p.set {
+                    if spec.target == Target::Config
+                        && !warnings
+                            .iter()
+                            .any(|w: &String| w.starts_with(&format!("--{} ", spec.name)))
+                    {
+                        warnings.push(format!(
+                            "--{} is ignored: --config is set and, as upstream, the file replaces \
+                             the flag values (set it in the file)",
+                            spec.name
+                        ));
+                    }
+                }
+                kp
+            }
+            None => {
+                let mut kp = KubeProxyConfig::defaulted();
+                apply_config_flags(&mut kp, p);
+                apply_logging_flags(&mut kp, p);
+                if write_config_to.is_none() {
+                    let hp = p
+                        .i32("healthz-port")
+                        .unwrap_or(v1alpha1::PROXY_HEALTHZ_PORT.into());
+                    let mp = p
+                        .i32("metrics-port")
+                        .unwrap_or(v1alpha1::PROXY_STATUS_PORT.into());
+                    kp.healthz_bind_address =
+                        address_from_deprecated_port(&kp.healthz_bind_address, hp);
+                    kp.metrics_bind_address =
+                        address_from_deprecated_port(&kp.metrics_bind_address, mp);
+                }
+                apply_v1alpha1_flags(&mut kp, p);
+                kp
+            }
+        };
+        for (spec, _) in &p.set {
+            if let Some(d) = spec.deprecated {
+                warnings.push(format!("--{} is deprecated: {d}", spec.name));
+            }
+            if let flags::Meaning::NoEffect(why) = spec.meaning {
+                let w = format!("--{} has no effect here: {why}", spec.name);
+                if !warnings.contains(&w) {
+                    warnings.push(w);
+                }
+            }
+        }
+        let mode_defaulted = kp.apply_platform_defaults();
+        // Our own overrides of the running mode's settings.
+        if let Some(b) = p.i32("masquerade-bit") {
+            match kp.mode.as_str() {
+                "nftables" => kp.nftables_masquerade_bit = Some(b),
+                _ => kp.iptables.masquerade_bit = Some(b),
+            }
+        }
+        if let Some(d) = p.duration("sync-period") {
+            kp.sync_period = GoDuration(d);
+        }
+        if let Some(d) = p.duration("min-sync-period") {
+            kp.min_sync_period = GoDuration(d);
+        }
+        if let Some(h) = p.last("hostname-override").filter(|h| !h.is_empty()) {
+            let h = h.trim();
+            if h.is_empty() {
+                return Err(bad(
+                    "--hostname-override",
+                    "empty hostname-override is invalid",
+                ));
+            }
+            kp.hostname_override = h.to_lowercase();
+        }
+        let namer = Namer {
+            file: config_path.as_ref().map(|p| p.display().to_string()),
+            parsed: p,
+        };
+        let violations = internal::validate(&kp);
+        if let Some(first) = violations.first() {
+            let more = match violations.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            };
+            return Err(bad(
+                &namer.name(&first.field),
+                format!("{}: {}{more}", first.value, first.why),
+            ));
+        }
+        for gate in kp.feature_gates.keys() {
+            if !KNOWN_GATES.contains(&gate.as_str()) {
+                warnings.push(format!(
+                    "feature gate {gate} is not used by kube-nlproxy; accepted and ignored"
+                ));
+            }
+        }
+        let mode = match kp.mode.as_str() {
+            "ipvs" => ProxyMode::Ipvs,
+            "userspace" => ProxyMode::Userspace,
+            "nftables" => ProxyMode::Nftables,
+            _ => {
+                notices.push(if mode_defaulted {
+                    "no proxy mode specified: upstream defaults to iptables; kube-nlproxy serves \
+                     iptables mode with its nftables engine (iptables settings honoured)"
+                        .to_string()
+                } else {
+                    "proxy mode iptables: served by kube-nlproxy's nftables engine (iptables \
+                     settings honoured)"
+                        .to_string()
+                });
+                ProxyMode::Nftables
+            }
+        };
+        let node_name = if kp.hostname_override.trim().is_empty() {
+            hostname()
+        } else {
+            kp.hostname_override.trim().to_lowercase()
+        };
+        if node_name.is_empty() {
+            return Err(bad("--hostname-override", "empty node name"));
+        }
+        let service_cidrs = match p.last("service-cidrs") {
+            Some(s) if !s.trim().is_empty() => s
+                .split(',')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .map(|x| x.parse::<Cidr>().map_err(|e| bad("--service-cidrs", e)))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => Vec::new(),
+        };
+        let cluster_cidrs: Vec<Cidr> = kp
+            .detect_local
+            .cluster_cidrs
+            .iter()
+            .map(|c| {
+                cidr_sloppy(c)
+                    .ok_or_else(|| bad(&namer.name("clusterCIDR"), format!("{c:?} is not a CIDR")))
+            })
+            .collect::<Result<_, _>>()?;
+        let detect_local = match kp.detect_local_mode.as_str() {
+            "NodeCIDR" => DetectLocal::NodeCidr,
+            "BridgeInterface" => {
+                let b = &kp.detect_local.bridge_interface;
+                if !valid_ifname(b) {
+                    return Err(bad(
+                        &namer.name("detectLocal.bridgeInterface"),
+                        format!("{b:?} is not a valid interface name"),
+                    ));
+                }
+                DetectLocal::BridgeInterface(b.clone())
+            }
+            "InterfaceNamePrefix" => {
+                let b = &kp.detect_local.interface_name_prefix;
+                if !valid_ifname(b) {
+                    return Err(bad(
+                        &namer.name("detectLocal.interfaceNamePrefix"),
+                        format!("{b:?} is not a valid interface name prefix"),
+                    ));
+                }
+                DetectLocal::InterfaceNamePrefix(b.clone())
+            }
+            _ => DetectLocal::ClusterCidr(cluster_cidrs.clone()),
+        };
+        let mut nodeport_addresses = NodePortAddresses::default();
+        for a in kp.node_port_addresses.iter().flatten() {
+            match a.as_str() {
+                "primary" => nodeport_addresses.primary = true,
+                "localhost" => nodeport_addresses.cidrs.extend(
+                    ["127.0.0.0/8", "::1/128"]
+                        .iter()
+                        .filter_map(|c| cidr_sloppy(c)),
+                ),
+                "all" => nodeport_addresses
+                    .cidrs
+                    .extend(["0.0.0.0/0", "::/0"].iter().filter_map(|c| cidr_sloppy(c))),
+                c => nodeport_addresses.cidrs.push(cidr_sloppy(c).ok_or_else(|| {
+                    bad(
+                        &namer.name("nodePortAddresses"),
+                        format!("{c:?} is not a CIDR"),
+                    )
+                })?),
+            }
+        }
+        let masquerade_bit = match kp.mode.as_str() {
+            "nftables" => kp.nftables_masquerade_bit,
+            _ => kp.iptables.masquerade_bit,
+        }
+        .unwrap_or(14);
+        let masquerade_bit = u8::try_from(masquerade_bit).unwrap_or(14);
+        let table = match p.last("nftables-table") {
+            Some(t) => t.to_string(),
+            None => match mode {
+                ProxyMode::Nftables | ProxyMode::Userspace => names::DEFAULT_TABLE.into(),
+                ProxyMode::Ipvs => crate::modes::ipvs::table::DEFAULT_TABLE.into(),
+            },
+        };
+        if table.is_empty()
+            || table.len() > 200
+            || !table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(bad(
+                "--nftables-table",
+                format!("{table:?} is not a valid table name"),
+            ));
+        }
+        let local_detector = match &detect_local {
+            DetectLocal::ClusterCidr(c) if !c.is_empty() => LocalDetector::Cidrs(c.clone()),
+            DetectLocal::BridgeInterface(b) => LocalDetector::Bridge(b.clone()),
+            DetectLocal::InterfaceNamePrefix(p) => LocalDetector::InterfacePrefix(p.clone()),
+            _ => LocalDetector::None,
+        };
+        let master = p
+            .last("master")
+            .filter(|m| !m.is_empty())
+            .map(str::to_string);
+        if let Some(m) = &master {
+            if !(m.starts_with("http://") || m.starts_with("https://")) {
+                return Err(bad("--master", format!("{m:?} is not an http(s) URL")));
+            }
+        }
+        let server_addr = |field: &str, s: &str| -> Result<Option<SocketAddr>, ConfigError> {
+            if s.is_empty() {
+                return Ok(None);
+            }
+            let (host, port) = v1alpha1::split_host_port(s)
+                .ok_or_else(|| bad(&namer.name(field), format!("{s:?}: must be IP:port")))?;
+            let ip: IpAddr = v1alpha1::parse_ip_sloppy(host)
+                .ok_or_else(|| bad(&namer.name(field), format!("{host:?}: must be a valid IP")))?;
+            let port: u16 = port.parse().map_err(|_| {
+                bad(
+                    &namer.name(field),
+                    format!("{port:?}: must be a valid port"),
+                )
+            })?;
+            Ok(Some(SocketAddr::new(ip, port)))
+        };
+        let healthz_bind_address = server_addr("healthzBindAddress", &kp.healthz_bind_address)?;
+        let metrics_bind_address = server_addr("metricsBindAddress", &kp.metrics_bind_address)?;
+        let ipvs = ipvs_config(&kp, &namer)?;
+        let gate = |g: &str| kp.feature_gates.get(g).copied().unwrap_or(false);
+        // Localhost NodePorts: iptables mode's default (`iptables.localhostNodePorts`, IPv4,
+        // when the NodePort addresses cover 127.0.0.1); nftables mode only behind upstream's
+        // gate and with loopback listed explicitly; ours with --localhost-nodeports.
+        let localhost_nodeports = p.bool("localhost-nodeports").unwrap_or(false)
+            || match kp.mode.as_str() {
+                "iptables" => {
+                    kp.iptables.localhost_node_ports.unwrap_or(true)
+                        && nodeport_addresses.contains_ipv4_loopback()
+                }
+                "nftables" => {
+                    gate("KubeProxyNFTablesLocalhostNodePorts")
+                        && nodeport_addresses.explicit_loopback()
+                }
+                _ => false,
+            };
+        let ct = &kp.conntrack;
+        let pos = |d: Option<GoDuration>| d.filter(|d| d.0 > 0).map(GoDuration::std);
+        let conntrack = ConntrackConfig {
+            max_per_core: ct.max_per_core.and_then(|v| u32::try_from(v).ok()),
+            min: ct.min.and_then(|v| u32::try_from(v).ok()),
+            tcp_established_timeout: pos(ct.tcp_established_timeout),
+            tcp_close_wait_timeout: pos(ct.tcp_close_wait_timeout),
+            tcp_be_liberal: ct.tcp_be_liberal,
+            udp_timeout: pos(Some(ct.udp_timeout)),
+            udp_stream_timeout: pos(Some(ct.udp_stream_timeout)),
+        };
+        let verbosity = kp.logging.verbosity;
+        if !kp.logging.vmodule.is_empty() && !p.changed("vmodule") {
+            warnings.push(
+                "config field logging.vmodule has no effect here: per-file verbosity needs Go \
+                 source files; logging.verbosity applies to all"
+                    .into(),
+            );
+        }
+        if kp.enable_profiling && !p.changed("profiling") {
+            warnings
+                .push("config field enableProfiling has no effect here: no /debug/pprof".into());
+        }
+        let oom_score_adj = kp
+            .oom_score_adj
+            .unwrap_or(v1alpha1::KUBE_PROXY_OOM_SCORE_ADJ);
+        let kubeconfig = Some(kp.client_connection.kubeconfig.clone())
+            .filter(|k| !k.is_empty())
+            .map(PathBuf::from);
+        Ok(Config {
+            oom_score_adj,
+            write_config_to,
+            config_path,
+            config_bytes,
+            manifests: p
+                .last("manifests")
+                .filter(|m| !m.is_empty())
+                .map(PathBuf::from),
+            kubeconfig,
+            master,
+            node_name,
+            mode,
+            requested_mode: kp.mode.clone(),
+            ipvs,
+            proxier: ProxierConfig {
+                table,
+                masquerade_bit,
+                masquerade_all: kp.masquerade_all,
+                local_detector,
+                nodeport_addresses,
+                service_cidrs,
+            },
+            sync_period: kp.sync_period.std(),
+            min_sync_period: kp.min_sync_period.std(),
+            config_sync_period: kp.config_sync_period.std(),
+            healthz_bind_address,
+            metrics_bind_address,
+            bind_address_hard_fail: kp.bind_address_hard_fail,
+            cleanup: p.bool("cleanup").unwrap_or(false),
+            once: p.bool("once").unwrap_or(false),
+            dry_run: p.bool("dry-run").unwrap_or(false),
+            init_only: p.bool("init-only").unwrap_or(false),
+            conntrack_cleanup: !p.bool("no-conntrack-cleanup").unwrap_or(false),
+            json_logs: kp.logging.format == "json",
+            localhost_nodeports,
+            verbosity,
+            log_level: match verbosity {
+                0 | 1 => "info",
+                2 | 3 => "debug",
+                _ => "trace",
+            },
+            conntrack,
+            notices,
+            warnings,
+            detect_local,
+            upstream: kp,
+        })
+    }
+
+    /// The effective configuration in upstream's v1alpha1 shape: what `--write-config-to`
+    /// writes and `/configz` serves.
+    pub fn to_kube_proxy_configuration(&self) -> v1alpha1::KubeProxyConfiguration {
+        self.upstream.to_v1alpha1()
+    }
+
+    /// `--write-config-to`'s text.
+    pub fn to_yaml(&self) -> String {
+        v1alpha1::to_yaml(&self.to_kube_proxy_configuration())
+    }
+}
+
+/// The IPVS settings, checked.
+fn ipvs_config(
+    kp: &KubeProxyConfig,
+    namer: &Namer,
+) -> Result<crate::modes::ipvs::plan::IpvsConfig, ConfigError> {
+    use crate::modes::ipvs::plan::{IpvsConfig, SCHEDULERS};
+    let mut c = IpvsConfig::default();
+    let i = &kp.ipvs;
+    if !i.scheduler.is_empty() {
+        if kp.mode == "ipvs" && !SCHEDULERS.contains(&i.scheduler.as_str()) {
+            return Err(bad(
+                &namer.name("ipvs.scheduler"),
+                format!(
+                    "unknown scheduler {:?} ({})",
+                    i.scheduler,
+                    SCHEDULERS.join(", ")
+                ),
+            ));
+        }
+        c.scheduler = i.scheduler.clone();
+    }
+    c.exclude_cidrs = i
+        .exclude_cidrs
+        .iter()
+        .flatten()
+        .map(|s| {
+            cidr_sloppy(s).ok_or_else(|| {
+                bad(
+                    &namer.name("ipvs.excludeCIDRs"),
+                    format!("{s:?} is not a CIDR"),
+                )
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    c.strict_arp = i.strict_arp;
+    let secs = |field: &str, d: GoDuration| -> Result<u32, ConfigError> {
+        u32::try_from(d.std().as_secs()).map_err(|_| bad(&namer.name(field), "too long"))
+    };
+    c.tcp_timeout = secs("ipvs.tcpTimeout", i.tcp_timeout)?;
+    c.tcp_fin_timeout = secs("ipvs.tcpFinTimeout", i.tcp_fin_timeout)?;
+    c.udp_timeout = secs("ipvs.udpTimeout", i.udp_timeout)?;
+    Ok(c)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn flags(args: &[&str]) -> Flags {
-        let mut v = vec!["kube-nlproxy"];
-        v.extend(args);
-        Flags::parse_from(v)
-    }
-
-    #[test]
-    fn written_config_round_trips() {
-        let c = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n1",
-            "--cluster-cidr",
-            "10.244.0.0/16,fd00::/48",
-            "--nodeport-addresses",
-            "192.168.0.0/24",
-            "--masquerade-bit",
-            "9",
-            "--min-sync-period",
-            "250ms",
-            "--oom-score-adj",
-            "-500",
-        ]))
-        .unwrap();
-        let dir = std::env::temp_dir().join(format!("nlp-rt-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("c.yaml");
-        std::fs::write(
-            &p,
-            serde_yaml::to_string(&c.to_kube_proxy_configuration()).unwrap(),
-        )
-        .unwrap();
-        let back = Config::from_flags(flags(&["--config", p.to_str().unwrap()])).unwrap();
-        assert!(back.warnings.is_empty(), "{:?}", back.warnings);
-        assert_eq!(
-            back.to_kube_proxy_configuration(),
-            c.to_kube_proxy_configuration()
-        );
-        assert_eq!(back.proxier, c.proxier);
-        assert_eq!(back.min_sync_period, Duration::from_millis(250));
-        assert_eq!(back.oom_score_adj, -500);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn verbosity_and_log_format() {
-        let lvl = |v: &str| {
-            Config::from_flags(flags(&["--hostname-override", "n", "-v", v]))
-                .unwrap()
-                .log_level
-        };
-        assert_eq!((lvl("0"), lvl("2"), lvl("4")), ("info", "debug", "trace"));
-        let c = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--logging-format",
-            "json",
-        ]))
-        .unwrap();
-        assert!(c.json_logs);
-        let e = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--logging-format",
-            "xml",
-        ]))
-        .unwrap_err();
-        assert!(e.to_string().contains("--logging-format"), "{e}");
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert!(parse_duration("10").is_err());
-        assert!(parse_duration("5x").is_err());
-    }
-
-    #[test]
-    fn defaults_match_upstream() {
-        let c = Config::from_flags(flags(&["--hostname-override", "Node1"])).unwrap();
-        assert_eq!(c.node_name, "node1");
-        assert_eq!(c.sync_period, Duration::from_secs(30));
-        assert_eq!(c.min_sync_period, Duration::from_secs(1));
-        assert_eq!(c.proxier.masquerade_mark(), 0x4000);
-        assert_eq!(c.healthz_bind_address.to_string(), "0.0.0.0:10256");
-        assert_eq!(c.metrics_bind_address.to_string(), "127.0.0.1:10249");
-        assert_eq!(c.proxier.local_detector, LocalDetector::None);
-    }
-
-    #[test]
-    fn bad_values_name_the_flag() {
-        let e = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--cluster-cidr",
-            "10.0.0.0/99",
-        ]))
-        .unwrap_err();
-        assert!(e.to_string().starts_with("invalid --cluster-cidr"), "{e}");
-        let e = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--masquerade-bit",
-            "40",
-        ]))
-        .unwrap_err();
-        assert!(e.to_string().contains("--masquerade-bit"), "{e}");
-        let e = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--proxy-mode",
-            "iptables",
-        ]))
-        .unwrap_err();
-        assert!(e.to_string().contains("--proxy-mode"), "{e}");
-    }
-
-    #[test]
-    fn ipvs_section_flags_and_round_trip() {
-        let dir = std::env::temp_dir().join(format!("nlp-ipvs-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("c.yaml");
-        std::fs::write(
-            &p,
-            concat!(
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n",
-                "mode: ipvs\nipvs:\n  scheduler: wlc\n  syncPeriod: 20s\n  minSyncPeriod: 2s\n",
-                "  excludeCIDRs: [10.200.0.0/16]\n  strictARP: true\n  tcpTimeout: 900s\n",
-                "  tcpFinTimeout: 120s\n  udpTimeout: 300s\n",
-            ),
-        )
-        .unwrap();
-        let c = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--config",
-            p.to_str().unwrap(),
-        ]))
-        .unwrap();
-        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-        assert_eq!(c.mode, ProxyMode::Ipvs);
-        assert_eq!(c.ipvs.scheduler, "wlc");
-        assert_eq!(c.sync_period, Duration::from_secs(20));
-        assert_eq!(c.min_sync_period, Duration::from_secs(2));
-        assert_eq!(c.ipvs.exclude_cidrs, vec!["10.200.0.0/16".parse().unwrap()]);
-        assert!(c.ipvs.strict_arp);
-        assert_eq!(
-            (
-                c.ipvs.tcp_timeout,
-                c.ipvs.tcp_fin_timeout,
-                c.ipvs.udp_timeout
-            ),
-            (900, 120, 300)
-        );
-        assert_eq!(c.proxier.table, "kube-nlproxy-ipvs");
-        // Flags override the file.
-        let f = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--config",
-            p.to_str().unwrap(),
-            "--ipvs-scheduler",
-            "sh",
-            "--ipvs-sync-period",
-            "45s",
-        ]))
-        .unwrap();
-        assert_eq!(
-            (f.ipvs.scheduler.as_str(), f.sync_period),
-            ("sh", Duration::from_secs(45))
-        );
-        // --write-config-to output reads back to the same configuration.
-        let out = dir.join("out.yaml");
-        std::fs::write(
-            &out,
-            serde_yaml::to_string(&c.to_kube_proxy_configuration()).unwrap(),
-        )
-        .unwrap();
-        let back = Config::from_flags(flags(&["--config", out.to_str().unwrap()])).unwrap();
-        assert_eq!(
-            back.to_kube_proxy_configuration(),
-            c.to_kube_proxy_configuration()
-        );
-        assert_eq!(back.ipvs, c.ipvs);
-        // An unknown scheduler names the flag.
-        let e = Config::from_flags(flags(&[
-            "--hostname-override",
-            "n",
-            "--ipvs-scheduler",
-            "fastest",
-        ]))
-        .unwrap_err();
-        assert!(
-            e.to_string().contains("--ipvs-scheduler") && e.to_string().contains("wlc"),
-            "{e}"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn modes() {
-        let m = |v: &str| {
-            Config::from_flags(flags(&["--hostname-override", "n", "--proxy-mode", v]))
-                .unwrap()
-                .mode
-        };
-        assert_eq!(m("nftables"), ProxyMode::Nftables);
-        assert_eq!(m("ipvs"), ProxyMode::Ipvs);
-        assert_eq!(m("userspace"), ProxyMode::Userspace);
-    }
-
-    #[test]
-    fn file_values_apply_and_flags_override() {
-        let dir = std::env::temp_dir().join(format!("nlp-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("c.yaml");
-        std::fs::write(
-            &p,
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
-             clusterCIDR: 10.244.0.0/16\nnodePortAddresses: [primary]\n\
-             nftables:\n  masqueradeBit: 10\n  syncPeriod: 10s\nfeatureGates: {}\n\
-             conntrack:\n  maxPerCore: 0\n  tcpBeLiberal: true\n  udpTimeout: 30s\n",
-        )
-        .unwrap();
-        let c = Config::from_flags(flags(&[
-            "--config",
-            p.to_str().unwrap(),
-            "--hostname-override",
-            "n",
-            "--masquerade-bit",
-            "12",
-        ]))
-        .unwrap();
-        assert_eq!(c.proxier.masquerade_bit, 12);
-        assert_eq!(c.sync_period, Duration::from_secs(10));
-        assert_eq!(c.proxier.nodeport_addresses, NodePortAddresses::Primary);
-        assert_eq!(
-            c.proxier.local_detector,
-            LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()])
-        );
-        assert_eq!(c.conntrack.max_per_core, Some(0));
-        assert!(c.conntrack.tcp_be_liberal);
-        assert_eq!(c.conntrack.udp_timeout, Some(Duration::from_secs(30)));
-        assert_eq!(c.warnings.len(), 1);
-        assert!(c.warnings[0].contains("featureGates"));
-    }
-
-    #[test]
-    fn wrong_types_and_ranges_in_the_file_name_the_field() {
-        let hdr = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
-        for (body, field) in [
-            ("nftables: {masqueradeBit: abc}", "nftables.masqueradeBit"),
-            ("nftables: {masqueradeBit: -1}", "nftables.masqueradeBit"),
-            ("nftables: {masqueradeBit: 300}", "nftables.masqueradeBit"),
-            ("nftables: {masqueradeBit: 32}", "nftables.masqueradeBit"),
-            (
-                "nftables: {masqueradeAll: yes-please}",
-                "nftables.masqueradeAll",
-            ),
-            (
-                "nftables: {localhostNodePorts: 1}",
-                "nftables.localhostNodePorts",
-            ),
-            ("ipvs: {strictARP: maybe}", "ipvs.strictARP"),
-            (
-                "conntrack: {tcpBeLiberal: \"true\"}",
-                "conntrack.tcpBeLiberal",
-            ),
-        ] {
-            let e = parse_file(&format!("{hdr}{body}\n"), "kp.yaml").unwrap_err();
-            assert!(
-                e.to_string().contains(&format!("field {field}")),
-                "{body}: {e}"
-            );
-        }
-        let ok = parse_file(
-            &format!("{hdr}nftables: {{masqueradeBit: 31}}\n"),
-            "kp.yaml",
-        );
-        assert_eq!(ok.unwrap().masquerade_bit, Some(31));
-    }
-
-    #[test]
-    fn api_version_must_be_v1alpha1() {
-        for (text, says) in [
-            ("kind: KubeProxyConfiguration\n", "missing"),
-            (
-                "apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n",
-                "v1alpha2\" is not supported",
-            ),
-            (
-                "apiVersion: v1\nkind: KubeProxyConfiguration\n",
-                "is not supported",
-            ),
-        ] {
-            let e = parse_file(text, "kp.yaml").unwrap_err().to_string();
-            assert!(e.contains("field apiVersion") && e.contains(says), "{e}");
-        }
-    }
-}
+mod tests;

@@ -1,11 +1,16 @@
-//! Property tests: the configuration file parser and the duration parser take any input
-//! without panicking, and every field takes any value with an error or a result, never a
+//! Property tests: the configuration file (decoded, defaulted, validated and converted)
+//! and the duration parser take any input without panicking, and every field takes any value with an error or a result, never a
 //! panic. `PROPTEST_CASES=100000 cargo test -p kube-nlproxy --lib config::proptests` runs
 //! them longer by hand. Pure.
 
 use proptest::prelude::*;
 
-use super::{duration, parse_file};
+use super::{duration, flags, Config};
+
+fn parse_file(text: &str, _name: &str) {
+    let p = flags::parse(["--hostname-override", "n"]).expect("static flags");
+    let _ = Config::from_parsed_with(&p, Some(("kp.yaml".into(), text.as_bytes().to_vec())));
+}
 
 const FIELDS: &[&str] = &[
     "bindAddress",
@@ -50,14 +55,14 @@ proptest! {
 
     #[test]
     fn config_text_never_panics(text in "(apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n)?[ -~\n]{0,300}") {
-        let _ = parse_file(&text, "kp.yaml");
+        parse_file(&text, "kp.yaml");
     }
 
     #[test]
     fn every_field_takes_any_value(field in proptest::sample::select(FIELDS), v in value()) {
         let close = if field.contains('{') { "}" } else { "" };
         let text = format!("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n{field}: {v}{close}\n");
-        let _ = parse_file(&text, "kp.yaml");
+        parse_file(&text, "kp.yaml");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The settings every mode's tables share: table name, masquerade mark, local-traffic
 //! detection, NodePort addresses. Pure.
 
+use std::net::IpAddr;
+
 use crate::model::net::Cidr;
 use crate::model::NodeInfo;
 
@@ -34,16 +36,93 @@ pub enum LocalDetector {
     InterfacePrefix(String),
 }
 
-/// Which local addresses accept NodePort traffic.
+/// Which local addresses accept NodePort traffic: upstream's `nodePortAddresses` with its
+/// keywords expanded (`all` → `0.0.0.0/0` and `::/0`, `localhost` → `127.0.0.0/8` and
+/// `::1/128`, `primary` → the node's primary address of each family).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    /// Every local address except loopback.
-    #[default]
+pub struct NodePortAddresses {
+    /// `primary`: the Node object's first address of each family.
+    pub primary: bool,
+    pub cidrs: Vec<Cidr>,
+}
+
+/// What one family's NodePorts answer on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FamilyNodePorts {
+    /// Every local address but loopback.
     All,
-    /// Local addresses inside these CIDRs.
-    Cidrs(Vec<Cidr>),
-    /// The node's primary addresses from its Node object.
-    Primary,
+    /// Local addresses in these (non-loopback) CIDRs, and these exact addresses.
+    Only {
+        cidrs: Vec<Cidr>,
+        hosts: Vec<IpAddr>,
+    },
+}
+
+impl NodePortAddresses {
+    /// Every local address (iptables and ipvs modes' default).
+    pub fn all() -> Self {
+        Self::default()
+    }
+    pub fn cidrs(cidrs: Vec<Cidr>) -> Self {
+        NodePortAddresses {
+            primary: false,
+            cidrs,
+        }
+    }
+    /// The node's primary addresses (nftables mode's default).
+    pub fn primary() -> Self {
+        NodePortAddresses {
+            primary: true,
+            cidrs: Vec::new(),
+        }
+    }
+
+    /// One family's share, as upstream's `NewNodePortAddresses` takes it: a family with no
+    /// entry, or with a zero-length prefix, accepts NodePorts on every address.
+    pub fn for_family(&self, v4: bool, node_addresses: &[IpAddr]) -> FamilyNodePorts {
+        let cidrs: Vec<Cidr> = self
+            .cidrs
+            .iter()
+            .filter(|c| c.is_ipv4() == v4)
+            .cloned()
+            .collect();
+        let hosts: Vec<IpAddr> = if self.primary {
+            node_addresses
+                .iter()
+                .filter(|a| a.is_ipv4() == v4 && !a.is_loopback())
+                .take(1)
+                .copied()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if (cidrs.is_empty() && hosts.is_empty()) || cidrs.iter().any(|c| c.prefix() == 0) {
+            return FamilyNodePorts::All;
+        }
+        // Loopback NodePorts need route_localnet; here they are served by the userspace
+        // forwarder (`localhost_nodeports`), never by DNAT.
+        let cidrs = cidrs
+            .into_iter()
+            .filter(|c| !c.addr().is_loopback())
+            .collect();
+        FamilyNodePorts::Only { cidrs, hosts }
+    }
+
+    /// Whether 127.0.0.1 is covered (upstream's `ContainsIPv4Loopback`): no IPv4 entry at
+    /// all, or a CIDR holding it.
+    pub fn contains_ipv4_loopback(&self) -> bool {
+        let v4: Vec<&Cidr> = self.cidrs.iter().filter(|c| c.is_ipv4()).collect();
+        let lo: IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
+        (v4.is_empty() && !self.primary) || v4.iter().any(|c| c.contains(&lo))
+    }
+
+    /// Whether loopback is listed explicitly (`localhost` or a loopback CIDR), which
+    /// nftables mode requires before serving localhost NodePorts.
+    pub fn explicit_loopback(&self) -> bool {
+        self.cidrs
+            .iter()
+            .any(|c| c.prefix() > 0 && c.addr().is_loopback())
+    }
 }
 
 /// Settings of the nftables proxier.
@@ -66,7 +145,7 @@ impl Default for ProxierConfig {
             masquerade_bit: 14,
             masquerade_all: false,
             local_detector: LocalDetector::None,
-            nodeport_addresses: NodePortAddresses::All,
+            nodeport_addresses: NodePortAddresses::all(),
             service_cidrs: Vec::new(),
         }
     }

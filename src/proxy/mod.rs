@@ -23,8 +23,8 @@ use crate::model::net::Family;
 use crate::model::ProxyState;
 
 pub use config::{
-    DetectLocal, LocalDetector, LocalDetectorResolver, NodePortAddresses, ProxierConfig,
-    DEFAULT_TABLE, TABLE_COMMENT,
+    DetectLocal, FamilyNodePorts, LocalDetector, LocalDetectorResolver, NodePortAddresses,
+    ProxierConfig, DEFAULT_TABLE, TABLE_COMMENT,
 };
 pub use ruleset::{
     plan_changes, plan_full, plan_transaction, Change, Existing, Fragment, Plan, Ruleset,

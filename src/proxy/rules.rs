@@ -13,7 +13,7 @@ use super::names::{
     firewall_chain, FIREWALL_IPS, NAT_OUTPUT, NAT_PREROUTING, NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES, REJECT_CHAIN, SERVICE_CHECKS,
 };
-use super::{Fragment, LocalDetector, NodePortAddresses, ProxierConfig};
+use super::{FamilyNodePorts, Fragment, LocalDetector, ProxierConfig};
 
 /// Base-chain priorities, nftables' named ones (`nft` prints them as `dstnat`, `srcnat`,
 /// `filter`).
@@ -87,8 +87,11 @@ pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> 
         Family::Ip => "127.0.0.0/8".parse().expect("static"),
         Family::Ip6 => "::1".parse().expect("static"),
     };
-    match &cfg.nodeport_addresses {
-        NodePortAddresses::All => vec![vec![
+    match cfg
+        .nodeport_addresses
+        .for_family(family == Family::Ip, &node.addresses)
+    {
+        FamilyNodePorts::All => vec![vec![
             Expr::FibLocal(Field::Daddr),
             Expr::Addr {
                 field: Field::Daddr,
@@ -96,7 +99,7 @@ pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> 
                 value: loopback,
             },
         ]],
-        NodePortAddresses::Cidrs(c) => cidrs_of(c, family)
+        FamilyNodePorts::Only { cidrs, hosts } => cidrs
             .into_iter()
             .map(|c| {
                 vec![
@@ -108,17 +111,13 @@ pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> 
                     },
                 ]
             })
-            .collect(),
-        NodePortAddresses::Primary => of_family(&node.addresses, family)
-            .into_iter()
-            .take(1)
-            .map(|ip| {
+            .chain(hosts.into_iter().map(|ip| {
                 vec![Expr::Addr {
                     field: Field::Daddr,
                     op: CmpOp::Eq,
                     value: Cidr::host(ip),
                 }]
-            })
+            }))
             .collect(),
     }
 }
@@ -259,6 +258,7 @@ pub fn source_range_firewall(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::NodePortAddresses;
 
     fn node() -> NodeInfo {
         NodeInfo {
@@ -268,20 +268,47 @@ mod tests {
         }
     }
 
+    fn all_v6(cfg: &ProxierConfig) -> Vec<Vec<Expr>> {
+        let mut c = cfg.clone();
+        c.nodeport_addresses = NodePortAddresses::all();
+        nodeport_guards(&c, &node(), Family::Ip6)
+    }
+
     #[test]
     fn nodeport_guards_follow_nodeport_addresses_per_family() {
         let mut cfg = ProxierConfig::default();
         let all = nodeport_guards(&cfg, &node(), Family::Ip);
         assert_eq!(all.len(), 1);
         assert!(all[0].contains(&Expr::FibLocal(Field::Daddr)));
-        cfg.nodeport_addresses = NodePortAddresses::Cidrs(vec![
+        cfg.nodeport_addresses = NodePortAddresses::cidrs(vec![
             "192.168.0.0/24".parse().unwrap(),
             "10.1.0.0/16".parse().unwrap(),
             "fd00::/64".parse().unwrap(),
         ]);
         assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip).len(), 2);
         assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip6).len(), 1);
-        cfg.nodeport_addresses = NodePortAddresses::Primary;
+        // A family with no entry accepts every address, as upstream's NewNodePortAddresses.
+        cfg.nodeport_addresses = NodePortAddresses::cidrs(vec!["10.1.0.0/16".parse().unwrap()]);
+        assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip6), all_v6(&cfg));
+        // Loopback CIDRs are left to the localhost forwarder.
+        cfg.nodeport_addresses = NodePortAddresses::cidrs(vec![
+            "127.0.0.0/8".parse().unwrap(),
+            "192.168.0.0/24".parse().unwrap(),
+        ]);
+        assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip).len(), 1);
+        // primary mixed with a CIDR: both.
+        cfg.nodeport_addresses = NodePortAddresses {
+            primary: true,
+            cidrs: vec!["10.1.0.0/16".parse().unwrap()],
+        };
+        assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip).len(), 2);
+        // all beats everything else.
+        cfg.nodeport_addresses = NodePortAddresses {
+            primary: true,
+            cidrs: vec!["0.0.0.0/0".parse().unwrap()],
+        };
+        assert_eq!(nodeport_guards(&cfg, &node(), Family::Ip), all);
+        cfg.nodeport_addresses = NodePortAddresses::primary();
         let primary = nodeport_guards(&cfg, &node(), Family::Ip6);
         assert_eq!(
             primary,

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use crate::kernel::nft::Cidr;
 use crate::model::topology::categorize_family;
 use crate::model::{ProxyState, ServicePort, ServicePortName};
-use crate::proxy::NodePortAddresses;
+use crate::proxy::{FamilyNodePorts, NodePortAddresses};
 
 use crate::kernel::ipvs::{RealServer, VirtualServer, VsKey};
 
@@ -93,23 +93,20 @@ pub fn nodeport_addresses(
                 IpAddr::V4(_) => true,
             }
     };
-    let mut out: Vec<IpAddr> = match mode {
-        NodePortAddresses::All => local.iter().copied().filter(usable).collect(),
-        NodePortAddresses::Cidrs(c) => local
+    let mut out: Vec<IpAddr> = Vec::new();
+    for v4 in [true, false] {
+        let of_family = local
             .iter()
             .copied()
-            .filter(|a| usable(a) && c.iter().any(|c| c.contains(a)))
-            .collect(),
-        NodePortAddresses::Primary => {
-            let mut v = Vec::new();
-            for fam4 in [true, false] {
-                if let Some(a) = node_primary.iter().find(|a| a.is_ipv4() == fam4) {
-                    v.push(*a);
-                }
+            .filter(|a| a.is_ipv4() == v4 && usable(a));
+        match mode.for_family(v4, node_primary) {
+            FamilyNodePorts::All => out.extend(of_family),
+            FamilyNodePorts::Only { cidrs, hosts } => {
+                out.extend(of_family.filter(|a| cidrs.iter().any(|c| c.contains(a))));
+                out.extend(hosts);
             }
-            v
         }
-    };
+    }
     out.sort();
     out.dedup();
     out
@@ -400,17 +397,22 @@ mod tests {
             ip("fd00:50::1"),
         ];
         assert_eq!(
-            nodeport_addresses(&local, &NodePortAddresses::All, &[]),
+            nodeport_addresses(&local, &NodePortAddresses::all(), &[]),
             [ip("10.0.0.5"), ip("192.168.50.1"), ip("fd00:50::1")]
         );
         let only: Vec<Cidr> = vec!["192.168.50.0/24".parse().unwrap()];
         assert_eq!(
-            nodeport_addresses(&local, &NodePortAddresses::Cidrs(only), &[]),
-            [ip("192.168.50.1")]
+            nodeport_addresses(&local, &NodePortAddresses::cidrs(only), &[]),
+            [ip("192.168.50.1"), ip("fd00:50::1")],
+            "IPv6 has no entry: every address, as upstream"
         );
         assert_eq!(
-            nodeport_addresses(&local, &NodePortAddresses::Primary, &[ip("10.0.0.5")]),
-            [ip("10.0.0.5")]
+            nodeport_addresses(
+                &local,
+                &NodePortAddresses::primary(),
+                &[ip("10.0.0.5"), ip("fd00:50::1")]
+            ),
+            [ip("10.0.0.5"), ip("fd00:50::1")]
         );
     }
 }

@@ -398,12 +398,12 @@ fn sctp_and_udp_services_match_their_protocol_only() {
 fn node_port_addresses_restrict_where_node_ports_answer() {
     let other_local = "10.0.5.5";
     for (np, answers_on_other) in [
-        (crate::proxy::NodePortAddresses::All, true),
+        (crate::proxy::NodePortAddresses::all(), true),
         (
-            crate::proxy::NodePortAddresses::Cidrs(vec!["192.168.0.0/24".parse().unwrap()]),
+            crate::proxy::NodePortAddresses::cidrs(vec!["192.168.0.0/24".parse().unwrap()]),
             false,
         ),
-        (crate::proxy::NodePortAddresses::Primary, false),
+        (crate::proxy::NodePortAddresses::primary(), false),
     ] {
         let cfg = ProxierConfig {
             nodeport_addresses: np.clone(),

@@ -226,7 +226,7 @@ pub(crate) mod tests {
             FakeNftables::default(),
             ProxierConfig {
                 table: "t".into(),
-                nodeport_addresses: crate::proxy::NodePortAddresses::Cidrs(vec!["192.168.50.0/24"
+                nodeport_addresses: crate::proxy::NodePortAddresses::cidrs(vec!["192.168.50.0/24"
                     .parse()
                     .unwrap()]),
                 ..Default::default()
