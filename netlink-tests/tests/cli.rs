@@ -424,3 +424,23 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn logs_have_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let out = bin()
+        .args([
+            "--hostname-override",
+            "n",
+            "--manifests",
+            &example(),
+            "--dry-run",
+            "--profiling",
+        ])
+        .env_remove("NO_COLOR")
+        .output_within(TEST_LIMIT)
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--profiling has no effect here"), "{err}");
+    assert!(!err.contains('\u{1b}'), "escape codes in a pipe: {err:?}");
+}
