@@ -250,6 +250,19 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
         proxier: p,
         link: None,
     };
+    if kernel.is_some() {
+        // Upstream kube-proxy's rules of every mode go, as upstream's own nftables mode
+        // removes the others' at start (platformCleanup): conntrack keeps the established
+        // connections' NAT, and our first sync follows at once.
+        remove_leftovers("upstream kube-proxy", || {
+            let mut nft = open_nft()?;
+            let mut removed = cleanup::cleanup_upstream(&mut nft).map_err(SyncError::NftCleanup)?;
+            removed.extend(
+                cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)?,
+            );
+            Ok(removed)
+        });
+    }
     Ok(match (cfg.mode, kernel) {
         (ProxyMode::Nftables, None) => Opened::DryRun(nftables::dry_run(&opts, state)?),
         (ProxyMode::Nftables, Some((nft, conntrack))) => {
@@ -312,6 +325,9 @@ fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
     }
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     for r in cleanup::cleanup_upstream(&mut nft).map_err(SyncError::NftCleanup)? {
+        tracing::info!("removed upstream kube-proxy's {r}");
+    }
+    for r in cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)? {
         tracing::info!("removed upstream kube-proxy's {r}");
     }
     Ok(())

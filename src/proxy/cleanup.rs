@@ -1,7 +1,11 @@
-//! Removing tables at `--cleanup` and when switching modes: ours (only with our comment)
-//! and upstream kube-proxy's nftables-mode tables. I/O through the [`Nftables`] trait.
+//! Removing tables at `--cleanup` and when switching modes: ours (only with our comment),
+//! upstream kube-proxy's nftables-mode tables, and the `KUBE-*` chains its iptables and
+//! IPVS modes leave in iptables-nft's `filter`, `nat` and `mangle` tables (nf_tables objects,
+//! deleted over nfnetlink without the iptables binary). I/O through the [`Nftables`] trait;
+//! what to delete is planned by a pure function.
 
-use crate::kernel::nft::{self, Family, Nftables, Table, Transaction};
+use crate::kernel::nft::decode::RuleJumps;
+use crate::kernel::nft::{self, Chain, Family, Nftables, Rule, Table, Transaction};
 
 use super::names::TABLE_COMMENT;
 use super::SyncError;
@@ -71,10 +75,175 @@ pub fn cleanup_upstream<N: Nftables>(nft: &mut N) -> Result<Vec<String>, nft::Er
     Ok(removed)
 }
 
+/// The chains upstream kube-proxy's iptables mode (pkg/proxy/iptables) and IPVS mode
+/// (pkg/proxy/ipvs) create, by exact name; kubelet's `KUBE-FIREWALL`,
+/// `KUBE-KUBELET-CANARY` and `KUBE-MARK-DROP` are not among them and are never touched.
+pub const UPSTREAM_IPTABLES_CHAINS: &[&str] = &[
+    "KUBE-SERVICES",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-MARK-MASQ",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-PROXY-CANARY",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-NODE-PORT",
+    "KUBE-SOURCE-RANGES-FIREWALL",
+    "KUBE-IPVS-FILTER",
+    "KUBE-IPVS-OUT-FILTER",
+];
+/// Per-service chains of iptables mode (`isServiceChainName`, and the older XLB/FW).
+pub const UPSTREAM_IPTABLES_PREFIXES: &[&str] = &[
+    "KUBE-SVC-",
+    "KUBE-SVL-",
+    "KUBE-SEP-",
+    "KUBE-FW-",
+    "KUBE-EXT-",
+    "KUBE-XLB-",
+];
+/// The iptables tables kube-proxy writes to.
+pub const IPTABLES_TABLES: &[&str] = &["nat", "filter", "mangle"];
+
+pub fn is_upstream_iptables_chain(name: &str) -> bool {
+    UPSTREAM_IPTABLES_CHAINS.contains(&name)
+        || UPSTREAM_IPTABLES_PREFIXES
+            .iter()
+            .any(|p| name.starts_with(p))
+}
+
+/// Plans the removal of upstream's chains from one iptables-nft table: the jump rules in
+/// other chains that lead to them (deleted by handle, every other rule stays), then each of
+/// our chains flushed and deleted. `None` when the table holds none of them.
+pub fn plan_iptables_cleanup(
+    family: Family,
+    table: &str,
+    chains: &[String],
+    rules: &[RuleJumps],
+) -> Option<Transaction> {
+    let owned: Vec<&String> = chains
+        .iter()
+        .filter(|c| is_upstream_iptables_chain(c))
+        .collect();
+    if owned.is_empty() {
+        return None;
+    }
+    let mut tx = Transaction::new(family, table);
+    for r in rules {
+        if !is_upstream_iptables_chain(&r.chain)
+            && r.targets.iter().any(|t| is_upstream_iptables_chain(t))
+        {
+            tx.delete(Rule::by_handle(r.chain.clone(), r.handle));
+        }
+    }
+    for c in &owned {
+        tx.flush(Chain::regular(c.as_str()));
+    }
+    for c in &owned {
+        tx.delete(Chain::regular(c.as_str()));
+    }
+    Some(tx)
+}
+
+/// Deletes upstream's iptables-mode and IPVS-mode chains from iptables-nft's tables in both
+/// families, each table in one transaction; returns what was removed.
+pub fn cleanup_upstream_iptables<N: Nftables>(nft: &mut N) -> Result<Vec<String>, nft::Error> {
+    let mut removed = Vec::new();
+    for family in Family::all() {
+        let present = nft.list_tables(family)?;
+        for table in IPTABLES_TABLES {
+            if !present.iter().any(|t| t.name == *table) {
+                continue;
+            }
+            let chains = nft.list_chains(family, table)?;
+            let rules = nft.list_rule_jumps(family, table)?;
+            let Some(tx) = plan_iptables_cleanup(family, table, &chains, &rules) else {
+                continue;
+            };
+            let n_chains = chains
+                .iter()
+                .filter(|c| is_upstream_iptables_chain(c))
+                .count();
+            let n_jumps = tx.num_ops() - 2 * n_chains;
+            nft.apply(&tx)?;
+            removed.push(format!(
+                "iptables-nft table {family} {table}: {n_chains} KUBE-* chains, {n_jumps} jump rules"
+            ));
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernel::nft::FakeNftables;
+
+    fn jumps(chain: &str, handle: u64, targets: &[&str]) -> RuleJumps {
+        RuleJumps {
+            table: "nat".into(),
+            chain: chain.into(),
+            handle,
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn iptables_cleanup_takes_only_kube_proxys_chains_and_jumps() {
+        let chains: Vec<String> = [
+            "PREROUTING",
+            "OUTPUT",
+            "POSTROUTING",
+            "KUBE-SERVICES",
+            "KUBE-SVC-ABC",
+            "KUBE-SEP-XYZ",
+            "KUBE-MARK-MASQ",
+            "KUBE-POSTROUTING",
+            "KUBE-KUBELET-CANARY",
+            "KUBE-MARK-DROP",
+            "DOCKER",
+        ]
+        .map(String::from)
+        .into();
+        let rules = vec![
+            jumps("PREROUTING", 5, &["KUBE-SERVICES"]),
+            jumps("PREROUTING", 6, &["DOCKER"]),
+            jumps("OUTPUT", 7, &["KUBE-SERVICES"]),
+            jumps("POSTROUTING", 8, &["KUBE-POSTROUTING"]),
+            jumps("POSTROUTING", 9, &[]),
+            jumps("KUBE-SERVICES", 10, &["KUBE-SVC-ABC"]),
+            jumps("KUBE-SVC-ABC", 11, &["KUBE-SEP-XYZ"]),
+            jumps("KUBE-SEP-XYZ", 12, &["KUBE-MARK-MASQ"]),
+            jumps("KUBE-KUBELET-CANARY", 13, &["KUBE-MARK-DROP"]),
+        ];
+        let tx = plan_iptables_cleanup(Family::Ip, "nat", &chains, &rules).unwrap();
+        let text = crate::kernel::nft::render::transaction(&tx);
+        for want in [
+            "delete rule ip nat PREROUTING handle 5",
+            "delete rule ip nat OUTPUT handle 7",
+            "delete rule ip nat POSTROUTING handle 8",
+            "delete chain ip nat KUBE-SEP-XYZ",
+            "delete chain ip nat KUBE-MARK-MASQ",
+        ] {
+            assert!(text.contains(want), "{want} in\n{text}");
+        }
+        for keep in [
+            "handle 6",
+            "handle 9",
+            "KUBE-KUBELET-CANARY",
+            "KUBE-MARK-DROP",
+            "DOCKER",
+        ] {
+            assert!(!text.contains(keep), "{keep} kept:\n{text}");
+        }
+        // Every chain is flushed before any is deleted (they jump to each other).
+        let first_delete = text.find("delete chain").unwrap();
+        assert!(text.rfind("flush chain").unwrap() < first_delete, "{text}");
+        assert_eq!(
+            plan_iptables_cleanup(Family::Ip, "nat", &chains[..3], &rules[..2]),
+            None
+        );
+    }
 
     fn create(nft: &mut FakeNftables, family: Family, name: &str, comment: Option<&str>) {
         let mut tx = Transaction::new(family, name);

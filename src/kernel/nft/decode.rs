@@ -333,9 +333,48 @@ pub fn decode_rule(m: &RawMsg<'_>) -> Result<ListedRule, DecodeError> {
     Ok(ListedRule {
         table: req_str(&a, NFTA_RULE_TABLE, "rule")?,
         chain: req_str(&a, NFTA_RULE_CHAIN, "rule")?,
-        handle: a.get(3).and_then(|x| x.be64()).unwrap_or(0),
+        handle: a.get(NFTA_RULE_HANDLE).and_then(|x| x.be64()).unwrap_or(0),
         exprs,
         comment: comment_of(a.get(NFTA_RULE_USERDATA), UDATA_COMMENT),
+    })
+}
+
+/// A rule reduced to what cleanup needs: where it is and where it jumps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleJumps {
+    pub table: String,
+    pub chain: String,
+    pub handle: u64,
+    /// Chains named by `jump` or `goto` verdicts (immediates), in order.
+    pub targets: Vec<String>,
+}
+
+/// Decodes a rule of any program (iptables-nft's `match`/`target` compat expressions
+/// included), keeping only its place and its jump targets.
+pub fn decode_rule_jumps(m: &RawMsg<'_>) -> Result<RuleJumps, DecodeError> {
+    let (_, a) = body(m, "rule")?;
+    let mut targets = Vec::new();
+    if let Some(list) = a.get(NFTA_RULE_EXPRESSIONS) {
+        for elem in list.nested().filter(|x| x.ty == NFTA_LIST_ELEM) {
+            let e = elem.nested();
+            if e.get(NFTA_EXPR_NAME).and_then(|x| x.str()) != Some("immediate") {
+                continue;
+            }
+            if let Ok(KExpr::ImmVerdict(v)) = decode_kexpr(elem) {
+                if let Some(t) = v.target() {
+                    targets.push(t.to_string());
+                }
+            }
+        }
+    }
+    Ok(RuleJumps {
+        table: req_str(&a, NFTA_RULE_TABLE, "rule")?,
+        chain: req_str(&a, NFTA_RULE_CHAIN, "rule")?,
+        handle: a
+            .get(NFTA_RULE_HANDLE)
+            .and_then(|x| x.be64())
+            .ok_or_else(|| err("rule", "no handle"))?,
+        targets,
     })
 }
 

@@ -226,8 +226,14 @@ fn encode_op(w: &mut MsgWriter, tx: &Transaction, op: &Op, seq: u32) {
             begin(w, tx, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, seq);
             rule_attrs(w, &tx.table, tx.family, r);
         }
+        (Op::Delete(_), Object::Rule(r)) if r.handle.is_some() => {
+            begin(w, tx, NFT_MSG_DELRULE, 0, seq);
+            w.attr_str(NFTA_RULE_TABLE, &tx.table);
+            w.attr_str(NFTA_RULE_CHAIN, &r.chain);
+            w.attr_be64(NFTA_RULE_HANDLE, r.handle.unwrap_or_default());
+        }
         (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => {
-            // Rules have no identity of their own in our model: removing one means
+            // Our rules have no identity of their own in our model: removing one means
             // rewriting its chain, so both verbs flush the chain.
             begin(w, tx, NFT_MSG_DELRULE, 0, seq);
             w.attr_str(NFTA_RULE_TABLE, &tx.table);

@@ -144,6 +144,15 @@ impl FakeNftables {
                     .rules
                     .push(r.clone());
             }
+            (Op::Delete(_), Object::Rule(r)) if r.handle.is_some() => {
+                // Handles are the kernel's; only foreign rules are deleted by handle
+                // (cleanup), and that is proven against the kernel.
+                return Err(reject(
+                    op,
+                    libc::EOPNOTSUPP,
+                    "the fake does not model rule handles",
+                ));
+            }
             (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => {
                 t.chains
                     .get_mut(&r.chain)
@@ -375,6 +384,34 @@ impl Nftables for FakeNftables {
             .get(&(family, table.to_string()))
             .map(|t| t.sets.keys().cloned().collect())
             .unwrap_or_default())
+    }
+
+    fn list_rule_jumps(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Vec<super::decode::RuleJumps>, Error> {
+        let Some(t) = self.tables.get(&(family, table.to_string())) else {
+            return Ok(vec![]);
+        };
+        Ok(t.chains
+            .iter()
+            .flat_map(|(name, c)| {
+                c.rules
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, r)| super::decode::RuleJumps {
+                        table: table.to_string(),
+                        chain: name.clone(),
+                        handle: i as u64 + 1,
+                        targets: r
+                            .exprs
+                            .iter()
+                            .filter_map(|e| e.chain_ref().map(str::to_string))
+                            .collect(),
+                    })
+            })
+            .collect())
     }
 }
 

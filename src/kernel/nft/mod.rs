@@ -339,6 +339,9 @@ pub struct Rule {
     pub chain: String,
     pub exprs: Vec<Expr>,
     pub comment: Option<String>,
+    /// The kernel's handle of an existing rule: `delete` then removes that one rule
+    /// (another program's rule, at cleanup) instead of flushing the chain.
+    pub handle: Option<u64>,
 }
 
 impl Rule {
@@ -347,6 +350,14 @@ impl Rule {
             chain: chain.into(),
             exprs,
             comment: None,
+            handle: None,
+        }
+    }
+    /// An existing rule, by its kernel handle (for `delete`).
+    pub fn by_handle(chain: impl Into<String>, handle: u64) -> Rule {
+        Rule {
+            handle: Some(handle),
+            ..Rule::new(chain, Vec::new())
         }
     }
     pub fn with_comment(mut self, c: impl Into<String>) -> Rule {
@@ -407,4 +418,11 @@ pub trait Nftables {
     fn list_chains(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error>;
     /// Set and map names of a table; an absent table lists as empty.
     fn list_sets(&mut self, family: Family, table: &str) -> Result<Vec<String>, Error>;
+    /// Every rule of a table (any program's) by chain and handle, with the chains it jumps
+    /// or goes to; expressions are not decoded beyond that, so foreign rules list too.
+    fn list_rule_jumps(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Vec<decode::RuleJumps>, Error>;
 }

@@ -239,6 +239,22 @@ impl Nftables for NetlinkNftables {
         }
         Ok(out)
     }
+
+    fn list_rule_jumps(
+        &mut self,
+        family: Family,
+        table: &str,
+    ) -> Result<Vec<decode::RuleJumps>, Error> {
+        let msgs = self.dump(encode::NFT_MSG_GETRULE, family, table)?;
+        let mut out = Vec::new();
+        for m in &msgs {
+            let r = decode::decode_rule_jumps(&m.as_raw())?;
+            if r.table == table {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(any(test, feature = "testing"))]

@@ -21,4 +21,11 @@ impl Nftables for PlanOnly {
     fn list_sets(&mut self, _: Family, _: &str) -> Result<Vec<String>, Error> {
         Ok(vec![])
     }
+    fn list_rule_jumps(
+        &mut self,
+        _: Family,
+        _: &str,
+    ) -> Result<Vec<super::decode::RuleJumps>, Error> {
+        Ok(vec![])
+    }
 }

@@ -202,6 +202,11 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
         (Op::Add(_), Object::Rule(r)) => {
             format!("add rule {t} {} {}", r.chain, rule_body(r, family))
         }
+        (Op::Delete(_), Object::Rule(r)) if r.handle.is_some() => format!(
+            "delete rule {t} {} handle {}",
+            r.chain,
+            r.handle.unwrap_or_default()
+        ),
         (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => format!("flush chain {t} {}", r.chain),
         (Op::Add(_), Object::Set(s)) => {
             let kw = if s.map || s.endpoints { "map" } else { "set" };

@@ -1,0 +1,200 @@
+//! Migrating off upstream kube-proxy's iptables mode: its leftovers, written with the real
+//! `iptables-nft-restore` (the oracle), are removed over nfnetlink by `--cleanup` and at
+//! start-up, foreign rules and kubelet's chains in the same tables stay, and a connection
+//! established through upstream's rules keeps working while ours take over.
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+use std::time::Duration;
+
+use netlink_tests::backend::{tcp_probes, OpenConn};
+use netlink_tests::cluster::{sa, Cluster};
+use netlink_tests::scenario::{self, names, Backends, LOCAL_EP, REMOTE_EP};
+
+/// What upstream's iptables mode (and kubelet) leave in iptables-nft's tables for the web
+/// Service (ClusterIP 10.96.0.10:80 → the local endpoint only), plus foreign rules.
+const UPSTREAM_V4: &str = r#"*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-SVC-ERIFXISQEP7F7OF4 - [0:0]
+:KUBE-SEP-6E7XQMQ4RAYOWTTM - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+:FOREIGN-NAT - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A PREROUTING -j FOREIGN-NAT
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE
+-A FOREIGN-NAT -d 198.51.100.1/32 -j RETURN
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment "default/web cluster IP" -m tcp --dport 80 -j KUBE-SVC-ERIFXISQEP7F7OF4
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-SVC-ERIFXISQEP7F7OF4 -m comment --comment "default/web -> 10.244.1.2:8080" -j KUBE-SEP-6E7XQMQ4RAYOWTTM
+-A KUBE-SEP-6E7XQMQ4RAYOWTTM -s 10.244.1.2/32 -m comment --comment "default/web" -j KUBE-MARK-MASQ
+-A KUBE-SEP-6E7XQMQ4RAYOWTTM -p tcp -m comment --comment "default/web" -m tcp -j DNAT --to-destination 10.244.1.2:8080
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-FIREWALL - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+-A INPUT -j KUBE-FIREWALL
+-A INPUT -p tcp -m tcp --dport 2222 -j ACCEPT
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -j KUBE-FIREWALL
+-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+COMMIT
+*mangle
+:PREROUTING ACCEPT [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+COMMIT
+"#;
+
+const UPSTREAM_V6: &str = r#"*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A POSTROUTING -s fd00:17::/64 -j MASQUERADE
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+COMMIT
+"#;
+
+/// Loads the leftovers with the real iptables-nft tools, in the node namespace.
+fn program_upstream(c: &Cluster) {
+    let v4 = c.dir.join("upstream-v4.rules");
+    let v6 = c.dir.join("upstream-v6.rules");
+    // nfacct is not always available; its rule is only there to be foreign-looking.
+    std::fs::write(
+        &v4,
+        UPSTREAM_V4.replace(" -m nfacct --nfacct-name ct_state_invalid_dropped_pkts", ""),
+    )
+    .unwrap();
+    std::fs::write(&v6, UPSTREAM_V6).unwrap();
+    c.node
+        .sh(&format!("iptables-nft-restore < {}", v4.display()));
+    c.node
+        .sh(&format!("ip6tables-nft-restore < {}", v6.display()));
+    let saved = c.node.sh("iptables-nft-save");
+    assert!(saved.contains("-j KUBE-SVC-ERIFXISQEP7F7OF4"), "{saved}");
+}
+
+fn assert_only_foreign_left(c: &Cluster) {
+    let v4 = c.node.sh("iptables-nft-save");
+    let v6 = c.node.sh("ip6tables-nft-save");
+    for gone in [
+        "KUBE-SERVICES",
+        "KUBE-SVC-",
+        "KUBE-SEP-",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+        "KUBE-NODEPORTS",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-FORWARD",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-CANARY",
+    ] {
+        assert!(!v4.contains(gone), "{gone} left:\n{v4}");
+        assert!(!v6.contains(gone), "{gone} left (ip6):\n{v6}");
+    }
+    for kept in [
+        "-A PREROUTING -j FOREIGN-NAT",
+        "-A FOREIGN-NAT -d 198.51.100.1/32 -j RETURN",
+        "-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE",
+        "-A INPUT -p tcp -m tcp --dport 2222 -j ACCEPT",
+        "-A INPUT -j KUBE-FIREWALL",
+        "-A OUTPUT -j KUBE-FIREWALL",
+        ":KUBE-FIREWALL",
+        ":KUBE-KUBELET-CANARY",
+        "block incoming localnet connections",
+    ] {
+        assert!(v4.contains(kept), "{kept} removed:\n{v4}");
+    }
+    assert!(
+        v6.contains("-A POSTROUTING -s fd00:17::/64 -j MASQUERADE"),
+        "{v6}"
+    );
+}
+
+#[test]
+fn cleanup_removes_upstream_iptables_mode_chains_only() {
+    let c = Cluster::new();
+    program_upstream(&c);
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("iptables-nft table ip nat"), "{err}");
+    assert!(err.contains("iptables-nft table ip filter"), "{err}");
+    assert!(err.contains("iptables-nft table ip6 nat"), "{err}");
+    assert_only_foreign_left(&c);
+    // A second run finds nothing of upstream's.
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok && !err.contains("iptables-nft table"), "{err}");
+}
+
+#[test]
+fn starting_over_upstream_iptables_mode_keeps_established_connections() {
+    let c = scenario::web_cluster(Backends::default());
+    program_upstream(&c);
+    // Upstream's rules serve the Service now: only the local endpoint.
+    let before = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 5);
+    assert_eq!(
+        names(&before),
+        ["local"].map(String::from).into(),
+        "{before:?}"
+    );
+    let mut conn = OpenConn::open(&c.pods[1], sa("10.96.0.10", 80));
+    assert_eq!(conn.greeting.name(), Some("local"));
+    let d = c.start_daemon(
+        &scenario::web_yaml_with("", &[LOCAL_EP, REMOTE_EP], false),
+        &[],
+    );
+    assert!(
+        d.log_text().contains("removed upstream kube-proxy"),
+        "{}",
+        d.log_text()
+    );
+    assert_only_foreign_left(&c);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        conn.echo("through the switch").unwrap(),
+        "through the switch"
+    );
+    let after = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 30);
+    assert_eq!(
+        names(&after),
+        ["local", "remote"].map(String::from).into(),
+        "ours now: {after:?}"
+    );
+}
