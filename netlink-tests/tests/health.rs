@@ -46,6 +46,13 @@ impl Nftables for Switchable {
     fn list_sets(&mut self, f: Family, t: &str) -> Result<Vec<String>, Error> {
         self.fake.list_sets(f, t)
     }
+    fn list_rule_jumps(
+        &mut self,
+        f: Family,
+        t: &str,
+    ) -> Result<Vec<kube_nlproxy::kernel::nft::decode::RuleJumps>, Error> {
+        self.fake.list_rule_jumps(f, t)
+    }
 }
 
 fn libc_enomem() -> i32 {
