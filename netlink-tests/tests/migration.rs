@@ -198,3 +198,46 @@ fn starting_over_upstream_iptables_mode_keeps_established_connections() {
         "ours now: {after:?}"
     );
 }
+
+/// IPVS mode's leftovers: its ipsets (made with the real `ipset`), referenced from its
+/// iptables-nft rules; a foreign set referenced by a foreign rule stays.
+#[test]
+fn cleanup_removes_upstream_ipvs_mode_ipsets_after_their_rules() {
+    let c = Cluster::new();
+    for cmd in [
+        "ipset create KUBE-CLUSTER-IP hash:ip,port",
+        "ipset create KUBE-LOOP-BACK hash:ip,port,ip",
+        "ipset create KUBE-NODE-PORT-TCP bitmap:port range 0-65535",
+        "ipset create KUBE-6-CLUSTER-IP hash:ip,port family inet6",
+        "ipset add KUBE-CLUSTER-IP 10.96.0.10,tcp:80",
+        "ipset create cali40all-hosts hash:ip",
+    ] {
+        c.node.sh(cmd);
+    }
+    let rules = c.dir.join("ipvs-v4.rules");
+    std::fs::write(
+        &rules,
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-NODE-PORT - [0:0]\n:KUBE-LOAD-BALANCER - [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A POSTROUTING -m set --match-set cali40all-hosts dst -j RETURN\n-A KUBE-SERVICES ! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\n-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT\n-A KUBE-NODE-PORT -p tcp -m comment --comment \"Kubernetes nodeport TCP port for masquerade purpose\" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n",
+    )
+    .unwrap();
+    c.node
+        .sh(&format!("iptables-nft-restore < {}", rules.display()));
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok, "{err}");
+    let sets = c.node.sh("ipset list -n");
+    assert_eq!(sets.trim(), "cali40all-hosts", "{sets}\n{err}");
+    for set in [
+        "KUBE-CLUSTER-IP",
+        "KUBE-LOOP-BACK",
+        "KUBE-NODE-PORT-TCP",
+        "KUBE-6-CLUSTER-IP",
+    ] {
+        assert!(err.contains(&format!("ipset {set}")), "{set}: {err}");
+    }
+    let saved = c.node.sh("iptables-nft-save");
+    assert!(
+        saved.contains("-A POSTROUTING -m set --match-set cali40all-hosts dst -j RETURN"),
+        "{saved}"
+    );
+    assert!(!saved.contains("KUBE-"), "{saved}");
+}

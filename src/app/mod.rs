@@ -260,6 +260,7 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
             removed.extend(
                 cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)?,
             );
+            removed.extend(upstream_ipsets());
             Ok(removed)
         });
     }
@@ -290,6 +291,17 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
                 link: Some((cfg.ipvs.dummy_link.clone(), port)),
             }
         }
+    })
+}
+
+/// Upstream's IPVS-mode ipsets; failures are warnings (a set still referenced by a rule
+/// that is not upstream's stays, and says so).
+fn upstream_ipsets() -> Vec<String> {
+    let res = crate::kernel::ipset::netlink::NetlinkIpsets::open()
+        .and_then(|mut s| cleanup::cleanup_upstream_ipsets(&mut s));
+    res.unwrap_or_else(|e| {
+        tracing::warn!("cannot remove upstream kube-proxy's ipsets: {e}");
+        Vec::new()
     })
 }
 
@@ -328,6 +340,9 @@ fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
         tracing::info!("removed upstream kube-proxy's {r}");
     }
     for r in cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)? {
+        tracing::info!("removed upstream kube-proxy's {r}");
+    }
+    for r in upstream_ipsets() {
         tracing::info!("removed upstream kube-proxy's {r}");
     }
     Ok(())

@@ -3,6 +3,7 @@
 //! shared proxy core; it knows kernel objects, not Services.
 
 pub mod conntrack;
+pub mod ipset;
 pub mod ipvs;
 pub mod netlink;
 pub mod nft;

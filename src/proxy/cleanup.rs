@@ -4,6 +4,7 @@
 //! deleted over nfnetlink without the iptables binary). I/O through the [`Nftables`] trait;
 //! what to delete is planned by a pure function.
 
+use crate::kernel::ipset::{self, Ipsets};
 use crate::kernel::nft::decode::RuleJumps;
 use crate::kernel::nft::{self, Chain, Family, Nftables, Rule, Table, Transaction};
 
@@ -174,10 +175,85 @@ pub fn cleanup_upstream_iptables<N: Nftables>(nft: &mut N) -> Result<Vec<String>
     Ok(removed)
 }
 
+/// The ipsets upstream's IPVS mode creates (pkg/proxy/ipvs/ipset.go), IPv4 names; IPv6
+/// ones carry `KUBE-6-` instead of `KUBE-`.
+pub const UPSTREAM_IPSETS: &[&str] = &[
+    "KUBE-LOOP-BACK",
+    "KUBE-CLUSTER-IP",
+    "KUBE-EXTERNAL-IP",
+    "KUBE-EXTERNAL-IP-LOCAL",
+    "KUBE-LOAD-BALANCER",
+    "KUBE-LOAD-BALANCER-LOCAL",
+    "KUBE-LOAD-BALANCER-FW",
+    "KUBE-LOAD-BALANCER-SOURCE-IP",
+    "KUBE-LOAD-BALANCER-SOURCE-CIDR",
+    "KUBE-NODE-PORT-TCP",
+    "KUBE-NODE-PORT-LOCAL-TCP",
+    "KUBE-NODE-PORT-UDP",
+    "KUBE-NODE-PORT-LOCAL-UDP",
+    "KUBE-NODE-PORT-SCTP-HASH",
+    "KUBE-NODE-PORT-LOCAL-SCTP-HASH",
+    "KUBE-HEALTH-CHECK-NODE-PORT",
+    "KUBE-IPVS-IPS",
+];
+
+pub fn is_upstream_ipset(name: &str) -> bool {
+    UPSTREAM_IPSETS.contains(&name)
+        || name
+            .strip_prefix("KUBE-6-")
+            .is_some_and(|rest| UPSTREAM_IPSETS.contains(&format!("KUBE-{rest}").as_str()))
+}
+
+/// Destroys upstream's IPVS-mode ipsets (after its iptables rules, which reference them,
+/// are gone); other sets stay. Returns what was removed.
+pub fn cleanup_upstream_ipsets<I: Ipsets>(ipsets: &mut I) -> Result<Vec<String>, ipset::Error> {
+    let mut removed = Vec::new();
+    for name in ipsets.list_names()? {
+        if !is_upstream_ipset(&name) {
+            continue;
+        }
+        // nf_tables releases a deleted rule's set reference in deferred work after the
+        // commit (tens of ms): a set referenced a moment ago reads busy for that long.
+        let mut tries = 0;
+        loop {
+            match ipsets.destroy(&name) {
+                Err(ipset::Error::Busy(_)) if tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                }
+                other => break other?,
+            }
+        }
+        removed.push(format!("ipset {name}"));
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernel::nft::FakeNftables;
+
+    #[test]
+    fn upstream_ipsets_by_name_in_both_families() {
+        for yes in [
+            "KUBE-CLUSTER-IP",
+            "KUBE-6-CLUSTER-IP",
+            "KUBE-6-NODE-PORT-LOCAL-TCP",
+            "KUBE-IPVS-IPS",
+        ] {
+            assert!(is_upstream_ipset(yes), "{yes}");
+        }
+        for no in [
+            "KUBE-6-",
+            "KUBE-FOO",
+            "cali40all-ipam-pools",
+            "KUBE-CLUSTER-IP-X",
+            "kube-cluster-ip",
+        ] {
+            assert!(!is_upstream_ipset(no), "{no}");
+        }
+    }
 
     fn jumps(chain: &str, handle: u64, targets: &[&str]) -> RuleJumps {
         RuleJumps {
