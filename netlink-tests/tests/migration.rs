@@ -112,8 +112,13 @@ fn program_upstream(c: &Cluster) {
 }
 
 fn assert_only_foreign_left(c: &Cluster) {
-    let v4 = c.node.sh("iptables-nft-save");
-    let v6 = c.node.sh("ip6tables-nft-save");
+    assert_only_foreign_left_in(c, "nft");
+}
+
+/// `flavour`: "nft" or "legacy" (which iptables-*-save reads the tables).
+fn assert_only_foreign_left_in(c: &Cluster, flavour: &str) {
+    let v4 = c.node.sh(&format!("iptables-{flavour}-save"));
+    let v6 = c.node.sh(&format!("ip6tables-{flavour}-save"));
     for gone in [
         "KUBE-SERVICES",
         "KUBE-SVC-",
@@ -161,6 +166,43 @@ fn cleanup_removes_upstream_iptables_mode_chains_only() {
     // A second run finds nothing of upstream's.
     let (ok, err) = c.run_proxy(&["--cleanup"]);
     assert!(ok && !err.contains("iptables-nft table"), "{err}");
+}
+
+/// The same leftovers in legacy x_tables (`iptables-legacy-restore`): removed through the
+/// x_tables socket options, each table replaced in one go.
+#[test]
+fn cleanup_removes_upstream_chains_from_legacy_x_tables() {
+    let c = Cluster::new();
+    let v4 = c.dir.join("legacy-v4.rules");
+    let v6 = c.dir.join("legacy-v6.rules");
+    std::fs::write(
+        &v4,
+        UPSTREAM_V4.replace(" -m nfacct --nfacct-name ct_state_invalid_dropped_pkts", ""),
+    )
+    .unwrap();
+    std::fs::write(&v6, UPSTREAM_V6).unwrap();
+    c.node
+        .sh(&format!("iptables-legacy-restore < {}", v4.display()));
+    c.node
+        .sh(&format!("ip6tables-legacy-restore < {}", v6.display()));
+    assert!(c
+        .node
+        .sh("iptables-legacy-save")
+        .contains("KUBE-SVC-ERIFXISQEP7F7OF4"));
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok, "{err}");
+    for t in ["ip nat", "ip filter", "ip mangle", "ip6 nat"] {
+        assert!(
+            err.contains(&format!("iptables-legacy table {t}")),
+            "{t}: {err}"
+        );
+    }
+    assert_only_foreign_left_in(&c, "legacy");
+    // The rewritten tables still work: iptables-legacy can edit them.
+    c.node
+        .sh("iptables-legacy -t nat -A FOREIGN-NAT -d 198.51.100.2/32 -j RETURN");
+    let (ok, err) = c.run_proxy(&["--cleanup"]);
+    assert!(ok && !err.contains("iptables-legacy table"), "{err}");
 }
 
 #[test]

@@ -260,6 +260,7 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
             removed.extend(
                 cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)?,
             );
+            removed.extend(upstream_legacy_chains());
             removed.extend(upstream_ipsets());
             Ok(removed)
         });
@@ -291,6 +292,15 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
                 link: Some((cfg.ipvs.dummy_link.clone(), port)),
             }
         }
+    })
+}
+
+/// Upstream's chains in legacy x_tables; failures are warnings.
+fn upstream_legacy_chains() -> Vec<String> {
+    let mut x = crate::kernel::xtables::sockopt::SockoptXtables::default();
+    cleanup::cleanup_upstream_legacy(&mut x).unwrap_or_else(|e| {
+        tracing::warn!("cannot remove upstream kube-proxy's iptables-legacy chains: {e}");
+        Vec::new()
     })
 }
 
@@ -342,7 +352,10 @@ fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
     for r in cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)? {
         tracing::info!("removed upstream kube-proxy's {r}");
     }
-    for r in upstream_ipsets() {
+    for r in upstream_legacy_chains()
+        .into_iter()
+        .chain(upstream_ipsets())
+    {
         tracing::info!("removed upstream kube-proxy's {r}");
     }
     Ok(())

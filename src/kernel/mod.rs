@@ -8,3 +8,4 @@ pub mod ipvs;
 pub mod netlink;
 pub mod nft;
 pub mod rtnl;
+pub mod xtables;

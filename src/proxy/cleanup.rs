@@ -7,6 +7,7 @@
 use crate::kernel::ipset::{self, Ipsets};
 use crate::kernel::nft::decode::RuleJumps;
 use crate::kernel::nft::{self, Chain, Family, Nftables, Rule, Table, Transaction};
+use crate::kernel::xtables::{self, Xtables};
 
 use super::names::TABLE_COMMENT;
 use super::SyncError;
@@ -169,6 +170,39 @@ pub fn cleanup_upstream_iptables<N: Nftables>(nft: &mut N) -> Result<Vec<String>
             nft.apply(&tx)?;
             removed.push(format!(
                 "iptables-nft table {family} {table}: {n_chains} KUBE-* chains, {n_jumps} jump rules"
+            ));
+        }
+    }
+    Ok(removed)
+}
+
+/// Deletes upstream's chains (and the jumps into them) from legacy x_tables
+/// (`iptables-legacy`), in tables that exist only: each table is read, rewritten without
+/// them and replaced in one `IPT_SO_SET_REPLACE`. Returns what was removed.
+pub fn cleanup_upstream_legacy<X: Xtables>(x: &mut X) -> Result<Vec<String>, xtables::Error> {
+    let mut removed = Vec::new();
+    for family in Family::all() {
+        for table in x.tables(family)? {
+            if !IPTABLES_TABLES.contains(&table.as_str()) {
+                continue;
+            }
+            let old = x.get(family, &table)?;
+            let rewrite = xtables::blob::remove_chains(
+                xtables::layout(family),
+                &old,
+                is_upstream_iptables_chain,
+            )
+            .map_err(|why| xtables::Error::Malformed {
+                family,
+                table: table.clone(),
+                why,
+            })?;
+            let Some(r) = rewrite else { continue };
+            x.replace(family, &old, &r.table)?;
+            removed.push(format!(
+                "iptables-legacy table {family} {table}: {} KUBE-* chains, {} jump rules",
+                r.removed_chains.len(),
+                r.removed_jumps
             ));
         }
     }
