@@ -21,24 +21,7 @@ fn main() -> std::process::ExitCode {
         }
         return std::process::ExitCode::SUCCESS;
     }
-    // kube-client logs a whole response body at WARN when it cannot decode one; our sources
-    // report such failures themselves, in one line.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{},kube_client=error", cfg.log_level))
-    });
-    // Colours only on a terminal, and never with NO_COLOR set (log collectors keep the
-    // escape codes otherwise).
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    if cfg.json_logs {
-        logs.json().init();
-    } else {
-        logs.init();
-    }
+    kube_nlproxy::app::logging::init(cfg.json_logs, cfg.log_level);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -24,6 +24,9 @@ pub const EXT_IP: &str = "192.168.50.2";
 pub const EXT_IP_OTHER: &str = "192.168.50.3";
 pub const EXT_IP6: &str = "fd00:50::2";
 pub const POD_GW: &str = "10.244.1.1";
+/// The daemon's log filter in tests: info, plus our per-sync summaries (V(2) upstream,
+/// debug here) that the tests wait for.
+pub const DAEMON_LOG: &str = "info,kube_nlproxy::app::hooks=debug";
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:10:244::/48";
 
 /// The namespaces of one test cluster.
@@ -161,7 +164,7 @@ impl Cluster {
                 proxy_bin().to_str().unwrap(),
             ])
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", DAEMON_LOG)
             .output_within(TEST_LIMIT)
             .expect("spawn kube-nlproxy");
         (
@@ -215,7 +218,7 @@ impl Cluster {
                 "100ms",
             ])
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", DAEMON_LOG)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(f)

@@ -79,7 +79,7 @@ fn sixty_seconds_of_endpoint_churn_loses_nothing() {
             "200ms",
         ])
         .args(["--healthz-bind-address", "127.0.0.1:10256"])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(fs::File::create(&log).unwrap())

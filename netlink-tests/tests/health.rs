@@ -122,9 +122,10 @@ async fn wait_code(addr: SocketAddr, path: &str, want: u16, within: Duration) ->
     }
 }
 
+/// The first sample of `name` (with any labels, e.g. the IPv4 one of an `ip_family` family).
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no sample {name}"))
@@ -136,6 +137,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         health: Arc::new(Mutex::new(ProxyHealth::new(Duration::from_secs(2)))),
         metrics: Arc::new(Metrics::new()),
         configz: Arc::new(serde_json::json!({"kind": "KubeProxyConfiguration"})),
+        proxy_mode: "iptables".into(),
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
@@ -265,6 +267,25 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         .unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("KubeProxyConfiguration"), "{body}");
+    // The rest of upstream's metrics mux.
+    for (path, want) in [
+        ("/proxyMode", "iptables"),
+        ("/healthz", "ok"),
+        (
+            "/metrics/slis",
+            "kubernetes_healthcheck{name=\"ping\",type=\"healthz\"} 1",
+        ),
+    ] {
+        let (code, body) = tokio::task::spawn_blocking(move || get(mx, path))
+            .await
+            .unwrap();
+        assert_eq!(code, 200, "{path}");
+        assert!(body.contains(want), "{path}: {body}");
+    }
+    assert!(
+        m.contains("kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"}"),
+        "{m}"
+    );
     let _ = stop_tx.send(());
     loop_task.await.unwrap();
 }

@@ -235,3 +235,96 @@ fn kubespray_ipvs_file_plans_ipvs() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Probes must not kill a pod that waits for the API server: /healthz and /livez answer
+/// from start-up (healthy while starting, as upstream), and /metrics too.
+#[test]
+fn health_and_metrics_answer_before_the_api_server_does() {
+    let c = Cluster::new();
+    let log = c.dir.join("daemon.log");
+    let mut child = std::process::Command::new("ip")
+        .args(["netns", "exec", &c.node.name])
+        .arg(proxy_bin())
+        .args(["--hostname-override=node1", "--master=http://127.0.0.1:9"])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let healthz = loop {
+        if let Some(r) = http_get(&c, "127.0.0.1:10256", "/healthz") {
+            break r;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(healthz.0.contains("200"), "{healthz:?}");
+    let livez = http_get(&c, "127.0.0.1:10256", "/livez").expect("livez");
+    assert!(livez.0.contains("200"), "{livez:?}");
+    let metrics = http_get(&c, "127.0.0.1:10249", "/metrics").expect("metrics");
+    assert!(metrics.0.contains("200"), "{metrics:?}");
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !log_text.contains("synced"),
+        "no API server, no sync: {log_text}"
+    );
+    // SAFETY: signalling our own child.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM)
+    };
+    netlink_tests::bounded::wait_within(
+        &mut child,
+        Duration::from_secs(10),
+        "the daemon after SIGTERM",
+    );
+}
+
+/// `-v` means what it means upstream: per-sync summaries at V(2), none at V(0).
+#[test]
+fn verbosity_changes_what_is_logged() {
+    let c = cluster();
+    let manifests = c.write_manifests(&web_yaml());
+    let run = |v: &str| {
+        let log = c.dir.join(format!("v{v}.log"));
+        let mut child = std::process::Command::new("ip")
+            .args(["netns", "exec", &c.node.name])
+            .arg(proxy_bin())
+            .args(["--hostname-override=node1", "--proxy-mode=nftables"])
+            .arg(format!("--manifests={}", manifests.display()))
+            .arg(format!("-v={v}"))
+            .env_remove("RUST_LOG")
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let text = loop {
+            let t = std::fs::read_to_string(&log).unwrap_or_default();
+            if t.contains("initial sync done") {
+                // the summary of the same sync follows at once when enabled
+                std::thread::sleep(Duration::from_millis(200));
+                break std::fs::read_to_string(&log).unwrap_or_default();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "{t}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        // SAFETY: signalling our own child.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM)
+        };
+        netlink_tests::bounded::wait_within(&mut child, Duration::from_secs(10), "the daemon");
+        text
+    };
+    let quiet = run("0");
+    let chatty = run("2");
+    assert!(!quiet.contains("] synced full="), "{quiet}");
+    assert!(chatty.contains("] synced full="), "{chatty}");
+    assert!(
+        quiet.lines().all(|l| l.starts_with(['I', 'W', 'E'])),
+        "klog headers: {quiet}"
+    );
+}

@@ -144,7 +144,7 @@ fn runs_with_only_cap_net_admin() {
             "--once",
         ])
         .args(["--config", cfg.to_str().unwrap()])
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
         .output_within(TEST_LIMIT)
         .unwrap();
     let _ = std::fs::remove_file(&cfg);

@@ -339,8 +339,21 @@ fn foreign_table_survives_sync_and_cleanup() {
 #[test]
 fn cleanup_also_removes_upstream_kube_proxy_tables() {
     let c = web_cluster();
-    c.node.sh("nft add table ip kube-proxy; nft add chain ip kube-proxy services; nft add table ip6 kube-proxy; nft add table inet kube-proxy");
+    let upstream = "nft add table ip kube-proxy; nft add chain ip kube-proxy services; nft add table ip6 kube-proxy; nft add table inet kube-proxy";
+    // Starting removes them (as upstream's nftables mode removes other modes' rules).
+    c.node.sh(upstream);
     c.sync_once(&web_yaml(""), &[]);
+    let all = c.node.sh("nft list ruleset");
+    assert!(
+        !all.contains("table ip kube-proxy") && !all.contains("table ip6 kube-proxy"),
+        "{all}"
+    );
+    assert!(
+        all.contains("table inet kube-proxy"),
+        "not upstream's: {all}"
+    );
+    // And so does --cleanup.
+    c.node.sh("nft add table ip kube-proxy; nft add chain ip kube-proxy services; nft add table ip6 kube-proxy");
     let (ok, err) = c.run_proxy(&["--cleanup"]);
     assert!(ok, "{err}");
     assert!(

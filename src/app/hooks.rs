@@ -10,7 +10,7 @@ use crate::model::{count_changes, ProxyState};
 use crate::proxy::runner::SyncHooks;
 use crate::proxy::{SyncError, SyncStats};
 use crate::serve::admin::Shared;
-use crate::serve::metrics::{unix_secs, PolicyLabel};
+use crate::serve::metrics::{unix_secs, FamilyLabel, PolicyLabel};
 use crate::serve::service_health::{plan_health_checks, ServiceHealthServers};
 
 /// Feeds health, metrics and health-check ports from the sync loop.
@@ -23,6 +23,7 @@ pub struct Hooks {
     hc: ServiceHealthServers,
     prev: Option<Arc<ProxyState>>,
     observed_triggers: BTreeMap<crate::model::ServicePortName, SystemTime>,
+    first_sync_logged: bool,
 }
 
 impl Hooks {
@@ -34,6 +35,7 @@ impl Hooks {
             shared,
             prev: None,
             observed_triggers: BTreeMap::new(),
+            first_sync_logged: false,
         }
     }
 }
@@ -54,7 +56,11 @@ impl SyncHooks for Hooks {
         m.endpoint_changes_total.inc_by(eps as u64);
         m.service_changes_pending.inc_by(svcs as i64);
         m.endpoint_changes_pending.inc_by(eps as i64);
-        m.last_queued_timestamp.set(unix_secs(now));
+        for f in FamilyLabel::both() {
+            m.last_queued_timestamp
+                .get_or_create(&f)
+                .set(unix_secs(now));
+        }
         let mut h = self.shared.health.lock().expect("proxy health");
         for f in Family::all() {
             h.queued_update(f, now);
@@ -70,13 +76,28 @@ impl SyncHooks for Hooks {
         match res {
             Ok(s) => {
                 m.observe_sync(s.full, took, true);
-                tracing::info!(full = s.full, rules = s.rules, elements = s.elements, ops = ?s.ops, took = ?took, "synced");
+                // Per-sync summaries at V(2), as upstream; the first one also at V(0) so
+                // that a default log shows the proxy came up.
+                if !self.first_sync_logged {
+                    self.first_sync_logged = true;
+                    tracing::info!(rules = s.rules, elements = s.elements, took = ?took, "initial sync done");
+                }
+                tracing::debug!(full = s.full, rules = s.rules, elements = s.elements, ops = ?s.ops, took = ?took, "synced");
                 m.service_changes_pending.set(0);
                 m.endpoint_changes_pending.set(0);
                 if let Some(d) = s.conntrack_duration {
-                    m.conntrack_duration.observe(d.as_secs_f64());
+                    for f in FamilyLabel::both() {
+                        m.conntrack_duration
+                            .get_or_create(&f)
+                            .observe(d.as_secs_f64());
+                    }
                 }
-                m.conntrack_deleted.inc_by(s.conntrack_deleted as u64);
+                for f in Family::all() {
+                    let n = s.conntrack_deleted_by_family.get(&f).copied().unwrap_or(0);
+                    m.conntrack_deleted
+                        .get_or_create(&FamilyLabel::of(f))
+                        .inc_by(n as u64);
+                }
                 if s.restored > 0 {
                     m.nftables_restores.inc();
                 }
@@ -90,20 +111,37 @@ impl SyncHooks for Hooks {
                 for (spn, t) in &state.trigger_times {
                     if self.observed_triggers.get(spn) != Some(t) {
                         if let Ok(d) = now.duration_since(*t) {
-                            m.network_programming_duration.observe(d.as_secs_f64());
+                            // Per family of the Service's ClusterIPs, as each upstream
+                            // proxier observes its own.
+                            let mut fams: Vec<Family> = state
+                                .services
+                                .get(spn)
+                                .map(|sp| sp.cluster_ips.iter().map(Family::of).collect())
+                                .unwrap_or_default();
+                            fams.sort();
+                            fams.dedup();
+                            for f in fams {
+                                m.network_programming_duration
+                                    .get_or_create(&FamilyLabel::of(f))
+                                    .observe(d.as_secs_f64());
+                            }
                         }
                         self.observed_triggers.insert(spn.clone(), *t);
                     }
                 }
                 self.observed_triggers
                     .retain(|k, _| state.trigger_times.contains_key(k));
-                let (internal, external) = crate::model::topology::count_no_local_endpoints(state);
-                for (policy, n) in [("internal", internal), ("external", external)] {
-                    m.no_local_endpoints
-                        .get_or_create(&PolicyLabel {
-                            traffic_policy: policy.into(),
-                        })
-                        .set(n as i64);
+                for f in Family::all() {
+                    let (internal, external) =
+                        crate::model::topology::count_no_local_endpoints_of(state, f);
+                    for (policy, n) in [("internal", internal), ("external", external)] {
+                        m.no_local_endpoints
+                            .get_or_create(&PolicyLabel {
+                                traffic_policy: policy.into(),
+                                ip_family: FamilyLabel::of(f).ip_family,
+                            })
+                            .set(n as i64);
+                    }
                 }
                 if let Some(l) = self.localhost.as_mut() {
                     l.sync(crate::modes::userspace::localhost::plan_localhost(state));

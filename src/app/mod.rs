@@ -3,6 +3,7 @@
 //! [`open_mode`]; nothing here names a mode's tables, chains or constants.
 
 pub mod hooks;
+pub mod logging;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -156,6 +157,13 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             ))
         }
     };
+    // The health and metrics servers answer from start-up, so that probes never kill a pod
+    // that waits for the API server (healthy while starting, as upstream).
+    let shared = if cfg.dry_run || cfg.once {
+        None
+    } else {
+        Some(serve_admin(&cfg).await?)
+    };
     // The first sync waits until every source delivered its initial state.
     let state = loop {
         if let Some(s) = rx.borrow_and_update().clone() {
@@ -222,10 +230,44 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         monitor,
         nft_port,
         link,
+        shared,
     };
     let res = drive(&cfg, proxier, rx, state, watch, warnings, shutdown).await;
     watcher.abort();
     res
+}
+
+/// Starts the health and metrics servers (each unless disabled by an empty address).
+async fn serve_admin(cfg: &Config) -> Result<Shared, AppError> {
+    let shared = Shared {
+        health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
+        metrics: Arc::new(Metrics::new()),
+        configz: Arc::new(
+            serde_json::to_value(cfg.to_kube_proxy_configuration()).unwrap_or_default(),
+        ),
+        proxy_mode: cfg.requested_mode.as_str().into(),
+    };
+    for (addr, what, router) in [
+        (
+            cfg.healthz_bind_address,
+            "healthz",
+            admin::healthz_router(shared.clone()),
+        ),
+        (
+            cfg.metrics_bind_address,
+            "metrics",
+            admin::metrics_router(shared.clone()),
+        ),
+    ] {
+        let Some(addr) = addr else {
+            tracing::info!("{what} server disabled (empty bind address)");
+            continue;
+        };
+        if admin::serve(addr, what, router).await.is_none() && cfg.bind_address_hard_fail {
+            return Err(AppError::Bind(what, addr));
+        }
+    }
+    Ok(shared)
 }
 
 /// What [`open_mode`] gives: a proxier over the kernel, or a dry run's text.
@@ -369,6 +411,9 @@ struct Watch {
     nft_port: u32,
     /// IPVS mode: the dummy link and our rtnetlink socket's port.
     link: Option<(String, u32)>,
+    /// The health and metrics servers' state, started before the first sync (none with
+    /// `--once`).
+    shared: Option<Shared>,
 }
 
 /// Runs the sync loop over `proxier` with health, metrics, health-check ports and change
@@ -387,6 +432,7 @@ async fn drive<P: Proxier>(
         monitor,
         nft_port,
         link,
+        shared,
     } = w;
     if cfg.once {
         let stats = proxier.sync(&state)?;
@@ -398,33 +444,9 @@ async fn drive<P: Proxier>(
         min_sync_period: cfg.min_sync_period,
         sync_period: cfg.sync_period,
     };
-    let shared = Shared {
-        health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
-        metrics: Arc::new(Metrics::new()),
-        configz: Arc::new(
-            serde_json::to_value(cfg.to_kube_proxy_configuration()).unwrap_or_default(),
-        ),
+    let Some(shared) = shared else {
+        return Ok(());
     };
-    for (addr, what, router) in [
-        (
-            cfg.healthz_bind_address,
-            "healthz",
-            admin::healthz_router(shared.clone()),
-        ),
-        (
-            cfg.metrics_bind_address,
-            "metrics",
-            admin::metrics_router(shared.clone()),
-        ),
-    ] {
-        let Some(addr) = addr else {
-            tracing::info!("{what} server disabled (empty bind address)");
-            continue;
-        };
-        if admin::serve(addr, what, router).await.is_none() && cfg.bind_address_hard_fail {
-            return Err(AppError::Bind(what, addr));
-        }
-    }
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
     if cfg.localhost_nodeports {

@@ -145,9 +145,29 @@ pub fn categorize_endpoints(
 /// Service ports whose Local policy finds no local endpoint: (internal, external), for the
 /// `sync_proxy_rules_no_local_endpoints_total` gauge.
 pub fn count_no_local_endpoints(state: &super::ProxyState) -> (usize, usize) {
+    count_no_local_endpoints_where(state, |_| true)
+}
+
+/// The same for the service ports with a ClusterIP of one family (upstream counts per
+/// family proxier).
+pub fn count_no_local_endpoints_of(
+    state: &super::ProxyState,
+    family: super::net::Family,
+) -> (usize, usize) {
+    count_no_local_endpoints_where(state, |sp| {
+        sp.cluster_ips
+            .iter()
+            .any(|ip| super::net::Family::of(ip) == family)
+    })
+}
+
+fn count_no_local_endpoints_where(
+    state: &super::ProxyState,
+    take: impl Fn(&super::ServicePort) -> bool,
+) -> (usize, usize) {
     let (mut internal, mut external) = (0, 0);
     let none = Vec::new();
-    for (spn, sp) in &state.services {
+    for (spn, sp) in state.services.iter().filter(|(_, sp)| take(sp)) {
         let eps = state.endpoints.get(spn).unwrap_or(&none);
         let cat = categorize_endpoints(eps, sp, &state.node.name, state.node.zone());
         if !cat.has_any || !cat.local.is_empty() {

@@ -104,7 +104,13 @@ pub fn reconcile_conntrack(
                 .list(*family, proto.number())
                 .and_then(|flows| ct.delete(&stale_flows(&dests, &flows)));
             match res {
-                Ok(n) => stats.conntrack_deleted += n,
+                Ok(n) => {
+                    stats.conntrack_deleted += n;
+                    *stats
+                        .conntrack_deleted_by_family
+                        .entry(*family)
+                        .or_default() += n;
+                }
                 Err(e) => {
                     tracing::warn!(%family, proto = proto.lower(), "conntrack cleanup failed: {e}")
                 }

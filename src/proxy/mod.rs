@@ -100,6 +100,8 @@ pub struct SyncStats {
     pub elements: usize,
     /// Stale conntrack entries deleted after the sync.
     pub conntrack_deleted: usize,
+    /// The same per family.
+    pub conntrack_deleted_by_family: BTreeMap<Family, usize>,
     /// Time spent reconciling conntrack.
     pub conntrack_duration: Option<std::time::Duration>,
     /// IPVS mode: virtual server, real server and address changes made.

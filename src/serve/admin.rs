@@ -20,6 +20,9 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// The running configuration, served at `/configz`.
     pub configz: Arc<serde_json::Value>,
+    /// The configured mode's name, served at `/proxyMode` (`iptables` when the file left it
+    /// empty, as upstream answers).
+    pub proxy_mode: Arc<str>,
 }
 
 fn health_response(shared: &Shared, live: bool) -> Response {
@@ -70,10 +73,53 @@ pub fn healthz_router(shared: Shared) -> axum::Router {
         )
 }
 
-/// Routes of the metrics server: `/metrics` and `/configz`.
+/// Routes of the metrics server, as upstream's metrics mux: `/metrics`, `/configz`,
+/// `/proxyMode`, `/healthz` (the server's own liveness, `ok`) and `/metrics/slis`.
 pub fn metrics_router(shared: Shared) -> axum::Router {
     let configz = shared.configz.clone();
+    let mode = shared.proxy_mode.clone();
+    let checks = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (c1, c2) = (checks.clone(), checks);
+    let plain = |body: String| {
+        let mut r = body.into_response();
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        r.headers_mut().insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        r
+    };
     axum::Router::new()
+        .route(
+            "/proxyMode",
+            get(move || async move { plain(mode.to_string()) }),
+        )
+        .route(
+            "/healthz",
+            get(move || async move {
+                c1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                plain("ok".into())
+            }),
+        )
+        .route(
+            "/metrics/slis",
+            get(move || async move {
+                // component-base's SLI metrics for the metrics server's healthz checks
+                // (upstream registers only "ping").
+                let n = c2.load(std::sync::atomic::Ordering::Relaxed);
+                plain(format!(
+                    "# HELP kubernetes_healthcheck [STABLE] This metric records the result of a single healthcheck.\n\
+                     # TYPE kubernetes_healthcheck gauge\n\
+                     kubernetes_healthcheck{{name=\"ping\",type=\"healthz\"}} 1\n\
+                     # HELP kubernetes_healthchecks_total [STABLE] This metric records the results of all healthcheck.\n\
+                     # TYPE kubernetes_healthchecks_total counter\n\
+                     kubernetes_healthchecks_total{{name=\"ping\",status=\"success\",type=\"healthz\"}} {n}\n"
+                ))
+            }),
+        )
         .route(
             "/configz",
             get(move || async move {

@@ -18,21 +18,69 @@ pub struct CodeLabel {
     pub code: String,
 }
 
-/// `traffic_policy` label of the no-local-endpoints gauge.
+/// `traffic_policy` and `ip_family` labels of the no-local-endpoints gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabel {
     pub traffic_policy: String,
+    pub ip_family: String,
+}
+
+/// `ip_family` label (`IPv4`, `IPv6`), which upstream puts on every per-proxier metric
+/// since 1.33 (one proxier per family; here one sync covers both, so both are recorded).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabel {
+    pub ip_family: String,
+}
+
+impl FamilyLabel {
+    pub fn of(f: crate::model::net::Family) -> FamilyLabel {
+        FamilyLabel {
+            ip_family: match f {
+                crate::model::net::Family::Ip => "IPv4",
+                crate::model::net::Family::Ip6 => "IPv6",
+            }
+            .into(),
+        }
+    }
+    pub fn both() -> [FamilyLabel; 2] {
+        crate::model::net::Family::all().map(FamilyLabel::of)
+    }
+}
+
+/// `kubernetes_build_info`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfoLabel {
+    pub major: String,
+    pub minor: String,
+    pub git_version: String,
+    pub git_commit: String,
+    pub git_tree_state: String,
+    pub build_date: String,
+    pub go_version: String,
+    pub compiler: String,
+    pub platform: String,
+}
+
+type Hist = MetricFamily<FamilyLabel, Histogram, fn() -> Histogram>;
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+fn sync_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+fn programming_histogram() -> Histogram {
+    Histogram::new(network_programming_buckets())
 }
 
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
-    pub sync_duration: Histogram,
-    pub sync_full_duration: Histogram,
-    pub sync_partial_duration: Histogram,
-    pub last_sync_timestamp: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub last_queued_timestamp: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub network_programming_duration: Histogram,
+    pub sync_duration: Hist,
+    pub sync_full_duration: Hist,
+    pub sync_partial_duration: Hist,
+    pub last_sync_timestamp: MetricFamily<FamilyLabel, FloatGauge>,
+    pub last_queued_timestamp: MetricFamily<FamilyLabel, FloatGauge>,
+    pub network_programming_duration: Hist,
     pub endpoint_changes_pending: Gauge,
     pub endpoint_changes_total: Counter,
     pub service_changes_pending: Gauge,
@@ -40,11 +88,12 @@ pub struct Metrics {
     pub no_local_endpoints: MetricFamily<PolicyLabel, Gauge>,
     pub healthz_total: MetricFamily<CodeLabel, Counter>,
     pub livez_total: MetricFamily<CodeLabel, Counter>,
-    pub nftables_sync_failures: Counter,
-    pub nftables_cleanup_failures: Counter,
+    pub nftables_sync_failures: MetricFamily<FamilyLabel, Counter>,
+    pub nftables_cleanup_failures: MetricFamily<FamilyLabel, Counter>,
     pub nftables_restores: Counter,
-    pub conntrack_deleted: Counter,
-    pub conntrack_duration: Histogram,
+    pub conntrack_deleted: MetricFamily<FamilyLabel, Counter>,
+    pub conntrack_duration: Hist,
+    pub build_info: MetricFamily<BuildInfoLabel, Gauge>,
     start: SystemTime,
 }
 
@@ -65,15 +114,17 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut r = Registry::with_prefix("kubeproxy");
-        let sync_buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let mut root = Registry::default();
+        let hist = || Hist::new_with_constructor(sync_histogram as fn() -> Histogram);
         let m = Metrics {
-            sync_duration: sync_buckets(),
-            sync_full_duration: sync_buckets(),
-            sync_partial_duration: sync_buckets(),
+            sync_duration: hist(),
+            sync_full_duration: hist(),
+            sync_partial_duration: hist(),
             last_sync_timestamp: Default::default(),
             last_queued_timestamp: Default::default(),
-            network_programming_duration: Histogram::new(network_programming_buckets()),
+            network_programming_duration: Hist::new_with_constructor(
+                programming_histogram as fn() -> Histogram,
+            ),
             endpoint_changes_pending: Default::default(),
             endpoint_changes_total: Default::default(),
             service_changes_pending: Default::default(),
@@ -85,10 +136,31 @@ impl Metrics {
             nftables_cleanup_failures: Default::default(),
             nftables_restores: Default::default(),
             conntrack_deleted: Default::default(),
-            conntrack_duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            conntrack_duration: hist(),
+            build_info: Default::default(),
             registry: Registry::default(),
             start: SystemTime::now(),
         };
+        m.build_info
+            .get_or_create(&BuildInfoLabel {
+                major: "1".into(),
+                minor: "37".into(),
+                git_version: format!("kube-nlproxy-{}", env!("CARGO_PKG_VERSION")),
+                git_commit: option_env!("KUBE_NLPROXY_GIT_COMMIT").unwrap_or("").into(),
+                git_tree_state: String::new(),
+                build_date: String::new(),
+                go_version: String::new(),
+                compiler: "rustc".into(),
+                platform: format!("{}/{}", std::env::consts::OS, goarch()),
+            })
+            .set(1);
+        root.register(
+            "kubernetes_build_info",
+            "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
+            m.build_info.clone(),
+        );
+        // Upstream's metrics go under kubeproxy_; the build info stays unprefixed.
+        let r = root.sub_registry_with_prefix("kubeproxy");
         r.register(
             "sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds",
@@ -184,22 +256,29 @@ impl Metrics {
             "ReconcileConntrackFlowsLatency latency in seconds",
             m.conntrack_duration.clone(),
         );
-        Metrics { registry: r, ..m }
+        Metrics {
+            registry: root,
+            ..m
+        }
     }
 
-    /// Records a sync that took `d`.
+    /// Records a sync that took `d`, for both families (one sync programs both).
     pub fn observe_sync(&self, full: bool, d: Duration, ok: bool) {
         let s = d.as_secs_f64();
-        self.sync_duration.observe(s);
-        if full {
-            self.sync_full_duration.observe(s);
-        } else {
-            self.sync_partial_duration.observe(s);
-        }
-        if ok {
-            self.last_sync_timestamp.set(unix_secs(SystemTime::now()));
-        } else {
-            self.nftables_sync_failures.inc();
+        for f in FamilyLabel::both() {
+            self.sync_duration.get_or_create(&f).observe(s);
+            if full {
+                self.sync_full_duration.get_or_create(&f).observe(s);
+            } else {
+                self.sync_partial_duration.get_or_create(&f).observe(s);
+            }
+            if ok {
+                self.last_sync_timestamp
+                    .get_or_create(&f)
+                    .set(unix_secs(SystemTime::now()));
+            } else {
+                self.nftables_sync_failures.get_or_create(&f).inc();
+            }
         }
     }
 
@@ -242,6 +321,17 @@ fn to_prometheus_text(om: &str) -> String {
     out
 }
 
+/// GOARCH spelling of the architecture, as `platform` carries it upstream.
+fn goarch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
 /// Seconds since the epoch.
 pub fn unix_secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
@@ -277,16 +367,19 @@ mod tests {
     fn exports_upstream_names() {
         let m = Metrics::new();
         m.observe_sync(true, Duration::from_millis(3), true);
-        m.conntrack_deleted.inc_by(2);
+        m.conntrack_deleted
+            .get_or_create(&FamilyLabel::of(crate::model::net::Family::Ip))
+            .inc_by(2);
         let text = m.render();
         for name in [
-            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 1",
-            "kubeproxy_sync_full_proxy_rules_duration_seconds_count 1",
-            "kubeproxy_sync_partial_proxy_rules_duration_seconds_count 0",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv4\"} 1",
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\",ip_family=\"IPv6\"} 1",
+            "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 1",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 0",
-            "kubeproxy_conntrack_reconciler_deleted_entries_total 2",
+            "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"} 2",
             "# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge",
-            "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.25\"} 0",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} ",
+            "kubernetes_build_info{major=\"1\",minor=\"37\",git_version=\"kube-nlproxy-",
             "process_resident_memory_bytes ",
         ] {
             assert!(text.contains(name), "missing {name:?} in\n{text}");
@@ -311,5 +404,176 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Upstream's definitions (pkg/proxy/metrics/metrics.go, v1.37.2) of the metrics this
+    /// daemon has: name, type and label names; and the buckets of the histograms.
+    #[test]
+    fn names_types_labels_and_buckets_match_upstream() {
+        const UPSTREAM: &[(&str, &str, &[&str])] = &[
+            (
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                "histogram",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                "histogram",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                "histogram",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "gauge",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_network_programming_duration_seconds",
+                "histogram",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "gauge",
+                &[],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                "counter",
+                &[],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "gauge",
+                &[],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                "counter",
+                &[],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "counter",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                "counter",
+                &["ip_family"],
+            ),
+            ("kubeproxy_proxy_healthz_total", "counter", &["code"]),
+            ("kubeproxy_proxy_livez_total", "counter", &["code"]),
+            (
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "gauge",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "gauge",
+                &["traffic_policy", "ip_family"],
+            ),
+            (
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                "histogram",
+                &["ip_family"],
+            ),
+            (
+                "kubeproxy_conntrack_reconciler_deleted_entries_total",
+                "counter",
+                &["ip_family"],
+            ),
+            (
+                "kubernetes_build_info",
+                "gauge",
+                &[
+                    "major",
+                    "minor",
+                    "git_version",
+                    "git_commit",
+                    "git_tree_state",
+                    "build_date",
+                    "go_version",
+                    "compiler",
+                    "platform",
+                ],
+            ),
+        ];
+        let m = Metrics::new();
+        // Touch every family so that each has a sample to read its labels from.
+        m.observe_sync(true, Duration::from_millis(1), true);
+        m.observe_sync(false, Duration::from_millis(1), false);
+        let v4 = FamilyLabel::of(crate::model::net::Family::Ip);
+        m.network_programming_duration
+            .get_or_create(&v4)
+            .observe(1.0);
+        m.nftables_cleanup_failures.get_or_create(&v4).inc();
+        m.last_queued_timestamp.get_or_create(&v4).set(1.0);
+        m.conntrack_duration.get_or_create(&v4).observe(0.1);
+        m.conntrack_deleted.get_or_create(&v4).inc();
+        m.healthz_total
+            .get_or_create(&CodeLabel { code: "200".into() })
+            .inc();
+        m.livez_total
+            .get_or_create(&CodeLabel { code: "200".into() })
+            .inc();
+        m.no_local_endpoints
+            .get_or_create(&PolicyLabel {
+                traffic_policy: "internal".into(),
+                ip_family: "IPv4".into(),
+            })
+            .set(0);
+        let text = m.render();
+        for (name, ty, labels) in UPSTREAM {
+            assert!(
+                text.contains(&format!("# TYPE {name} {ty}\n")),
+                "{name} {ty}\n{text}"
+            );
+            let sample = text
+                .lines()
+                .find(|l| {
+                    l.starts_with(name) && l[name.len()..].starts_with(['{', ' '])
+                        || l.starts_with(&format!("{name}_count"))
+                })
+                .unwrap_or_else(|| panic!("no sample of {name}"));
+            let got: Vec<&str> = sample
+                .split_once('{')
+                .map(|(_, rest)| rest.split_once('}').unwrap().0)
+                .unwrap_or("")
+                .split(',')
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| kv.split('=').next().unwrap())
+                .collect();
+            assert_eq!(&got, labels, "{name}: {sample}");
+        }
+        // ExponentialBuckets(0.001, 2, 15) and the network programming merge.
+        let buckets = |name: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}_bucket{{")) && l.contains("IPv4"))
+                .map(|l| {
+                    l.split("le=\"")
+                        .nth(1)
+                        .unwrap()
+                        .split('"')
+                        .next()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect()
+        };
+        let sync = buckets("kubeproxy_sync_proxy_rules_duration_seconds");
+        assert_eq!(sync.len(), 16, "{sync:?}");
+        assert_eq!(sync[0], "0.001");
+        assert_eq!(sync[14], "16.384");
+        assert_eq!(sync[15], "+Inf");
+        let np = buckets("kubeproxy_network_programming_duration_seconds");
+        assert_eq!(np.len(), 2 + 59 + 12 + 7 + 1, "{np:?}");
+        assert_eq!(&np[..3], ["0.25", "0.5", "1.0"]);
+        assert_eq!(np[np.len() - 2], "300.0");
     }
 }

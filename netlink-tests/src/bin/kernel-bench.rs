@@ -395,7 +395,7 @@ fn daemon_rows(rows: &mut Vec<Row>, sizes: &[usize], churn_secs: u64) {
                 "--min-sync-period",
                 "1s",
             ])
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
