@@ -64,6 +64,48 @@ fn watch_changes_drops_relists_and_node_labels() {
             .iter()
             .any(|e| e["reason"] == "Starting" && e["regarding"]["name"] == "node1")
     });
+    // Upstream's conventions: reporter "kube-proxy", instance "kube-proxy-HOST", actions.
+    let events = api.events();
+    let starting = events.iter().find(|e| e["reason"] == "Starting").unwrap();
+    assert_eq!(starting["reportingController"], "kube-proxy", "{starting}");
+    assert!(
+        starting["reportingInstance"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("kube-proxy-")),
+        "{starting}"
+    );
+    assert_eq!(starting["action"], "StartKubeProxy", "{starting}");
+    assert_eq!(starting["type"], "Normal");
+    // Our API client's requests, as client-go's metrics.
+    let metrics = c.node.run(|| {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect("127.0.0.1:10249").expect("metrics server");
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut t = String::new();
+        let _ = s.read_to_string(&mut t);
+        t
+    });
+    assert!(
+        metrics
+            .contains("rest_client_requests_total{code=\"200\",method=\"GET\",host=\"127.0.0.1:"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("rest_client_request_duration_seconds_bucket{"),
+        "{metrics}"
+    );
+    wait(
+        "the KubeProxyDefaultMode warning",
+        Duration::from_secs(10),
+        || {
+            api.events().iter().any(|e| {
+                e["reason"] == "KubeProxyDefaultMode"
+                    && e["type"] == "Warning"
+                    && e["action"] == "StartKubeProxy"
+            })
+        },
+    );
     // The Node moves to zone-b: a full sync switches routing to the zone-b endpoint.
     api.apply(obj::node("node1", "zone-b"));
     wait("routing to zone-b", Duration::from_secs(10), || {

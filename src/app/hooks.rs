@@ -154,9 +154,12 @@ impl SyncHooks for Hooks {
                                 kind: Some("Service".into()),
                                 namespace: Some(svc.namespace.clone()),
                                 name: Some(svc.name.clone()),
+                                // upstream: UID is the Service's namespace/name
+                                uid: Some(format!("{}/{}", svc.namespace, svc.name)),
                                 ..Default::default()
                             },
                             reason: "FailedToStartServiceHealthcheck".into(),
+                            action: "Listen".into(),
                             note: format!(
                                 "node {} failed to start healthcheck on port {port}: {err}",
                                 state.node.name

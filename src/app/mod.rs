@@ -85,7 +85,15 @@ async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
     if let Some(m) = &cfg.master {
         config.cluster_url = m.parse().map_err(|e| err(&e))?;
     }
-    kube::Client::try_from(config).map_err(|e| err(&e))
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(&e))?;
+    Ok(builder
+        .with_layer(&crate::source::rest_client::MetricsLayer { host })
+        .build())
 }
 
 fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
@@ -129,6 +137,14 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         tracing::info!("initialization done (--init-only); exiting");
         return Ok(());
     }
+    // The health and metrics servers answer from start-up, so that probes never kill a pod
+    // that waits for the API server (healthy while starting, as upstream).
+    let (shared, bind_failures) = if cfg.dry_run || cfg.once {
+        (None, Vec::new())
+    } else {
+        let (s, f) = serve_admin(&cfg).await?;
+        (Some(s), f)
+    };
     let (tx, mut rx) = watch::channel(None);
     let mut warnings = None;
     let watcher = match cfg.manifests.clone() {
@@ -145,8 +161,12 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 tokio::spawn(kube_source::run_events(
                     client.clone(),
                     cfg.node_name.clone(),
+                    crate::config::host_name(),
                     wrx,
                 ));
+                for w in startup_events(&cfg, &bind_failures) {
+                    let _ = wtx.send(w);
+                }
                 warnings = Some(wtx);
             }
             tokio::spawn(kube_source::run(
@@ -156,13 +176,6 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 cfg.config_sync_period,
             ))
         }
-    };
-    // The health and metrics servers answer from start-up, so that probes never kill a pod
-    // that waits for the API server (healthy while starting, as upstream).
-    let shared = if cfg.dry_run || cfg.once {
-        None
-    } else {
-        Some(serve_admin(&cfg).await?)
     };
     // The first sync waits until every source delivered its initial state.
     let state = loop {
@@ -237,8 +250,39 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     res
 }
 
-/// Starts the health and metrics servers (each unless disabled by an empty address).
-async fn serve_admin(cfg: &Config) -> Result<Shared, AppError> {
+/// The warning events upstream emits at start-up: the defaulted mode, and each server
+/// that could not bind its address.
+fn startup_events(
+    cfg: &Config,
+    bind_failures: &[(&'static str, String)],
+) -> Vec<kube_source::Warning> {
+    let node = kube_source::node_ref(&cfg.node_name);
+    let mut out = Vec::new();
+    if cfg.mode_defaulted {
+        out.push(kube_source::Warning {
+            reference: node.clone(),
+            reason: "KubeProxyDefaultMode".into(),
+            action: "StartKubeProxy".into(),
+            note: "No kube-proxy mode specified: defaulting to 'iptables', served by \
+                   kube-nlproxy's nftables engine. Set 'mode' in the config file or \
+                   --proxy-mode to choose."
+                .into(),
+        });
+    }
+    for (reason, note) in bind_failures {
+        out.push(kube_source::Warning {
+            reference: node.clone(),
+            reason: (*reason).into(),
+            action: "StartKubeProxy".into(),
+            note: note.clone(),
+        });
+    }
+    out
+}
+
+/// Starts the health and metrics servers (each unless disabled by an empty address);
+/// returns what failed to bind as (event reason, message).
+async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)>), AppError> {
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
         metrics: Arc::new(Metrics::new()),
@@ -247,6 +291,7 @@ async fn serve_admin(cfg: &Config) -> Result<Shared, AppError> {
         ),
         proxy_mode: cfg.requested_mode.as_str().into(),
     };
+    let mut failures = Vec::new();
     for (addr, what, router) in [
         (
             cfg.healthz_bind_address,
@@ -263,11 +308,21 @@ async fn serve_admin(cfg: &Config) -> Result<Shared, AppError> {
             tracing::info!("{what} server disabled (empty bind address)");
             continue;
         };
-        if admin::serve(addr, what, router).await.is_none() && cfg.bind_address_hard_fail {
-            return Err(AppError::Bind(what, addr));
+        if admin::serve(addr, what, router).await.is_none() {
+            if cfg.bind_address_hard_fail {
+                return Err(AppError::Bind(what, addr));
+            }
+            let reason = match what {
+                "healthz" => "FailedToStartProxierHealthcheck",
+                _ => "FailedToStartMetricServer",
+            };
+            failures.push((
+                reason,
+                format!("cannot listen on {addr} for the {what} server"),
+            ));
         }
     }
-    Ok(shared)
+    Ok((shared, failures))
 }
 
 /// What [`open_mode`] gives: a proxier over the kernel, or a dry run's text.

@@ -58,6 +58,8 @@ pub struct Config {
     /// The mode as configured (`iptables` for an empty one): what `/proxyMode` answers and
     /// `--write-config-to` writes, so that upstream reads back what it was given.
     pub requested_mode: String,
+    /// No mode was configured (upstream warns with a `KubeProxyDefaultMode` event).
+    pub mode_defaulted: bool,
     pub proxier: ProxierConfig,
     /// IPVS mode settings (used with `ProxyMode::Ipvs`).
     pub ipvs: crate::modes::ipvs::plan::IpvsConfig,
@@ -144,6 +146,11 @@ fn cidr_sloppy(s: &str) -> Option<Cidr> {
     let (ip, len) = s.trim().split_once('/')?;
     let ip = v1alpha1::parse_ip_sloppy(ip)?;
     Cidr::new(ip, len.parse().ok()?).ok()
+}
+
+/// The kernel's host name (upstream's `os.Hostname`), lower-cased.
+pub fn host_name() -> String {
+    hostname()
 }
 
 fn hostname() -> String {
@@ -821,6 +828,7 @@ impl Config {
             node_name,
             mode,
             requested_mode: kp.mode.clone(),
+            mode_defaulted,
             ipvs,
             proxier: ProxierConfig {
                 table,

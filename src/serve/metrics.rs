@@ -159,6 +159,16 @@ impl Metrics {
             "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
             m.build_info.clone(),
         );
+        root.register(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            crate::source::rest_client::REQUESTS.clone(),
+        );
+        root.register(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.",
+            crate::source::rest_client::DURATION.clone(),
+        );
         // Upstream's metrics go under kubeproxy_; the build info stays unprefixed.
         let r = root.sub_registry_with_prefix("kubeproxy");
         r.register(
@@ -528,6 +538,7 @@ mod tests {
                 ip_family: "IPv4".into(),
             })
             .set(0);
+        crate::source::rest_client::record("GET", "api:6443", Some(200), 0.2);
         let text = m.render();
         for (name, ty, labels) in UPSTREAM {
             assert!(

@@ -219,12 +219,24 @@ impl Stores {
     }
 }
 
-/// A warning event for the API server (upstream emits these on the Node or Service).
+/// A warning event for the API server (upstream emits these on the Node or Service), with
+/// upstream's reason and action (`Listen` for health-check ports, `StartKubeProxy` for
+/// start-up failures).
 #[derive(Debug, Clone)]
 pub struct Warning {
     pub reference: ObjectReference,
     pub reason: String,
+    pub action: String,
     pub note: String,
+}
+
+/// Upstream's `reportingController`: dashboards and alerts select kube-proxy's events by it.
+pub const REPORTING_CONTROLLER: &str = "kube-proxy";
+
+/// Upstream's `reportingInstance`: the controller and the host's name (client-go's
+/// `events.NewRecorder`).
+pub fn reporting_instance(hostname: &str) -> String {
+    format!("{REPORTING_CONTROLLER}-{hostname}")
 }
 
 /// A reference to this node, as events need.
@@ -238,23 +250,25 @@ pub fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
-/// Publishes the "Starting" event, then any warnings sent on `warnings`. Failures are logged.
+/// Publishes the "Starting" event (upstream's `birthCry`), then any warnings sent on
+/// `warnings`. Failures are logged.
 pub async fn run_events(
     client: Client,
     node: String,
+    hostname: String,
     mut warnings: mpsc::UnboundedReceiver<Warning>,
 ) {
     let recorder = Recorder::new(
         client,
         Reporter {
-            controller: "kube-nlproxy".into(),
-            instance: Some(node.clone()),
+            controller: REPORTING_CONTROLLER.into(),
+            instance: Some(reporting_instance(&hostname)),
         },
     );
     let starting = KubeEvent {
         type_: EventType::Normal,
         reason: "Starting".into(),
-        note: Some("Starting kube-nlproxy.".into()),
+        note: None,
         action: "StartKubeProxy".into(),
         secondary: None,
     };
@@ -266,7 +280,7 @@ pub async fn run_events(
             type_: EventType::Warning,
             reason: w.reason.clone(),
             note: Some(w.note.clone()),
-            action: w.reason.clone(),
+            action: w.action.clone(),
             secondary: None,
         };
         if let Err(e) = recorder.publish(&ev, &w.reference).await {

@@ -5,6 +5,7 @@ pub mod kube;
 pub mod manifest;
 #[cfg(test)]
 mod proptests;
+pub mod rest_client;
 pub mod yaml;
 
 pub use crate::model::convert::Snapshot;
