@@ -106,6 +106,29 @@ fn watch_changes_drops_relists_and_node_labels() {
             })
         },
     );
+    // Two Services claiming one externalIP:port: the older owns it, a Warning event on both.
+    let mut older = obj::service("default", "claim-old", "10.96.0.31", 80);
+    older["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z".into();
+    older["spec"]["externalIPs"] = serde_json::json!(["192.0.2.77"]);
+    let mut newer = obj::service("default", "claim-new", "10.96.0.32", 80);
+    newer["metadata"]["creationTimestamp"] = "2026-02-01T00:00:00Z".into();
+    newer["spec"]["externalIPs"] = serde_json::json!(["192.0.2.77"]);
+    api.apply(newer);
+    api.apply(older);
+    wait("the conflict events", Duration::from_secs(10), || {
+        let ev = api.events();
+        ["claim-old", "claim-new"].iter().all(|n| {
+            ev.iter().any(|e| {
+                e["reason"] == "ConflictingServicePort"
+                    && e["regarding"]["name"] == *n
+                    && e["note"].as_str().is_some_and(|t| {
+                        t.contains("default/claim-old") && t.contains("gets that traffic")
+                    })
+            })
+        })
+    });
+    api.delete("Service", "default", "claim-old");
+    api.delete("Service", "default", "claim-new");
     // The Node moves to zone-b: a full sync switches routing to the zone-b endpoint.
     api.apply(obj::node("node1", "zone-b"));
     wait("routing to zone-b", Duration::from_secs(10), || {

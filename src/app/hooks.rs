@@ -24,6 +24,7 @@ pub struct Hooks {
     prev: Option<Arc<ProxyState>>,
     observed_triggers: BTreeMap<crate::model::ServicePortName, SystemTime>,
     first_sync_logged: bool,
+    reported_collisions: std::collections::BTreeSet<crate::model::convert::Collision>,
 }
 
 impl Hooks {
@@ -36,7 +37,37 @@ impl Hooks {
             prev: None,
             observed_triggers: BTreeMap::new(),
             first_sync_logged: false,
+            reported_collisions: Default::default(),
         }
+    }
+}
+
+impl Hooks {
+    /// A Warning event on both Services of each new collision (once per collision).
+    fn report_collisions(&mut self, state: &ProxyState) {
+        let now: std::collections::BTreeSet<_> = crate::model::convert::collisions_of(state)
+            .into_iter()
+            .collect();
+        if let Some(w) = &self.warnings {
+            for c in now.difference(&self.reported_collisions) {
+                for spn in [&c.owner, &c.other] {
+                    let _ = w.send(crate::source::kube::Warning {
+                        reference: k8s_openapi::api::core::v1::ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Service".into()),
+                            namespace: Some(spn.namespace.clone()),
+                            name: Some(spn.name.clone()),
+                            uid: Some(format!("{}/{}", spn.namespace, spn.name)),
+                            ..Default::default()
+                        },
+                        reason: "ConflictingServicePort".into(),
+                        action: "Sync".into(),
+                        note: c.to_string(),
+                    });
+                }
+            }
+        }
+        self.reported_collisions = now;
     }
 }
 
@@ -46,6 +77,7 @@ impl SyncHooks for Hooks {
     }
 
     fn state_changed(&mut self, state: &Arc<ProxyState>) {
+        self.report_collisions(state);
         let now = SystemTime::now();
         let m = &self.shared.metrics;
         let (svcs, eps) = match &self.prev {

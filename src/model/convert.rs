@@ -215,6 +215,7 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
                 && spec.external_traffic_policy.as_deref() == Some("Local"),
             internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
             health_check_node_port,
+            created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         });
     }
     out
@@ -514,14 +515,37 @@ pub fn convert_service_cidrs(objs: &[ServiceCIDR], warnings: &mut Vec<String>) -
     out.into_iter().collect()
 }
 
+/// Two service ports claiming one key: the owner (older Service, then namespace/name, the
+/// order the rulesets use) gets the traffic.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Collision {
+    /// `1.2.3.4:80/tcp` or `NodePort 30080/tcp`.
+    pub key: String,
+    pub owner: ServicePortName,
+    pub other: ServicePortName,
+}
+
+impl std::fmt::Display for Collision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Services {} and {} both claim {}; {} gets that traffic (the older Service, then by namespace/name)",
+            self.owner, self.other, self.key, self.owner
+        )
+    }
+}
+
 /// Service ports that claim the same address and port, or the same NodePort: the API server
 /// does not prevent it for externalIPs and LoadBalancer IPs, and manifests can say anything.
-/// One warning per clash, naming both. Pure.
-pub fn collisions(state: &ProxyState) -> Vec<String> {
+/// One per clash, naming both. Pure.
+pub fn collisions_of(state: &ProxyState) -> Vec<Collision> {
     let mut out = Vec::new();
+    // The rulesets' order: older first (ports without a creation time last), then name.
+    let mut ports: Vec<(&ServicePortName, &ServicePort)> = state.services.iter().collect();
+    ports.sort_by_key(|(n, sp)| (sp.created.is_none(), sp.created, (*n).clone()));
     let mut addrs: BTreeMap<(IpAddr, u8, u16), &ServicePortName> = BTreeMap::new();
     let mut node_ports: BTreeMap<(u8, u16), &ServicePortName> = BTreeMap::new();
-    for (spn, sp) in &state.services {
+    for (spn, sp) in ports {
         let proto = spn.protocol.number();
         let mut mine = std::collections::BTreeSet::new();
         for ip in sp
@@ -533,24 +557,40 @@ pub fn collisions(state: &ProxyState) -> Vec<String> {
             if !mine.insert(*ip) {
                 continue; // the same Service naming an address twice is no clash
             }
-            if let Some(other) = addrs.insert((*ip, proto, sp.port), spn) {
-                out.push(format!(
-                    "Services {other} and {spn} both claim {}/{}; only one of them gets that traffic",
-                    std::net::SocketAddr::new(*ip, sp.port),
-                    spn.protocol.lower()
-                ));
+            match addrs.get(&(*ip, proto, sp.port)) {
+                Some(owner) => out.push(Collision {
+                    key: format!(
+                        "{}/{}",
+                        std::net::SocketAddr::new(*ip, sp.port),
+                        spn.protocol.lower()
+                    ),
+                    owner: (*owner).clone(),
+                    other: spn.clone(),
+                }),
+                None => {
+                    addrs.insert((*ip, proto, sp.port), spn);
+                }
             }
         }
         if let Some(np) = sp.node_port {
-            if let Some(other) = node_ports.insert((proto, np), spn) {
-                out.push(format!(
-                    "Services {other} and {spn} both claim NodePort {np}/{}; only one of them gets that traffic",
-                    spn.protocol.lower()
-                ));
+            match node_ports.get(&(proto, np)) {
+                Some(owner) => out.push(Collision {
+                    key: format!("NodePort {np}/{}", spn.protocol.lower()),
+                    owner: (*owner).clone(),
+                    other: spn.clone(),
+                }),
+                None => {
+                    node_ports.insert((proto, np), spn);
+                }
             }
         }
     }
     out
+}
+
+/// [`collisions_of`] as warning lines.
+pub fn collisions(state: &ProxyState) -> Vec<String> {
+    collisions_of(state).iter().map(|c| c.to_string()).collect()
 }
 
 #[cfg(test)]
@@ -736,6 +776,38 @@ mod tests {
         assert_eq!(
             w.iter().filter(|l| l.contains("1.2.3.4")).count(),
             1,
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_older_service_is_named_as_the_owner() {
+        let mut a = svc(
+            "  clusterIP: 10.0.0.1\n  externalIPs: [1.2.3.4]\n  ports: [{name: p, port: 80}]\n",
+        );
+        let mut b = svc(
+            "  clusterIP: 10.0.0.2\n  externalIPs: [1.2.3.4]\n  ports: [{name: p, port: 80}]\n",
+        );
+        b.metadata.name = Some("b-older".into());
+        a.metadata.name = Some("a-newer".into());
+        a.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-02T00:00:00Z".parse().unwrap(),
+        ));
+        b.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
+        let snap = Snapshot {
+            services: vec![a, b],
+            ..Default::default()
+        };
+        let (state, _) = build_state(&snap, "n");
+        let c = collisions_of(&state);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].owner.name, "b-older");
+        assert_eq!(c[0].other.name, "a-newer");
+        let text = c[0].to_string();
+        assert!(
+            text.contains(&format!("; {} gets that traffic", c[0].owner)),
             "{text}"
         );
     }

@@ -84,6 +84,9 @@ pub struct ServicePort {
     pub external_policy_local: bool,
     pub internal_policy_local: bool,
     pub health_check_node_port: Option<u16>,
+    /// The Service's `metadata.creationTimestamp` (Unix seconds): when two Services claim
+    /// one address and port, the older one owns it.
+    pub created: Option<i64>,
 }
 
 impl ServicePort {
@@ -102,6 +105,7 @@ impl ServicePort {
             external_policy_local: false,
             internal_policy_local: false,
             health_check_node_port: None,
+            created: None,
         }
     }
 

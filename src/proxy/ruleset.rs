@@ -17,6 +17,9 @@ pub struct Fragment {
     pub sets: BTreeMap<String, Set>,
     /// Elements of shared sets and maps (several fragments may add the same key).
     pub elements: Vec<Element>,
+    /// The owning Service's creation time (Unix seconds): of two service ports that add the
+    /// same key with different data, the older one's element is in force.
+    pub created: Option<i64>,
 }
 
 impl Fragment {
@@ -74,10 +77,11 @@ fn same_data(a: &Element, b: &Element) -> bool {
 }
 
 /// The element in force for `k` when fragments disagree: the first contributor in a fixed
-/// order, the base first, then service ports by namespace, name, port name and protocol, so
-/// the owner of a shared key never depends on the order of events; `overrides` replaces
-/// (or with `None` removes) service ports' fragments. The scan is over every fragment, but
-/// it only runs for keys that two contributors disagree about.
+/// order, the base first, then service ports by the oldest Service creation time (ports
+/// without one after those with one), then namespace, name, port name and protocol, so the
+/// owner of a shared key never depends on the order of events; `overrides` replaces (or
+/// with `None` removes) service ports' fragments. The scan is over every fragment, but it
+/// only runs for keys that two contributors disagree about.
 fn owner_of<'a>(
     base: &'a Fragment,
     services: &'a BTreeMap<ServicePortName, Arc<Fragment>>,
@@ -91,11 +95,19 @@ fn owner_of<'a>(
     };
     let mut names: BTreeSet<&ServicePortName> = services.keys().collect();
     names.extend(overrides.keys().copied());
-    let frags =
-        std::iter::once(Some(base)).chain(names.into_iter().map(|n| match overrides.get(n) {
-            Some(o) => *o,
-            None => services.get(n).map(|f| &**f),
-        }));
+    let mut ordered: Vec<(&ServicePortName, &'a Fragment)> = names
+        .into_iter()
+        .filter_map(|n| {
+            let f = match overrides.get(n) {
+                Some(o) => *o,
+                None => services.get(n).map(|f| &**f),
+            }?;
+            Some((n, f))
+        })
+        .collect();
+    // stable: equal creation times keep the name order
+    ordered.sort_by_key(|(_, f)| (f.created.is_none(), f.created));
+    let frags = std::iter::once(Some(base)).chain(ordered.into_iter().map(|(_, f)| Some(f)));
     let mut all = frags.flatten().flat_map(matches);
     let first = all.next();
     let mixed = first.is_some_and(|f| all.any(|e| !same_data(e, f)));
@@ -688,5 +700,43 @@ pub(crate) mod tests {
         // b going too removes the key.
         next.set_service(&spn("b"), None);
         assert!(in_force(&next, "vm").is_empty());
+    }
+
+    #[test]
+    fn the_older_service_owns_a_shared_key_then_the_name_decides() {
+        let aged = |name: &str, created: Option<i64>| {
+            let mut f = (*claim(name, "1.2.3.4")).clone();
+            f.created = created;
+            Arc::new(f)
+        };
+        // "b" is older: it owns the key although "a" sorts first by name.
+        for order in [["a", "b"], ["b", "a"]] {
+            let mut rs = ruleset(&[]);
+            for n in order {
+                let created = if n == "b" { Some(100) } else { Some(200) };
+                rs.set_service(&spn(n), Some(aged(n, created)));
+            }
+            assert_eq!(
+                in_force(&rs, "vm")[0].verdict,
+                Some(Verdict::Goto("svc-b".into())),
+                "{order:?}"
+            );
+        }
+        // Without a creation time (manifests), a port comes after those with one.
+        let mut rs = ruleset(&[]);
+        rs.set_service(&spn("a"), Some(aged("a", None)));
+        rs.set_service(&spn("b"), Some(aged("b", Some(5))));
+        assert_eq!(
+            in_force(&rs, "vm")[0].verdict,
+            Some(Verdict::Goto("svc-b".into()))
+        );
+        // Equal times: the name.
+        let mut rs = ruleset(&[]);
+        rs.set_service(&spn("b"), Some(aged("b", Some(5))));
+        rs.set_service(&spn("a"), Some(aged("a", Some(5))));
+        assert_eq!(
+            in_force(&rs, "vm")[0].verdict,
+            Some(Verdict::Goto("svc-a".into()))
+        );
     }
 }

@@ -125,7 +125,10 @@ pub fn build_services(
         let Some(sp) = state.services.get(&d.service) else {
             continue;
         };
-        let f = out.entry(d.service.clone()).or_default();
+        let f = out.entry(d.service.clone()).or_insert_with(|| Fragment {
+            created: sp.created,
+            ..Fragment::default()
+        });
         let comment = d.service.to_string();
         let proto = KeyValue::Proto(d.vs.protocol);
         let addr_k = vec![KeyValue::Addr(d.vs.addr), proto, KeyValue::Port(d.vs.port)];

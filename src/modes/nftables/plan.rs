@@ -325,7 +325,10 @@ pub fn build_service(
     family: Family,
     slots: &mut SlotAllocator,
 ) -> Fragment {
-    let mut rs = Fragment::default();
+    let mut rs = Fragment {
+        created: sp.created,
+        ..Fragment::default()
+    };
     service_port_rules(&mut rs, cfg, node, sp, endpoints, family, slots);
     rs
 }

@@ -63,7 +63,10 @@ pub fn build_service(
 ) -> Option<Fragment> {
     let sp = state.services.get(spn)?;
     let v4 = family == Family::Ip;
-    let mut f = Fragment::default();
+    let mut f = Fragment {
+        created: sp.created,
+        ..Fragment::default()
+    };
     let comment = spn.to_string();
     let proto = KeyValue::Proto(spn.protocol.number());
     let of_family = |a: &&IpAddr| a.is_ipv4() == v4;
