@@ -135,8 +135,8 @@ fn add(
         persistence: sp.affinity_timeout.unwrap_or(0),
     };
     let key = vs.key();
-    // Two services claiming one address and port: the first (by name) keeps it, as the
-    // nftables mode's maps do.
+    // Two services claiming one address and port: the first in build_plan's order (older
+    // Service, then name) keeps it, as the nftables rulesets do.
     plan.services.entry(key).or_insert_with(|| DesiredVs {
         vs,
         kind,
@@ -150,7 +150,9 @@ fn add(
 pub fn build_plan(state: &ProxyState, cfg: &IpvsConfig, node_addrs: &[IpAddr]) -> IpvsPlan {
     let mut plan = IpvsPlan::default();
     let empty = Vec::new();
-    for (spn, sp) in &state.services {
+    let mut ordered: Vec<_> = state.services.iter().collect();
+    ordered.sort_by_key(|(n, sp)| (sp.created.is_none(), sp.created, *n));
+    for (spn, sp) in ordered {
         let eps = state.endpoints.get(spn).unwrap_or(&empty);
         for v4 in [true, false] {
             let cluster_ips: Vec<IpAddr> = sp
