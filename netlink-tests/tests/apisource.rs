@@ -115,7 +115,8 @@ fn watch_changes_drops_relists_and_node_labels() {
     newer["spec"]["externalIPs"] = serde_json::json!(["192.0.2.77"]);
     api.apply(newer);
     api.apply(older);
-    wait("the conflict events", Duration::from_secs(10), || {
+    let t0 = Instant::now();
+    let conflict_events = || {
         let ev = api.events();
         ["claim-old", "claim-new"].iter().all(|n| {
             ev.iter().any(|e| {
@@ -126,7 +127,16 @@ fn watch_changes_drops_relists_and_node_labels() {
                     })
             })
         })
-    });
+    };
+    while !conflict_events() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no conflict events:\n{}\nevents: {:#?}",
+            d.log_text(),
+            api.events()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     api.delete("Service", "default", "claim-old");
     api.delete("Service", "default", "claim-new");
     // The Node moves to zone-b: a full sync switches routing to the zone-b endpoint.

@@ -88,8 +88,14 @@ pub async fn run<B: Proxier>(
                 _ = sleep_until(earliest) => {}
             }
         }
+        // A state that arrived while we waited out the minimum sync period (or synced) was
+        // not seen by the select below: tell the hooks now, before syncing it.
+        let unseen = states.has_changed().unwrap_or(false);
         let state = states.borrow_and_update().clone();
         let Some(state) = state else { continue };
+        if unseen {
+            hooks.state_changed(&state);
+        }
         last_start = Some(Instant::now());
         let t0 = std::time::Instant::now();
         let res = syncer.sync(&state);

@@ -838,6 +838,916 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
 mod upstream_flows {
     use super::*;
 
+    type EpRow = (&'static str, bool, bool, bool, bool);
+    type FlowRow = (&'static str, &'static str, &'static str, bool);
+
+    /// Upstream's `output` for one flow, traced along the hooks the packet meets as
+    /// upstream's packet-flow tracer does: the pre-DNAT filter, NAT (prerouting, or output
+    /// for the node's own traffic), then the filter chain of its path. The DNAT targets
+    /// (`ip:port, …`, sorted) and whether they are masqueraded, or `DROP`/`REJECT`.
+    /// Upstream's `testNodeIPs`: the addresses its tracer treats as the node's own.
+    const TEST_NODE_IPS: [&str; 5] = [
+        NODE_IP,
+        "192.168.1.2",
+        "192.168.99.11",
+        "2001:db8::1",
+        "2001:db8:1::2",
+    ];
+
+    fn flow_output(
+        s: &mut NftablesProxier<FakeNftables>,
+        src: &str,
+        dst: &str,
+        port: u16,
+    ) -> (String, bool) {
+        let from_node = TEST_NODE_IPS.contains(&src);
+        let family = Family::of(&ip(dst));
+        let mut p = pkt(src, dst, port);
+        p.local_addrs = TEST_NODE_IPS.iter().map(|a| ip(a)).collect();
+        if from_node {
+            p.iif = String::new(); // locally generated
+        }
+        let mut run = |chain: &str| trace(s.nft(), family, TABLE, chain, 0x4000, &p);
+        let verdict = |o: &BTreeSet<Outcome>| {
+            if o.contains(&Outcome::Reject) {
+                Some("REJECT")
+            } else if o.contains(&Outcome::Drop) {
+                Some("DROP")
+            } else {
+                None
+            }
+        };
+        let pre = if from_node {
+            names::FILTER_OUTPUT_PRE_DNAT
+        } else {
+            names::FILTER_PREROUTING_PRE_DNAT
+        };
+        if let Some(v) = verdict(&run(pre)) {
+            return (v.into(), false);
+        }
+        let nat_chain = if from_node {
+            names::NAT_OUTPUT
+        } else {
+            names::NAT_PREROUTING
+        };
+        let mut targets = Vec::new();
+        let mut masq = false;
+        for o in run(nat_chain) {
+            if let Outcome::Dnat {
+                addr,
+                port,
+                masquerade,
+            } = o
+            {
+                targets.push(std::net::SocketAddr::new(addr, port).to_string());
+                masq |= masquerade;
+            }
+        }
+        if !targets.is_empty() {
+            targets.sort();
+            return (targets.join(", "), masq);
+        }
+        let chain = if from_node {
+            names::FILTER_OUTPUT
+        } else if TEST_NODE_IPS.contains(&dst) {
+            names::FILTER_INPUT
+        } else {
+            names::FILTER_FORWARD
+        };
+        match verdict(&run(chain)) {
+            Some(v) => (v.into(), false),
+            // upstream's tracer: "" when nothing of ours matched the packet
+            None => (String::new(), false),
+        }
+    }
+
+    /// The LoadBalancer Service of upstream's TestTerminatingEndpoints* tables (ClusterIP
+    /// 172.30.1.1:80, ingress 1.2.3.4, healthCheckNodePort 30000), endpoints on port 80.
+    fn terminating_case(local_policy: bool, eps: &[EpRow], flows: &[FlowRow], case: &str) {
+        let mut s = syncer();
+        let svc = {
+            let mut sp = ServicePort::new(spn("ns1", "svc1"), ip("172.30.1.1"), 80);
+            sp.load_balancer_ips = vec![ip("1.2.3.4")];
+            sp.node_port = Some(30001);
+            sp.external_policy_local = local_policy;
+            sp.health_check_node_port = local_policy.then_some(30000);
+            sp
+        };
+        let endpoints: Vec<Endpoint> = eps
+            .iter()
+            .map(|(a, ready, serving, terminating, local)| Endpoint {
+                ready: *ready,
+                serving: *serving,
+                terminating: *terminating,
+                ..Endpoint::ready(ip(a), 80, *local)
+            })
+            .collect();
+        s.sync(&state(vec![(svc.clone(), endpoints)])).unwrap();
+        for (src, dst, want, want_masq) in flows {
+            let (got, masq) = flow_output(&mut s, src, dst, 80);
+            assert_eq!(got, *want, "{case}: {src} → {dst}");
+            assert_eq!(masq, *want_masq, "{case}: {src} → {dst} masquerade");
+        }
+        // Upstream's second phase: the endpoints deleted, both flows are rejected.
+        s.sync(&state(vec![(svc, vec![])])).unwrap();
+        for (src, dst) in [("10.0.0.2", "172.30.1.1"), ("203.0.113.2", "1.2.3.4")] {
+            assert_eq!(
+                flow_output(&mut s, src, dst, 80).0,
+                "REJECT",
+                "{case}: after deletion"
+            );
+        }
+    }
+
+    /// TestTerminatingEndpointsTrafficPolicyLocal, every row (extracted from upstream's
+    /// table: endpoint address, ready, serving, terminating, on this node; flows as source,
+    /// destination, output, masquerade).
+    #[test]
+    fn terminating_endpoints_traffic_policy_local() {
+        let cases: &[(&str, &[EpRow], &[FlowRow])] = &[
+            (
+                "ready endpoints exist",
+                &[
+                    ("10.0.1.1", true, true, false, true),
+                    ("10.0.1.2", true, true, false, true),
+                    ("10.0.1.3", false, true, true, true),
+                    ("10.0.1.4", false, false, true, true),
+                    ("10.0.1.5", true, true, false, false),
+                ],
+                &[
+                    (
+                        "10.0.0.2",
+                        "172.30.1.1",
+                        "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+                        false,
+                    ),
+                    ("203.0.113.2", "1.2.3.4", "10.0.1.1:80, 10.0.1.2:80", false),
+                ],
+            ),
+            (
+                "only terminating endpoints exist",
+                &[
+                    ("10.0.1.2", false, true, true, true),
+                    ("10.0.1.3", false, true, true, true),
+                    ("10.0.1.4", false, false, true, true),
+                    ("10.0.1.5", true, true, false, false),
+                ],
+                &[
+                    ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
+                    ("203.0.113.2", "1.2.3.4", "10.0.1.2:80, 10.0.1.3:80", false),
+                ],
+            ),
+            (
+                "terminating endpoints on remote node",
+                &[("10.0.1.5", false, true, true, false)],
+                &[
+                    ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
+                    ("203.0.113.2", "1.2.3.4", "DROP", false),
+                ],
+            ),
+            (
+                "no usable endpoints on any node",
+                &[
+                    ("10.0.1.5", false, false, true, true),
+                    ("10.0.1.5", false, false, true, false),
+                ],
+                &[
+                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
+                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
+                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
+                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
+                ],
+            ),
+        ];
+        for (case, eps, flows) in cases {
+            terminating_case(true, eps, flows, case);
+        }
+    }
+
+    /// TestInternalExternalMasquerade, every flow of its table and its four variants (normal,
+    /// no LocalTrafficDetector, masqueradeAll, both), extracted from upstream's source: three
+    /// LoadBalancer Services (Cluster policies; eTP Local; iTP Local), each with an endpoint on
+    /// this node and one remote.
+    #[test]
+    fn internal_external_masquerade() {
+        let flows: &[(&str, &str, &str, u16, &str, bool)] = &[
+            (
+                "pod to ClusterIP",
+                "10.0.0.2",
+                "172.30.0.41",
+                80,
+                "10.180.0.1:80, 10.180.1.1:80",
+                false,
+            ),
+            (
+                "pod to NodePort",
+                "10.0.0.2",
+                NODE_IP,
+                3001,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "pod to LB",
+                "10.0.0.2",
+                "1.2.3.4",
+                80,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "node to ClusterIP",
+                NODE_IP,
+                "172.30.0.41",
+                80,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "node to NodePort",
+                NODE_IP,
+                NODE_IP,
+                3001,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "node to LB",
+                NODE_IP,
+                "1.2.3.4",
+                80,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "external to ClusterIP",
+                "203.0.113.2",
+                "172.30.0.41",
+                80,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "external to NodePort",
+                "203.0.113.2",
+                NODE_IP,
+                3001,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "external to LB",
+                "203.0.113.2",
+                "1.2.3.4",
+                80,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "pod to ClusterIP with eTP:Local",
+                "10.0.0.2",
+                "172.30.0.42",
+                80,
+                "10.180.0.2:80, 10.180.1.2:80",
+                false,
+            ),
+            (
+                "pod to NodePort with eTP:Local",
+                "10.0.0.2",
+                NODE_IP,
+                3002,
+                "10.180.0.2:80, 10.180.1.2:80",
+                false,
+            ),
+            (
+                "pod to LB with eTP:Local",
+                "10.0.0.2",
+                "5.6.7.8",
+                80,
+                "10.180.0.2:80, 10.180.1.2:80",
+                false,
+            ),
+            (
+                "node to ClusterIP with eTP:Local",
+                NODE_IP,
+                "172.30.0.42",
+                80,
+                "10.180.0.2:80, 10.180.1.2:80",
+                true,
+            ),
+            (
+                "node to NodePort with eTP:Local",
+                NODE_IP,
+                NODE_IP,
+                3001,
+                "10.180.0.1:80, 10.180.1.1:80",
+                true,
+            ),
+            (
+                "node to LB with eTP:Local",
+                NODE_IP,
+                "5.6.7.8",
+                80,
+                "10.180.0.2:80, 10.180.1.2:80",
+                true,
+            ),
+            (
+                "external to ClusterIP with eTP:Local",
+                "203.0.113.2",
+                "172.30.0.42",
+                80,
+                "10.180.0.2:80, 10.180.1.2:80",
+                true,
+            ),
+            (
+                "external to NodePort with eTP:Local",
+                "203.0.113.2",
+                NODE_IP,
+                3002,
+                "10.180.0.2:80",
+                false,
+            ),
+            (
+                "external to LB with eTP:Local",
+                "203.0.113.2",
+                "5.6.7.8",
+                80,
+                "10.180.0.2:80",
+                false,
+            ),
+            (
+                "pod to ClusterIP with iTP:Local",
+                "10.0.0.2",
+                "172.30.0.43",
+                80,
+                "10.180.0.3:80",
+                false,
+            ),
+            (
+                "pod to NodePort with iTP:Local",
+                "10.0.0.2",
+                NODE_IP,
+                3003,
+                "10.180.0.3:80, 10.180.1.3:80",
+                true,
+            ),
+            (
+                "pod to LB with iTP:Local",
+                "10.0.0.2",
+                "9.10.11.12",
+                80,
+                "10.180.0.3:80, 10.180.1.3:80",
+                true,
+            ),
+            (
+                "node to ClusterIP with iTP:Local",
+                NODE_IP,
+                "172.30.0.43",
+                80,
+                "10.180.0.3:80",
+                true,
+            ),
+            (
+                "node to NodePort with iTP:Local",
+                NODE_IP,
+                NODE_IP,
+                3003,
+                "10.180.0.3:80, 10.180.1.3:80",
+                true,
+            ),
+            (
+                "node to LB with iTP:Local",
+                NODE_IP,
+                "9.10.11.12",
+                80,
+                "10.180.0.3:80, 10.180.1.3:80",
+                true,
+            ),
+            (
+                "external to ClusterIP with iTP:Local",
+                "203.0.113.2",
+                "172.30.0.43",
+                80,
+                "10.180.0.3:80",
+                true,
+            ),
+            (
+                "external to NodePort with iTP:Local",
+                "203.0.113.2",
+                NODE_IP,
+                3003,
+                "10.180.0.3:80, 10.180.1.3:80",
+                true,
+            ),
+            (
+                "external to LB with iTP:Local",
+                "203.0.113.2",
+                "9.10.11.12",
+                80,
+                "10.180.0.3:80, 10.180.1.3:80",
+                true,
+            ),
+        ];
+        type Override = (&'static str, Option<&'static str>, Option<bool>);
+        let cases: &[(&str, bool, bool, &[Override])] = &[
+            ("base", false, true, &[]),
+            (
+                "no LocalTrafficDetector",
+                false,
+                false,
+                &[
+                    ("node to ClusterIP", None, Some(false)),
+                    ("node to ClusterIP with eTP:Local", None, Some(false)),
+                    ("node to ClusterIP with iTP:Local", None, Some(false)),
+                    ("external to ClusterIP", None, Some(false)),
+                    ("external to ClusterIP with eTP:Local", None, Some(false)),
+                    ("external to ClusterIP with iTP:Local", None, Some(false)),
+                    (
+                        "pod to NodePort with eTP:Local",
+                        Some("10.180.0.2:80"),
+                        None,
+                    ),
+                    ("pod to LB with eTP:Local", Some("10.180.0.2:80"), None),
+                ],
+            ),
+            (
+                "masqueradeAll",
+                true,
+                true,
+                &[
+                    ("pod to ClusterIP", None, Some(true)),
+                    ("pod to ClusterIP with eTP:Local", None, Some(true)),
+                    ("pod to ClusterIP with iTP:Local", None, Some(true)),
+                ],
+            ),
+            (
+                "masqueradeAll, no LocalTrafficDetector",
+                true,
+                false,
+                &[
+                    ("pod to ClusterIP", None, Some(true)),
+                    ("pod to ClusterIP with eTP:Local", None, Some(true)),
+                    ("pod to ClusterIP with iTP:Local", None, Some(true)),
+                    (
+                        "pod to NodePort with eTP:Local",
+                        Some("10.180.0.2:80"),
+                        None,
+                    ),
+                    ("pod to LB with eTP:Local", Some("10.180.0.2:80"), None),
+                ],
+            ),
+        ];
+        let services = || {
+            let mk = |ns: &str, cip: &str, np: u16, lb: &str, f: &dyn Fn(&mut ServicePort)| {
+                let mut sp = ServicePort::new(spn(ns, "svc"), ip(cip), 80);
+                sp.node_port = Some(np);
+                sp.load_balancer_ips = vec![ip(lb)];
+                f(&mut sp);
+                sp
+            };
+            let eps = |n: u8| {
+                vec![
+                    Endpoint::ready(ip(&format!("10.180.0.{n}")), 80, true),
+                    Endpoint::ready(ip(&format!("10.180.1.{n}")), 80, false),
+                ]
+            };
+            vec![
+                (mk("ns1", "172.30.0.41", 3001, "1.2.3.4", &|_| {}), eps(1)),
+                (
+                    mk("ns2", "172.30.0.42", 3002, "5.6.7.8", &|s| {
+                        s.external_policy_local = true;
+                        s.health_check_node_port = Some(30002);
+                    }),
+                    eps(2),
+                ),
+                (
+                    mk("ns3", "172.30.0.43", 3003, "9.10.11.12", &|s| {
+                        s.internal_policy_local = true
+                    }),
+                    eps(3),
+                ),
+            ]
+        };
+        for (case, masquerade_all, detector, overrides) in cases {
+            let cfg = ProxierConfig {
+                masquerade_all: *masquerade_all,
+                local_detector: if *detector {
+                    LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()])
+                } else {
+                    LocalDetector::None
+                },
+                ..Default::default()
+            };
+            let mut s =
+                NftablesProxier::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
+            s.sync(&state(services())).unwrap();
+            let mut applied = 0;
+            for (name, src, dst, port, output, masq) in flows {
+                let (mut want, mut want_masq) = (output.to_string(), *masq);
+                if let Some((_, o, m)) = overrides.iter().find(|(n, _, _)| n == name) {
+                    applied += 1;
+                    if let Some(o) = o {
+                        want = o.to_string();
+                    }
+                    if let Some(m) = m {
+                        want_masq = *m;
+                    }
+                }
+                let (got, got_masq) = flow_output(&mut s, src, dst, *port);
+                assert_eq!(got, want, "{case}: {name}");
+                assert_eq!(got_masq, want_masq, "{case}: {name}: masquerade");
+            }
+            assert_eq!(
+                applied,
+                overrides.len(),
+                "{case}: every override names a flow"
+            );
+        }
+    }
+
+    /// TestLoadBalancer, every flow: two ingress IPs behind loadBalancerSourceRanges
+    /// 192.168.0.0/24 and " 203.0.113.0/25" (the space is upstream's regression check,
+    /// trimmed by the conversion); the NodePort bypasses the ranges, the node and the LB IPs
+    /// themselves (SNATted hairpin) are allowed.
+    #[test]
+    fn load_balancer() {
+        let svc: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: svc1, namespace: ns1}\n\
+             spec: {type: LoadBalancer, clusterIP: 172.30.0.41, ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3001}],\n\
+             \x20 loadBalancerSourceRanges: ['192.168.0.0/24', ' 203.0.113.0/25']}\n\
+             status: {loadBalancer: {ingress: [{ip: 1.2.3.4}, {ip: 5.6.7.8}]}}\n",
+        )
+        .unwrap();
+        let mut w = Vec::new();
+        let ports = crate::model::convert::convert_service(&svc, &mut w);
+        assert!(w.is_empty(), "{w:?}");
+        let mut s = syncer();
+        s.sync(&state(vec![(
+            ports[0].clone(),
+            vec![Endpoint::ready(ip("10.180.0.1"), 80, true)],
+        )]))
+        .unwrap();
+        let ep = "10.180.0.1:80";
+        for (name, src, dst, port, want, masq) in [
+            (
+                "pod to cluster IP",
+                "10.0.0.2",
+                "172.30.0.41",
+                80,
+                ep,
+                false,
+            ),
+            (
+                "external to nodePort",
+                "203.0.113.2",
+                NODE_IP,
+                3001,
+                ep,
+                true,
+            ),
+            (
+                "nodePort bypasses LoadBalancerSourceRanges",
+                "203.0.113.130",
+                NODE_IP,
+                3001,
+                ep,
+                true,
+            ),
+            (
+                "accepted external to LB1",
+                "203.0.113.2",
+                "1.2.3.4",
+                80,
+                ep,
+                true,
+            ),
+            (
+                "accepted external to LB2",
+                "203.0.113.2",
+                "5.6.7.8",
+                80,
+                ep,
+                true,
+            ),
+            (
+                "blocked external to LB1",
+                "203.0.113.130",
+                "1.2.3.4",
+                80,
+                "DROP",
+                false,
+            ),
+            (
+                "blocked external to LB2",
+                "203.0.113.130",
+                "5.6.7.8",
+                80,
+                "DROP",
+                false,
+            ),
+            (
+                "pod to LB1 (blocked by LoadBalancerSourceRanges)",
+                "10.0.0.2",
+                "1.2.3.4",
+                80,
+                "DROP",
+                false,
+            ),
+            (
+                "pod to LB2 (blocked by LoadBalancerSourceRanges)",
+                "10.0.0.2",
+                "5.6.7.8",
+                80,
+                "DROP",
+                false,
+            ),
+            (
+                "node to LB1 (allowed by LoadBalancerSourceRanges)",
+                NODE_IP,
+                "1.2.3.4",
+                80,
+                ep,
+                true,
+            ),
+            (
+                "node to LB2 (allowed by LoadBalancerSourceRanges)",
+                NODE_IP,
+                "5.6.7.8",
+                80,
+                ep,
+                true,
+            ),
+            (
+                "same node to LB1, SNATted to LB1 (implicitly allowed)",
+                "1.2.3.4",
+                "1.2.3.4",
+                80,
+                ep,
+                true,
+            ),
+            (
+                "same node to LB2, SNATted to LB2 (implicitly allowed)",
+                "5.6.7.8",
+                "5.6.7.8",
+                80,
+                ep,
+                true,
+            ),
+        ] {
+            assert_eq!(
+                flow_output(&mut s, src, dst, port),
+                (want.to_string(), masq),
+                "{name}"
+            );
+        }
+    }
+
+    /// TestNodePorts, every case: NodePorts answer on the addresses `nodePortAddresses`
+    /// selects (upstream's fake proxier defaults to the node's /32 and /128), in both families.
+    #[test]
+    fn node_ports() {
+        for (case, v4, np, alt_allowed) in [
+            (
+                "ipv4",
+                true,
+                &["192.168.0.2/32", "2001:db8::1/128"][..],
+                false,
+            ),
+            (
+                "ipv4, multiple nodeport-addresses",
+                true,
+                &["192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64"][..],
+                true,
+            ),
+            (
+                "ipv6",
+                false,
+                &["192.168.0.2/32", "2001:db8::1/128"][..],
+                false,
+            ),
+            (
+                "ipv6, multiple nodeport-addresses",
+                false,
+                &[
+                    "192.168.0.0/24",
+                    "192.168.1.0/24",
+                    "2001:db8::/64",
+                    "2001:db8:1::2/128",
+                ][..],
+                true,
+            ),
+        ] {
+            let (svc_ip, ep1, ep2, node_ip, pod_ip, client, alt_ip) = if v4 {
+                (
+                    "172.30.0.41",
+                    "10.180.0.1",
+                    "10.180.2.1",
+                    NODE_IP,
+                    "10.0.0.2",
+                    "203.0.113.2",
+                    "192.168.1.2",
+                )
+            } else {
+                (
+                    "fd00:172:30::41",
+                    "fd00:10:180::1",
+                    "fd00:10:180::2:1",
+                    "2001:db8::1",
+                    "fd00:10::2",
+                    "2600:5200::1",
+                    "2001:db8:1::2",
+                )
+            };
+            let cfg = ProxierConfig {
+                local_detector: LocalDetector::Cidrs(vec![
+                    "10.0.0.0/8".parse().unwrap(),
+                    "fd00:10::/64".parse().unwrap(),
+                ]),
+                nodeport_addresses: crate::proxy::NodePortAddresses::cidrs(
+                    np.iter().map(|c| c.parse().unwrap()).collect(),
+                ),
+                ..Default::default()
+            };
+            let mut s =
+                NftablesProxier::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
+            let mut sp = ServicePort::new(spn("ns1", "svc1"), ip(svc_ip), 80);
+            sp.node_port = Some(3001);
+            let eps = vec![
+                Endpoint::ready(ip(ep1), 80, false),
+                Endpoint::ready(ip(ep2), 80, true),
+            ];
+            let mut st = state(vec![(sp, eps)]);
+            st.node.addresses.push(ip("2001:db8::1"));
+            s.sync(&st).unwrap();
+            let both = {
+                let mut v = [ep1, ep2].map(|e| std::net::SocketAddr::new(ip(e), 80).to_string());
+                v.sort();
+                v.join(", ")
+            };
+            for (name, src, dst, port, want, masq) in [
+                (
+                    "pod to cluster IP",
+                    pod_ip,
+                    svc_ip,
+                    80,
+                    both.as_str(),
+                    false,
+                ),
+                (
+                    "external to nodePort",
+                    client,
+                    node_ip,
+                    3001,
+                    both.as_str(),
+                    true,
+                ),
+                (
+                    "node to nodePort",
+                    node_ip,
+                    node_ip,
+                    3001,
+                    both.as_str(),
+                    true,
+                ),
+            ] {
+                assert_eq!(
+                    flow_output(&mut s, src, dst, port),
+                    (want.to_string(), masq),
+                    "{case}: {name}"
+                );
+            }
+            let alt = flow_output(&mut s, client, alt_ip, 3001);
+            if alt_allowed {
+                assert_eq!(
+                    alt,
+                    (both.clone(), true),
+                    "{case}: external to nodePort on secondary IP"
+                );
+            } else {
+                assert_eq!(
+                    alt,
+                    (String::new(), false),
+                    "{case}: secondary nodeIP ignores NodePorts"
+                );
+            }
+        }
+    }
+
+    /// TestLoadBalancerIngressRouteTypeProxy: an ingress IP with `ipMode: Proxy` is not
+    /// programmed (the load balancer proxies to the node itself); `VIP` and no ipMode are.
+    #[test]
+    fn load_balancer_ingress_ip_mode_proxy() {
+        for (case, cluster_ip, lb_ip, mode, programmed) in [
+            (
+                "ipMode Proxy",
+                "10.20.30.41",
+                "1.2.3.4",
+                Some("Proxy"),
+                false,
+            ),
+            ("ipMode VIP", "10.20.30.42", "1.2.3.5", Some("VIP"), true),
+            ("ipMode nil", "10.20.30.43", "1.2.3.6", None, true),
+        ] {
+            let ip_mode = mode.map(|m| format!(", ipMode: {m}")).unwrap_or_default();
+            let svc: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc1, namespace: ns1}}\n\
+                 spec: {{type: LoadBalancer, clusterIP: {cluster_ip}, ports: [{{name: p80, port: 80, protocol: TCP, nodePort: 3001}}]}}\n\
+                 status: {{loadBalancer: {{ingress: [{{ip: {lb_ip}{ip_mode}}}]}}}}\n"
+            ))
+            .unwrap();
+            let mut w = Vec::new();
+            let ports = crate::model::convert::convert_service(&svc, &mut w);
+            assert_eq!(ports.len(), 1, "{case}: {w:?}");
+            let mut s = syncer();
+            s.sync(&state(vec![(
+                ports[0].clone(),
+                vec![ep("10.180.0.1", true)],
+            )]))
+            .unwrap();
+            let out = nat(&mut s, &pkt("203.0.113.9", lb_ip, 80));
+            let dnat_to_endpoint = out.iter().any(|o| matches!(o, Outcome::Dnat { .. }));
+            assert_eq!(dnat_to_endpoint, programmed, "{case}: {out:?}");
+        }
+    }
+
+    /// TestTerminatingEndpointsTrafficPolicyCluster, every row.
+    #[test]
+    fn terminating_endpoints_traffic_policy_cluster() {
+        let cases: &[(&str, &[EpRow], &[FlowRow])] = &[
+            (
+                "ready endpoints exist",
+                &[
+                    ("10.0.1.1", true, true, false, true),
+                    ("10.0.1.2", true, true, false, true),
+                    ("10.0.1.3", false, true, true, false),
+                    ("10.0.1.4", false, false, true, false),
+                    ("10.0.1.5", true, true, false, false),
+                ],
+                &[
+                    (
+                        "10.0.0.2",
+                        "172.30.1.1",
+                        "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+                        false,
+                    ),
+                    (
+                        "203.0.113.2",
+                        "1.2.3.4",
+                        "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+                        true,
+                    ),
+                ],
+            ),
+            (
+                "only terminating endpoints exist",
+                &[
+                    ("10.0.1.2", false, true, true, true),
+                    ("10.0.1.3", false, true, true, true),
+                    ("10.0.1.4", false, false, true, false),
+                    ("10.0.1.5", false, true, true, false),
+                ],
+                &[
+                    (
+                        "10.0.0.2",
+                        "172.30.1.1",
+                        "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
+                        false,
+                    ),
+                    (
+                        "203.0.113.2",
+                        "1.2.3.4",
+                        "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
+                        true,
+                    ),
+                ],
+            ),
+            (
+                "terminating endpoints on remote node",
+                &[("10.0.1.5", false, true, true, false)],
+                &[
+                    ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
+                    ("203.0.113.2", "1.2.3.4", "10.0.1.5:80", true),
+                ],
+            ),
+            (
+                "no usable endpoints on any node",
+                &[
+                    ("10.0.1.5", false, false, true, true),
+                    ("10.0.1.5", false, false, true, false),
+                ],
+                &[
+                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
+                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
+                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
+                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
+                ],
+            ),
+        ];
+        for (case, eps, flows) in cases {
+            terminating_case(false, eps, flows, case);
+        }
+    }
+
     fn lb(s: &mut ServicePort) {
         s.node_port = Some(30001);
         s.external_ips = vec![ip("192.168.99.11")];
