@@ -892,3 +892,81 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_refused() {
         "IPv6 unallocated: dropped, got {r:?}"
     );
 }
+
+/// Two Services claim one externalIP:port (the API server allows it): the older one (by
+/// `metadata.creationTimestamp`) gets the traffic whatever the names; when it is deleted the
+/// other takes the address in that same sync; a Service added afterwards is programmed.
+#[test]
+fn a_shared_external_ip_goes_to_the_older_service_then_to_the_other() {
+    let c = web_cluster();
+    let with_time = |y: String, name: &str, t: &str| {
+        y.replace(
+            &format!("metadata: {{name: {name}, namespace: default}}\n"),
+            &format!(
+                "metadata: {{name: {name}, namespace: default, creationTimestamp: \"{t}\"}}\n"
+            ),
+        )
+    };
+    // web (local endpoint) is newer; z-rival (remote endpoint) is older and sorts last.
+    let web = with_time(
+        scenario::web_yaml_with("externalIPs: [192.0.2.10]", &[LOCAL_EP], false),
+        "web",
+        "2026-06-01T00:00:00Z",
+    );
+    let mut rival = yaml::service(
+        "default",
+        "z-rival",
+        &["10.96.0.11"],
+        &[("http", "TCP", 80, 0)],
+        "externalIPs: [192.0.2.10]",
+    );
+    rival += &yaml::slice(
+        "default",
+        "z-rival",
+        "z-rival-1",
+        "IPv4",
+        ("http", "TCP", 8080),
+        &[yaml::ready(REMOTE_EP, "node2")],
+    );
+    let rival = with_time(rival, "z-rival", "2026-01-01T00:00:00Z");
+    let d = c.start_daemon(&(web.clone() + &rival), &[]);
+    d.wait_for_log("both claim 192.0.2.10:80/tcp", 1);
+    let from_outside = |n| names(&tcp_probes(&c.ext, sa("192.0.2.10", 80), n));
+    assert_eq!(
+        from_outside(6),
+        ["remote".to_string()].into(),
+        "the older default/z-rival owns the externalIP\n{}",
+        d.log_text()
+    );
+    // The owner goes: web takes the address at the next sync.
+    c.write_manifests(&web);
+    let t0 = Instant::now();
+    while from_outside(4) != ["local".to_string()].into() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A Service added afterwards is programmed: nothing is wedged.
+    let mut more = web.clone();
+    more += &yaml::service(
+        "default",
+        "late",
+        &["10.96.0.12"],
+        &[("http", "TCP", 80, 0)],
+        "",
+    );
+    more += &yaml::slice(
+        "default",
+        "late",
+        "late-1",
+        "IPv4",
+        ("http", "TCP", 8080),
+        &[yaml::ready(REMOTE_EP, "node2")],
+    );
+    c.write_manifests(&more);
+    c.wait_ruleset("ip", "the late Service", |r| r.contains("10.96.0.12"));
+    assert_eq!(
+        names(&tcp_probes(&c.pods[1], sa("10.96.0.12", 80), 3)),
+        ["remote".to_string()].into()
+    );
+    assert!(!d.log_text().contains("sync failed"), "{}", d.log_text());
+}
