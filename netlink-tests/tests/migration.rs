@@ -94,6 +94,11 @@ COMMIT
 
 /// Loads the leftovers with the real iptables-nft tools, in the node namespace.
 fn program_upstream(c: &Cluster) {
+    program_upstream_with(c, "nft");
+}
+
+/// The same with `flavour` "nft" or "legacy" (iptables-legacy: x_tables).
+fn program_upstream_with(c: &Cluster, flavour: &str) {
     let v4 = c.dir.join("upstream-v4.rules");
     let v6 = c.dir.join("upstream-v6.rules");
     // nfacct is not always available; its rule is only there to be foreign-looking.
@@ -207,8 +212,18 @@ fn cleanup_removes_upstream_chains_from_legacy_x_tables() {
 
 #[test]
 fn starting_over_upstream_iptables_mode_keeps_established_connections() {
+    switch_keeps_established_connections("nft");
+}
+
+/// The same over upstream's rules in legacy x_tables (`iptables-legacy`).
+#[test]
+fn starting_over_upstream_iptables_legacy_keeps_established_connections() {
+    switch_keeps_established_connections("legacy");
+}
+
+fn switch_keeps_established_connections(flavour: &str) {
     let c = scenario::web_cluster(Backends::default());
-    program_upstream(&c);
+    program_upstream_with(&c, flavour);
     // Upstream's rules serve the Service now: only the local endpoint.
     let before = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 5);
     assert_eq!(
