@@ -109,10 +109,10 @@ fn program_upstream_with(c: &Cluster, flavour: &str) {
     .unwrap();
     std::fs::write(&v6, UPSTREAM_V6).unwrap();
     c.node
-        .sh(&format!("iptables-nft-restore < {}", v4.display()));
+        .sh(&format!("iptables-{flavour}-restore < {}", v4.display()));
     c.node
-        .sh(&format!("ip6tables-nft-restore < {}", v6.display()));
-    let saved = c.node.sh("iptables-nft-save");
+        .sh(&format!("ip6tables-{flavour}-restore < {}", v6.display()));
+    let saved = c.node.sh(&format!("iptables-{flavour}-save"));
     assert!(saved.contains("-j KUBE-SVC-ERIFXISQEP7F7OF4"), "{saved}");
 }
 
@@ -242,7 +242,7 @@ fn switch_keeps_established_connections(flavour: &str) {
         "{}",
         d.log_text()
     );
-    assert_only_foreign_left(&c);
+    assert_only_foreign_left_in(&c, flavour);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
         conn.echo("through the switch").unwrap(),
