@@ -142,6 +142,94 @@ pub async fn run<B: Proxier>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ProxyState;
+
+    /// Counts syncs and the node names of the states it synced.
+    #[derive(Default)]
+    struct Counting {
+        synced: Vec<String>,
+    }
+
+    impl Proxier for &mut Counting {
+        fn sync(
+            &mut self,
+            s: &Arc<ProxyState>,
+        ) -> Result<super::super::SyncStats, super::super::SyncError> {
+            self.synced.push(s.node.name.clone());
+            Ok(Default::default())
+        }
+        fn force_full_sync(&mut self) {}
+        fn has_pending_work(&self) -> bool {
+            false
+        }
+        fn dry_run(&mut self, _: &ProxyState) -> Result<String, super::super::SyncError> {
+            Ok(String::new())
+        }
+        fn cleanup(&mut self) -> Result<Vec<String>, super::super::SyncError> {
+            Ok(vec![])
+        }
+    }
+
+    #[derive(Default)]
+    struct Seen {
+        changed: Vec<String>,
+        synced: Vec<String>,
+    }
+
+    impl SyncHooks for Seen {
+        fn state_changed(&mut self, s: &Arc<ProxyState>) {
+            self.changed.push(s.node.name.clone());
+        }
+        fn synced(
+            &mut self,
+            s: &ProxyState,
+            _: &Result<super::super::SyncStats, super::super::SyncError>,
+            _: Duration,
+        ) {
+            self.synced.push(s.node.name.clone());
+        }
+    }
+
+    fn named(n: &str) -> Option<Arc<ProxyState>> {
+        let mut s = ProxyState::default();
+        s.node.name = n.into();
+        Some(Arc::new(s))
+    }
+
+    /// Every state that is synced was first announced to the hooks, including one that
+    /// arrived while the loop waited out the minimum sync period (that one used to be
+    /// synced unannounced: metrics and events missed it).
+    #[tokio::test]
+    async fn every_synced_state_reaches_the_hooks_first() {
+        let (tx, rx) = watch::channel(named("a"));
+        let mut p = Counting::default();
+        let mut hooks = Seen::default();
+        let timing = Timing {
+            min_sync_period: Duration::from_millis(300),
+            sync_period: Duration::from_secs(30),
+        };
+        let driver = async {
+            // Let the first sync happen, then change the state twice inside the minimum
+            // sync period (300 ms): the loop is sleeping, not selecting.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send_replace(named("b"));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tx.send_replace(named("c"));
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        };
+        run(&mut p, rx, timing, &mut hooks, None, driver).await;
+        // (On a quiet machine: ["a", "c"], b replaced before the next sync.)
+        assert_eq!(p.synced.first().map(String::as_str), Some("a"));
+        assert_eq!(p.synced.last().map(String::as_str), Some("c"));
+        assert_eq!(hooks.synced, p.synced);
+        for s in &hooks.synced {
+            assert!(
+                hooks.changed.contains(s),
+                "{s} synced unannounced: {:?}",
+                hooks.changed
+            );
+        }
+    }
 
     #[test]
     fn retry_backs_off_to_the_sync_period() {
