@@ -8,6 +8,7 @@ pub mod backend;
 pub mod baseline;
 pub mod bounded;
 pub mod cluster;
+pub mod controlplane;
 pub mod deadline;
 pub mod listing;
 pub mod ns;

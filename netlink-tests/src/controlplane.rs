@@ -1,0 +1,202 @@
+//! A real Kubernetes control plane for the tests: etcd and kube-apiserver, built from their
+//! Go modules by `netlink-tests/upstream/build.sh` (cached under /var/tmp), started inside a
+//! network namespace of the test cluster so that the proxy running there reaches them on
+//! loopback. Certificates are the apiserver's own self-signed ones (`--cert-dir`), the
+//! service-account key pair is generated with openssl, the test's admin authenticates with
+//! a static token, and the proxy with the ServiceAccount token of `deploy/` (TokenRequest),
+//! under `--authorization-mode=Node,RBAC`. No controller manager: tests create Nodes,
+//! Services and EndpointSlices themselves. Every wait is bounded.
+#![allow(clippy::disallowed_methods)] // test tooling runs the upstream binaries
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::ns::NetNs;
+
+pub const K8S_VERSION: &str = "v1.37.2";
+pub const ETCD_VERSION: &str = "v3.6.14";
+/// The service CIDR the apiserver allocates ClusterIPs from.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+const ADMIN_TOKEN: &str = "nlp-test-admin-token";
+
+fn bin(dir: &str, name: &str) -> PathBuf {
+    let p = PathBuf::from(format!("/var/tmp/kube-nlproxy-upstream/{dir}/{name}"));
+    assert!(
+        p.exists(),
+        "{} missing: run netlink-tests/upstream/build.sh",
+        p.display()
+    );
+    p
+}
+
+/// etcd and kube-apiserver running in `ns`.
+pub struct ControlPlane {
+    ns_name: String,
+    etcd: Child,
+    apiserver: Child,
+    pub dir: PathBuf,
+    /// `https://NODE_IP:6443`, reachable inside the namespace.
+    pub url: String,
+}
+
+impl ControlPlane {
+    /// Starts both and waits (up to 60 s) until the apiserver answers `/readyz`.
+    pub fn start(ns: &NetNs) -> ControlPlane {
+        let dir = std::env::temp_dir().join(format!("nlp-cp-{}", ns.name));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("certs")).unwrap();
+        let sh = |cmd: &str| {
+            let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{cmd}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        sh(&format!(
+            "openssl genrsa -out {d}/sa.key 2048 2>/dev/null && openssl rsa -in {d}/sa.key -pubout -out {d}/sa.pub 2>/dev/null",
+            d = dir.display()
+        ));
+        std::fs::write(
+            dir.join("tokens.csv"),
+            format!("{ADMIN_TOKEN},nlp-admin,nlp-admin,\"system:masters\"\n"),
+        )
+        .unwrap();
+        let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
+        let etcd = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(bin(&format!("etcd-{ETCD_VERSION}"), "etcd"))
+            .args([
+                "--data-dir",
+                dir.join("etcd").to_str().unwrap(),
+                "--listen-client-urls=http://127.0.0.1:2379",
+                "--advertise-client-urls=http://127.0.0.1:2379",
+                "--listen-peer-urls=http://127.0.0.1:2380",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log("etcd.log"))
+            .spawn()
+            .expect("start etcd");
+        let d = |f: &str| dir.join(f).to_str().unwrap().to_string();
+        let apiserver = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(bin(K8S_VERSION, "kube-apiserver"))
+            .args([
+                "--etcd-servers=http://127.0.0.1:2379".to_string(),
+                // The endpoint reconciler refuses loopback: advertise the node's address
+                // (the `kubernetes` Service then points at it, as on a real node).
+                "--bind-address=0.0.0.0".into(),
+                format!("--advertise-address={}", crate::cluster::NODE_IP),
+                "--secure-port=6443".into(),
+                format!("--cert-dir={}", d("certs")),
+                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                "--authorization-mode=Node,RBAC".into(),
+                format!("--token-auth-file={}", d("tokens.csv")),
+                format!("--service-account-key-file={}", d("sa.pub")),
+                format!("--service-account-signing-key-file={}", d("sa.key")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--enable-priority-and-fairness=false".into(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(log("apiserver.log"))
+            .spawn()
+            .expect("start kube-apiserver");
+        let cp = ControlPlane {
+            ns_name: ns.name.clone(),
+            etcd,
+            apiserver,
+            dir,
+            url: format!("https://{}:6443", crate::cluster::NODE_IP),
+        };
+        let t0 = Instant::now();
+        while !cp.ready() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(90),
+                "kube-apiserver not ready:\n{}\n{}",
+                cp.log("apiserver.log"),
+                cp.log("etcd.log")
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        cp
+    }
+
+    fn ready(&self) -> bool {
+        let ca = self.dir.join("certs/apiserver.crt");
+        if !ca.exists() {
+            return false;
+        }
+        // bash's /dev/tcp cannot speak TLS; the admin client checks /readyz.
+        let kc = self.kubeconfig(ADMIN_TOKEN, "admin");
+        let ns = self.ns_name.clone();
+        let url = self.url.clone();
+        std::thread::spawn(move || {
+            crate::ns::enter(&format!("/run/netns/{ns}"));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let Ok(c) = client_from(&kc).await else {
+                    return false;
+                };
+                let req = http::Request::get(format!("{url}/readyz"))
+                    .body(Vec::new())
+                    .unwrap();
+                matches!(
+                    tokio::time::timeout(Duration::from_secs(3), c.request_text(req)).await,
+                    Ok(Ok(t)) if t.trim() == "ok"
+                )
+            })
+        })
+        .join()
+        .unwrap_or(false)
+    }
+
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(name)).unwrap_or_default()
+    }
+
+    /// A kubeconfig for `token`, trusting the apiserver's self-signed certificate.
+    pub fn kubeconfig(&self, token: &str, name: &str) -> PathBuf {
+        let p = self.dir.join(format!("{name}.kubeconfig"));
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {name}}}\ncurrent-context: test\nusers:\n- name: {name}\n  user:\n    token: {token}\n",
+                self.url,
+                self.dir.join("certs/apiserver.crt").display()
+            ),
+        )
+        .unwrap();
+        p
+    }
+
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.kubeconfig(ADMIN_TOKEN, "admin")
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        for c in [&mut self.apiserver, &mut self.etcd] {
+            let _ = c.kill();
+            let _ =
+                crate::bounded::wait_within(c, Duration::from_secs(10), "a control-plane process");
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A kube-rs client from a kubeconfig file.
+pub async fn client_from(path: &Path) -> Result<kube::Client, String> {
+    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    kube::Client::try_from(cfg).map_err(|e| e.to_string())
+}

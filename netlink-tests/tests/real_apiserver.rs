@@ -1,0 +1,216 @@
+//! Against a real kube-apiserver and etcd (v1.37.2 and v3.6.14, built from their Go modules;
+//! `netlink-tests/src/controlplane.rs`): the proxy runs with exactly `deploy/`'s RBAC, through
+//! the ServiceAccount token an operator's DaemonSet would get, and real packets follow the
+//! objects the test creates through the API (the apiserver validates them; there is no
+//! controller manager, so the test writes the EndpointSlices).
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Node, Service, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{Api, ListParams, PostParams};
+
+use netlink_tests::backend::tcp_probes;
+use netlink_tests::cluster::{sa, NODE_IP};
+use netlink_tests::controlplane::{client_from, ControlPlane};
+use netlink_tests::ns::require_root;
+use netlink_tests::scenario::{self, names, Backends, LOCAL_EP, REMOTE_EP};
+
+fn deploy(file: &str) -> String {
+    std::fs::read_to_string(format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn slice(eps: &[(&str, &str)]) -> EndpointSlice {
+    let endpoints: Vec<serde_json::Value> = eps
+        .iter()
+        .map(|(ip, node)| serde_json::json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true, "serving": true, "terminating": false}}))
+        .collect();
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-1", "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "kube-nlproxy-tests"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    }))
+    .unwrap()
+}
+
+/// Runs `f` with an admin client inside the node namespace (where the apiserver listens).
+fn with_admin<T: Send + 'static>(
+    c: &netlink_tests::cluster::Cluster,
+    cp: &ControlPlane,
+    f: impl FnOnce(kube::Client) -> futures::future::BoxFuture<'static, T> + Send + 'static,
+) -> T {
+    let kc = cp.admin_kubeconfig();
+    c.node.run(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let client = client_from(&kc).await.expect("admin client");
+            tokio::time::timeout(Duration::from_secs(60), f(client))
+                .await
+                .expect("API calls within 60 s")
+        })
+    })
+}
+
+#[test]
+fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
+    require_root();
+    let c = scenario::web_cluster(Backends::default());
+    let cp = ControlPlane::start(&c.node);
+    // deploy/'s ServiceAccount and RBAC, the Node, the Service (ClusterIP and NodePort
+    // chosen by the test, validated by the apiserver) and its slice; then a token for the
+    // ServiceAccount, as the kubelet would project it.
+    let token = with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let pp = PostParams::default();
+            let sa: ServiceAccount = serde_yaml::from_str(&deploy("serviceaccount.yaml")).unwrap();
+            Api::<ServiceAccount>::namespaced(client.clone(), "kube-system")
+                .create(&pp, &sa)
+                .await
+                .unwrap();
+            let rbac = deploy("rbac.yaml");
+            let mut docs = rbac.split("\n---\n");
+            let role: ClusterRole = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+            let binding: ClusterRoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+            Api::<ClusterRole>::all(client.clone())
+                .create(&pp, &role)
+                .await
+                .unwrap();
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&pp, &binding)
+                .await
+                .unwrap();
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node1", "labels": {"kubernetes.io/os": "linux"}},
+                "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]},
+            }))
+            .unwrap();
+            Api::<Node>::all(client.clone())
+                .create(&pp, &node)
+                .await
+                .unwrap();
+            let svc: Service = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"type": "NodePort", "clusterIP": "10.96.0.10",
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]},
+            }))
+            .unwrap();
+            Api::<Service>::namespaced(client.clone(), "default")
+                .create(&pp, &svc)
+                .await
+                .unwrap();
+            Api::<EndpointSlice>::namespaced(client.clone(), "default")
+                .create(&pp, &slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]))
+                .await
+                .unwrap();
+            let tr = TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![],
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<ServiceAccount>::namespaced(client, "kube-system")
+                .create_token_request("kube-nlproxy", &pp, &tr)
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .token
+        })
+    });
+    let kc = cp.kubeconfig(&token, "kube-nlproxy");
+    let t0 = Instant::now();
+    let d = c.start_daemon_with(&["--kubeconfig", kc.to_str().unwrap()]);
+    let first_sync = t0.elapsed();
+    let log = d.log_text();
+    assert!(
+        !log.contains("forbidden") && !log.contains("403"),
+        "deploy/'s RBAC is enough:\n{log}"
+    );
+    // Real packets: both endpoints from a pod; the NodePort from outside.
+    assert_eq!(
+        names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 20)),
+        ["local", "remote"].map(String::from).into(),
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(
+        names(&tcp_probes(&c.ext, sa(NODE_IP, 30080), 20)),
+        ["local", "remote"].map(String::from).into()
+    );
+    // An EndpointSlice change through the API reaches the kernel (bounded generously).
+    with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let api = Api::<EndpointSlice>::namespaced(client, "default");
+            let mut s = api.get("web-1").await.unwrap();
+            s.endpoints = slice(&[(LOCAL_EP, "node1")]).endpoints;
+            api.replace("web-1", &PostParams::default(), &s)
+                .await
+                .unwrap();
+        })
+    });
+    let t1 = Instant::now();
+    loop {
+        let got = names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6));
+        if got == ["local".to_string()].into() {
+            break;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(10),
+            "{got:?}\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let change = t1.elapsed();
+    // The events the proxy wrote were accepted by the real server, with upstream's fields.
+    let events = with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let t0 = Instant::now();
+            loop {
+                let l = Api::<Event>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap();
+                if l.items
+                    .iter()
+                    .any(|e| e.reason.as_deref() == Some("Starting"))
+                    || t0.elapsed() > Duration::from_secs(10)
+                {
+                    break l.items;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    });
+    let starting = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Starting"))
+        .unwrap_or_else(|| panic!("no Starting event: {events:?}\n{}", d.log_text()));
+    assert_eq!(starting.reporting_controller.as_deref(), Some("kube-proxy"));
+    assert_eq!(starting.action.as_deref(), Some("StartKubeProxy"));
+    assert_eq!(
+        starting.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("node1")
+    );
+    eprintln!("real apiserver: first sync {first_sync:?} after start, slice change in {change:?}");
+    // The apiserver's own `kubernetes` Service is programmed too.
+    assert!(
+        c.ruleset("ip").contains("10.96.0.1 "),
+        "{}",
+        c.ruleset("ip")
+    );
+}
