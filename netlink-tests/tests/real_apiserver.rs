@@ -14,7 +14,7 @@ use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, ListParams, PostParams};
 
-use netlink_tests::backend::tcp_probes;
+use netlink_tests::backend::{tcp_probe, tcp_probes, Reply};
 use netlink_tests::cluster::{sa, NODE_IP};
 use netlink_tests::controlplane::{client_from, ControlPlane};
 use netlink_tests::ns::require_root;
@@ -151,6 +151,15 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         names(&tcp_probes(&c.ext, sa(NODE_IP, 30080), 20)),
         ["local", "remote"].map(String::from).into()
     );
+    // The real server's default ServiceCIDR (10.96.0.0/16, from --service-cluster-ip-range):
+    // an unallocated address in it is dropped, an unused port of a ClusterIP refused.
+    assert_eq!(
+        tcp_probe(&c.pods[1], sa("10.96.0.99", 80)),
+        Reply::Timeout,
+        "unallocated service IP dropped\n{}",
+        c.ruleset("ip")
+    );
+    assert_eq!(tcp_probe(&c.pods[1], sa("10.96.0.10", 81)), Reply::Refused);
     // An EndpointSlice change through the API reaches the kernel (bounded generously).
     with_admin(&c, &cp, |client| {
         Box::pin(async move {
