@@ -80,9 +80,58 @@ impl ControlPlane {
             .stderr(log("etcd.log"))
             .spawn()
             .expect("start etcd");
-        let d = |f: &str| dir.join(f).to_str().unwrap().to_string();
+        let apiserver = spawn_apiserver(&ns.name, &dir);
+        let mut cp = ControlPlane {
+            ns_name: ns.name.clone(),
+            etcd,
+            apiserver,
+            dir,
+            url: format!("https://{}:6443", crate::cluster::NODE_IP),
+        };
+        cp.wait_ready();
+        cp
+    }
+
+    fn wait_ready(&mut self) {
+        let t0 = Instant::now();
+        while !self.ready() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(90),
+                "kube-apiserver not ready:\n{}\n{}",
+                self.log("apiserver.log"),
+                self.log("etcd.log")
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Stops kube-apiserver (etcd keeps the objects); `start_apiserver` brings it back.
+    pub fn stop_apiserver(&mut self) {
+        let _ = self.apiserver.kill();
+        crate::bounded::wait_within(
+            &mut self.apiserver,
+            Duration::from_secs(10),
+            "kube-apiserver",
+        );
+    }
+
+    /// Starts kube-apiserver again over the same etcd and keys, and waits until it is ready.
+    pub fn start_apiserver(&mut self) {
+        self.apiserver = spawn_apiserver(&self.ns_name, &self.dir);
+        self.wait_ready();
+    }
+}
+
+fn spawn_apiserver(ns: &str, dir: &Path) -> Child {
+    let d = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("apiserver.log"))
+        .unwrap();
+    {
         let apiserver = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
+            .args(["netns", "exec", ns])
             .arg(bin(K8S_VERSION, "kube-apiserver"))
             .args([
                 "--etcd-servers=http://127.0.0.1:2379".to_string(),
@@ -102,29 +151,14 @@ impl ControlPlane {
                 "--enable-priority-and-fairness=false".into(),
             ])
             .stdout(Stdio::null())
-            .stderr(log("apiserver.log"))
+            .stderr(log)
             .spawn()
             .expect("start kube-apiserver");
-        let cp = ControlPlane {
-            ns_name: ns.name.clone(),
-            etcd,
-            apiserver,
-            dir,
-            url: format!("https://{}:6443", crate::cluster::NODE_IP),
-        };
-        let t0 = Instant::now();
-        while !cp.ready() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(90),
-                "kube-apiserver not ready:\n{}\n{}",
-                cp.log("apiserver.log"),
-                cp.log("etcd.log")
-            );
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        cp
+        apiserver
     }
+}
 
+impl ControlPlane {
     fn ready(&self) -> bool {
         let ca = self.dir.join("certs/apiserver.crt");
         if !ca.exists() {

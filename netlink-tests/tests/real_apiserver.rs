@@ -65,7 +65,7 @@ fn with_admin<T: Send + 'static>(
 fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
     require_root();
     let c = scenario::web_cluster(Backends::default());
-    let cp = ControlPlane::start(&c.node);
+    let mut cp = ControlPlane::start(&c.node);
     // deploy/'s ServiceAccount and RBAC, the Node, the Service (ClusterIP and NodePort
     // chosen by the test, validated by the apiserver) and its slice; then a token for the
     // ServiceAccount, as the kubelet would project it.
@@ -216,6 +216,41 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         Some("node1")
     );
     eprintln!("real apiserver: first sync {first_sync:?} after start, slice change in {change:?}");
+    // The API server goes away: the rules stay; when it is back the watches resume and a
+    // change made then reaches the kernel.
+    cp.stop_apiserver();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4)),
+        ["local".to_string()].into(),
+        "rules stay during the outage\n{}",
+        d.log_text()
+    );
+    cp.start_apiserver();
+    with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let api = Api::<EndpointSlice>::namespaced(client, "default");
+            let mut s = api.get("web-1").await.unwrap();
+            s.endpoints = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]).endpoints;
+            api.replace("web-1", &PostParams::default(), &s)
+                .await
+                .unwrap();
+        })
+    });
+    let t2 = Instant::now();
+    loop {
+        let got = names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 10));
+        if got == ["local", "remote"].map(String::from).into() {
+            break;
+        }
+        assert!(
+            t2.elapsed() < Duration::from_secs(30),
+            "{got:?}\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!d.log_text().contains("sync failed"), "{}", d.log_text());
     // The apiserver's own `kubernetes` Service is programmed too.
     assert!(
         c.ruleset("ip").contains("10.96.0.1 "),
