@@ -250,6 +250,36 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The Service deleted through the API: its address is unallocated again, so dropped.
+    with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            Api::<Service>::namespaced(client, "default")
+                .delete("web", &Default::default())
+                .await
+                .unwrap();
+        })
+    });
+    let t3 = Instant::now();
+    while c.ruleset("ip").contains("default/web") {
+        assert!(
+            // generous: after the restart each watcher reconnects on its own backoff
+            t3.elapsed() < Duration::from_secs(40),
+            "web never removed:\n{}\napiserver:\n{}",
+            d.log_text(),
+            cp.log("apiserver.log")
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "real apiserver: Service deletion in the kernel after {:?}",
+        t3.elapsed()
+    );
+    assert_eq!(tcp_probe(&c.pods[1], sa("10.96.0.10", 80)), Reply::Timeout);
     assert!(!d.log_text().contains("sync failed"), "{}", d.log_text());
     // The apiserver's own `kubernetes` Service is programmed too.
     assert!(
