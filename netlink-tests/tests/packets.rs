@@ -796,30 +796,7 @@ fn a_shared_service_address_passes_to_the_other_service_when_its_owner_goes() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // A Service added afterwards is programmed: nothing is wedged.
-    let mut more = only_local.clone();
-    more += &yaml::service(
-        "default",
-        "late",
-        &["10.96.0.12"],
-        &[("http", "TCP", 80, 0)],
-        "",
-    );
-    more += &yaml::slice(
-        "default",
-        "late",
-        "late-1",
-        "IPv4",
-        ("http", "TCP", 8080),
-        &[yaml::ready(REMOTE_EP, "node2")],
-    );
-    c.write_manifests(&more);
-    c.wait_ruleset("ip", "the late Service", |r| r.contains("10.96.0.12"));
-    let log = d.log_text();
-    assert!(
-        !log.contains("sync failed") && !log.contains("busy"),
-        "{log}"
-    );
+    late_service_is_programmed(&c, &d, &only_local);
 }
 
 /// externalTrafficPolicy Local and no endpoint on this node: pods and the node itself
@@ -945,8 +922,13 @@ fn a_shared_external_ip_goes_to_the_older_service_then_to_the_other() {
         assert!(t0.elapsed() < Duration::from_secs(10), "{}", d.log_text());
         std::thread::sleep(Duration::from_millis(100));
     }
-    // A Service added afterwards is programmed: nothing is wedged.
-    let mut more = web.clone();
+    late_service_is_programmed(&c, &d, &web);
+}
+
+/// After a collision is resolved, a Service added on top of `base` is programmed and
+/// answered: nothing is wedged, and no sync failed on the way.
+fn late_service_is_programmed(c: &Cluster, d: &netlink_tests::cluster::Daemon, base: &str) {
+    let mut more = base.to_string();
     more += &yaml::service(
         "default",
         "late",
@@ -968,5 +950,9 @@ fn a_shared_external_ip_goes_to_the_older_service_then_to_the_other() {
         names(&tcp_probes(&c.pods[1], sa("10.96.0.12", 80), 3)),
         ["remote".to_string()].into()
     );
-    assert!(!d.log_text().contains("sync failed"), "{}", d.log_text());
+    let log = d.log_text();
+    assert!(
+        !log.contains("sync failed") && !log.contains("busy"),
+        "{log}"
+    );
 }
