@@ -288,3 +288,144 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         c.ruleset("ip")
     );
 }
+
+/// Node objects through the real API: the Node's zone label decides which endpoints
+/// topology hints select, and a label change made through the API re-routes at once; the
+/// Node deleted, the proxy keeps serving with what it has.
+#[test]
+fn node_updates_through_the_real_api_reach_the_kernel() {
+    require_root();
+    let c = scenario::web_cluster(Backends::default());
+    let cp = ControlPlane::start(&c.node);
+    let token = with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let pp = PostParams::default();
+            let sa: ServiceAccount = serde_yaml::from_str(&deploy("serviceaccount.yaml")).unwrap();
+            Api::<ServiceAccount>::namespaced(client.clone(), "kube-system")
+                .create(&pp, &sa)
+                .await
+                .unwrap();
+            let rbac = deploy("rbac.yaml");
+            let mut docs = rbac.split("\n---\n");
+            let role: ClusterRole = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+            let binding: ClusterRoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+            Api::<ClusterRole>::all(client.clone())
+                .create(&pp, &role)
+                .await
+                .unwrap();
+            Api::<ClusterRoleBinding>::all(client.clone())
+                .create(&pp, &binding)
+                .await
+                .unwrap();
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+                "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]},
+            }))
+            .unwrap();
+            Api::<Node>::all(client.clone())
+                .create(&pp, &node)
+                .await
+                .unwrap();
+            let svc: Service = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"clusterIP": "10.96.0.10",
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+            }))
+            .unwrap();
+            Api::<Service>::namespaced(client.clone(), "default")
+                .create(&pp, &svc)
+                .await
+                .unwrap();
+            // Topology hints: the local endpoint for zone-a, the remote one for zone-b.
+            let mut s = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]);
+            for (e, zone) in s.endpoints.iter_mut().zip(["zone-a", "zone-b"]) {
+                e.hints = Some(
+                    serde_json::from_value(serde_json::json!({"forZones": [{"name": zone}]}))
+                        .unwrap(),
+                );
+            }
+            Api::<EndpointSlice>::namespaced(client.clone(), "default")
+                .create(&pp, &s)
+                .await
+                .unwrap();
+            let tr = TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: vec![],
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<ServiceAccount>::namespaced(client, "kube-system")
+                .create_token_request("kube-nlproxy", &pp, &tr)
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .token
+        })
+    });
+    let kc = cp.kubeconfig(&token, "kube-nlproxy");
+    let d = c.start_daemon_with(&["--kubeconfig", kc.to_str().unwrap()]);
+    let answered = |want: &[&str]| {
+        let want: std::collections::BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        let t0 = Instant::now();
+        loop {
+            let got = names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 8));
+            if got == want {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "{got:?} != {want:?}\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    answered(&["local"]);
+    // The Node moves to zone-b through the API: the remote endpoint takes over.
+    with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let api = Api::<Node>::all(client);
+            let mut n = api.get("node1").await.unwrap();
+            n.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("topology.kubernetes.io/zone".into(), "zone-b".into());
+            api.replace("node1", &PostParams::default(), &n)
+                .await
+                .unwrap();
+        })
+    });
+    answered(&["remote"]);
+    // The Node deleted: the proxy exits with code 1 as upstream's NodeManager does (the
+    // DaemonSet restarts it), leaving its rules in place.
+    with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            Api::<Node>::all(client)
+                .delete("node1", &Default::default())
+                .await
+                .unwrap();
+        })
+    });
+    let mut d = d;
+    let st = netlink_tests::bounded::wait_within(
+        &mut d.child,
+        Duration::from_secs(15),
+        "the proxy after its Node was deleted",
+    );
+    assert_eq!(st.code(), Some(1), "{}", d.log_text());
+    assert!(
+        d.log_text().contains("Node is being deleted"),
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(
+        names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6)),
+        ["remote".to_string()].into(),
+        "the rules stay after the exit"
+    );
+}

@@ -398,6 +398,7 @@ pub async fn run(
     let mut all = stream::select_all([svc, eps, nodes, cidrs]).ready_chunks(4096);
     let mut stores = Stores::default();
     let mut announced = false;
+    let mut had_node = false;
     let mut ticker = tokio::time::interval(resync.max(std::time::Duration::from_secs(1)));
     ticker.tick().await;
     loop {
@@ -426,6 +427,17 @@ pub async fn run(
         if !changed || !stores.synced() {
             continue;
         }
+        // Upstream's NodeManager exits when its Node is deleted (exit code 1, rules left
+        // in place), so that the DaemonSet restarts it and it waits for the new Node.
+        let has_node = stores
+            .nodes
+            .values()
+            .any(|n| n.metadata.name.as_deref() == Some(node.as_str()));
+        if had_node && !has_node {
+            tracing::warn!(node = %node, "Node is being deleted; exiting (rules stay in place), as upstream kube-proxy does");
+            std::process::exit(1);
+        }
+        had_node |= has_node;
         if !announced {
             tracing::info!(
                 services = stores.services.len(),
