@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
 ver=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' go.mod)
-out=/var/tmp/kube-nlproxy-upstream/$ver
+cache=${KUBE_NLPROXY_UPSTREAM_CACHE:-/var/tmp/kube-nlproxy-upstream}
+out=$cache/$ver
 minor=$(echo "$ver" | cut -d. -f2)
 ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$ver -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 mkdir -p "$out"
@@ -22,7 +23,7 @@ for cmd in kube-proxy kube-apiserver; do
   fi
 done
 etcd_ver=$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' etcd/go.mod)
-etcd_out=/var/tmp/kube-nlproxy-upstream/etcd-$etcd_ver
+etcd_out=$cache/etcd-$etcd_ver
 if [ -x "$etcd_out/etcd" ] && "$etcd_out/etcd" --version 2>/dev/null | grep -q "${etcd_ver#v}"; then
   echo "etcd $etcd_ver: cached in $etcd_out"
 else
