@@ -50,6 +50,9 @@ pub enum AppError {
     SourceEnded,
     #[error("cannot start the {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
+    /// This node's Node object was deleted (upstream exits too; the DaemonSet restarts us).
+    #[error("Node {0} was deleted; exiting so that the DaemonSet restarts the proxy (rules stay in place)")]
+    NodeDeleted(String),
     /// `bindAddressHardFail`: a server could not bind its address.
     #[error("cannot serve {0} on {1} and bindAddressHardFail is set")]
     Bind(&'static str, std::net::SocketAddr),
@@ -147,12 +150,16 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     };
     let (tx, mut rx) = watch::channel(None);
     let mut warnings = None;
-    let watcher = match cfg.manifests.clone() {
+    let mut watcher = match cfg.manifests.clone() {
         Some(path) => {
             let mut cache = ManifestCache::new();
             let state = load_state(&mut cache, &path, &cfg.node_name)?;
             tx.send_replace(Some(Arc::new(state)));
-            tokio::spawn(watch_manifests(cache, path, cfg.node_name.clone(), tx))
+            let node = cfg.node_name.clone();
+            tokio::spawn(async move {
+                watch_manifests(cache, path, node, tx).await;
+                crate::source::SourceEnd::Closed
+            })
         }
         None => {
             let client = kube_client(&cfg).await?;
@@ -245,7 +252,16 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         link,
         shared,
     };
+    let source_alive = rx.clone();
     let res = drive(&cfg, proxier, rx, state, watch, warnings, shutdown).await;
+    // The sync loop also ends when the source does (its sender gone): say why when it had
+    // a reason. The task is finishing; the bound only guards against a stuck one.
+    if res.is_ok() && source_alive.has_changed().is_err() {
+        let end = tokio::time::timeout(std::time::Duration::from_secs(5), &mut watcher).await;
+        if let Ok(Ok(crate::source::SourceEnd::NodeDeleted(node))) = end {
+            return Err(AppError::NodeDeleted(node));
+        }
+    }
     watcher.abort();
     res
 }

@@ -333,7 +333,7 @@ pub async fn run(
     node: String,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
-) {
+) -> super::SourceEnd {
     // Untyped watchers, decoded object by object: one undecodable object must not fail its
     // whole list (and with it every sync).
     let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
@@ -405,7 +405,7 @@ pub async fn run(
         let batch = tokio::select! {
             b = all.next() => match b {
                 Some(b) => b,
-                None => return,
+                None => return super::SourceEnd::Closed,
             },
             _ = ticker.tick() => {
                 if stores.synced() {
@@ -428,14 +428,15 @@ pub async fn run(
             continue;
         }
         // Upstream's NodeManager exits when its Node is deleted (exit code 1, rules left
-        // in place), so that the DaemonSet restarts it and it waits for the new Node.
+        // in place), so that the DaemonSet restarts it and it waits for the new Node: end
+        // the source with the reason; the binary exits.
         let has_node = stores
             .nodes
             .values()
             .any(|n| n.metadata.name.as_deref() == Some(node.as_str()));
         if had_node && !has_node {
             tracing::warn!(node = %node, "Node is being deleted; exiting (rules stay in place), as upstream kube-proxy does");
-            std::process::exit(1);
+            return super::SourceEnd::NodeDeleted(node);
         }
         had_node |= has_node;
         if !announced {
@@ -451,7 +452,7 @@ pub async fn run(
             tracing::warn!("{w}");
         }
         if tx.send(Some(Arc::new(state))).is_err() {
-            return;
+            return super::SourceEnd::Closed;
         }
     }
 }
