@@ -178,22 +178,7 @@ fn cleanup_removes_upstream_iptables_mode_chains_only() {
 #[test]
 fn cleanup_removes_upstream_chains_from_legacy_x_tables() {
     let c = Cluster::new();
-    let v4 = c.dir.join("legacy-v4.rules");
-    let v6 = c.dir.join("legacy-v6.rules");
-    std::fs::write(
-        &v4,
-        UPSTREAM_V4.replace(" -m nfacct --nfacct-name ct_state_invalid_dropped_pkts", ""),
-    )
-    .unwrap();
-    std::fs::write(&v6, UPSTREAM_V6).unwrap();
-    c.node
-        .sh(&format!("iptables-legacy-restore < {}", v4.display()));
-    c.node
-        .sh(&format!("ip6tables-legacy-restore < {}", v6.display()));
-    assert!(c
-        .node
-        .sh("iptables-legacy-save")
-        .contains("KUBE-SVC-ERIFXISQEP7F7OF4"));
+    program_upstream_with(&c, "legacy");
     let (ok, err) = c.run_proxy(&["--cleanup"]);
     assert!(ok, "{err}");
     for t in ["ip nat", "ip filter", "ip mangle", "ip6 nat"] {
