@@ -8,8 +8,8 @@
 #
 # --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
 # guest's working directory is $PWD when it lies inside a share. The guest has busybox,
-# dash as /bin/sh, iproute2's ip, nft, ipvsadm and glibc (so -gnu Rust binaries reached
-# through a share run as they are), and strace. Test oracles only: nothing here is used by src/.
+# dash as /bin/sh, iproute2's ip, nft, ipvsadm, iptables (-nft and -legacy), ipset, strace
+# and glibc (so -gnu Rust binaries reached through a share run as they are). Test oracles only: nothing here is used by src/.
 #
 # Needs: qemu-system-x86 busybox-static cpio (apt), and apt access to Debian's archive
 # the first time (cache: $KNP_VM_CACHE, default /var/tmp/kube-nlproxy-vm, ~160 MB).
@@ -20,7 +20,7 @@ set -euo pipefail
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 MEM=1024 TIMEOUT=900 SETUP_ONLY=0
 SHARES=() ENVS=()
-STAMP=4
+STAMP=6
 
 die() { echo "run-in-vm: $*" >&2; exit 126; }
 
@@ -41,7 +41,11 @@ MODULES="crc32c_generic virtio_pci 9pnet_virtio 9p dummy veth
  nfnetlink nf_conntrack nf_conntrack_netlink nf_nat nf_tables nft_ct nft_nat nft_chain_nat
  nft_masq nft_redir nft_numgen nft_hash nft_fib_inet nft_fib_ipv4 nft_fib_ipv6
  nft_reject_inet nft_reject_ipv4 nft_reject_ipv6
- ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh ip_vs_lc ip_vs_wlc ip_vs_sed ip_vs_nq ip_vs_mh"
+ ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh ip_vs_lc ip_vs_wlc ip_vs_sed ip_vs_nq ip_vs_mh
+ x_tables xt_tcpudp xt_comment xt_mark xt_addrtype xt_conntrack xt_set xt_nat xt_MASQUERADE
+ nft_compat ip_tables iptable_nat iptable_filter
+ ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet
+ ip_set_hash_net ip_set_bitmap_port"
 ORACLE_PKGS="ipvsadm libnl-3-200 libnl-genl-3-200 libpopt0"
 
 # Maps a host path onto the guest's merged-/usr layout.
@@ -114,6 +118,20 @@ setup() {
     [ -e "$R/usr/sbin/$a" ] || ln -sf "$(guest_path "$f")" "$R/usr/sbin/$a"
   done
   ln -sf dash "$R/usr/bin/sh"
+  # Upstream IPVS mode's own tools, to lay down its leftovers in migration tests: the host's
+  # iptables (nft and legacy flavours, one multi-call binary each, plus its extensions) and ipset.
+  local multi n
+  for multi in xtables-nft-multi xtables-legacy-multi ipset; do
+    f=$(command -v $multi) || die "host tool $multi missing (apt-get install iptables ipset)"
+    copy_with_libs "$R" "$(realpath "$f")"
+  done
+  for n in iptables ip6tables; do
+    for a in "" -save -restore; do
+      ln -sf xtables-nft-multi "$R/usr/sbin/$n-nft$a"; ln -sf xtables-legacy-multi "$R/usr/sbin/$n-legacy$a"
+    done
+  done
+  mkdir -p "$R/usr/lib/x86_64-linux-gnu/xtables"
+  for f in /usr/lib/x86_64-linux-gnu/xtables/*.so; do copy_with_libs "$R" "$f"; done
   rm -f "$R/usr/sbin/ipvsadm"
   local ipvsadm; ipvsadm=$(ls "$T"/usr/sbin/ipvsadm "$T"/sbin/ipvsadm 2>/dev/null | head -1 || true)
   [ -n "$ipvsadm" ] || die "ipvsadm not found in its package"
@@ -121,6 +139,8 @@ setup() {
   for a in libgcc_s.so.1 libm.so.6 libc.so.6; do cp -L "/lib/x86_64-linux-gnu/$a" "$R/usr/lib/x86_64-linux-gnu/"; done
   echo "root:x:0:0:root:/root:/bin/sh" > "$R/etc/passwd"; echo "root:x:0:" > "$R/etc/group"
   printf '127.0.0.1 localhost\n::1 localhost\n' > "$R/etc/hosts"
+  # ipset and iptables name protocols ("tcp:80") through getprotobyname.
+  cp /etc/protocols "$R/etc/protocols"
   cat > "$R/init" <<'INIT'
 #!/bin/sh
 export PATH=/usr/sbin:/usr/bin HOME=/root

@@ -381,17 +381,13 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
     Ok(match (cfg.mode, kernel) {
         (ProxyMode::Nftables, None) => Opened::DryRun(nftables::dry_run(&opts, state)?),
         (ProxyMode::Nftables, Some((nft, conntrack))) => {
-            remove_leftovers("IPVS-mode", || {
-                ipvs::cleanup_leftovers(open_nft()?, &opts, &cfg.ipvs)
-            });
+            drain_ipvs_leftovers(&opts, &cfg.ipvs, cfg.once);
             proxier(Box::new(nftables::open(nft, &opts, conntrack)))
         }
         (ProxyMode::Userspace, None) => Opened::DryRun(userspace::dry_run(state)?),
         (ProxyMode::Userspace, Some((nft, _))) => {
             // The proxy's own sessions are the flows; conntrack cleanup would cut them.
-            remove_leftovers("IPVS-mode", || {
-                ipvs::cleanup_leftovers(open_nft()?, &opts, &cfg.ipvs)
-            });
+            drain_ipvs_leftovers(&opts, &cfg.ipvs, cfg.once);
             proxier(Box::new(userspace::open(nft, &opts)))
         }
         (ProxyMode::Ipvs, None) => Opened::DryRun(ipvs::dry_run(&opts, &cfg.ipvs, state)?),
@@ -426,6 +422,77 @@ fn upstream_ipsets() -> Vec<String> {
         tracing::warn!("cannot remove upstream kube-proxy's ipsets: {e}");
         Vec::new()
     })
+}
+
+/// How often a kept IPVS-mode virtual server is checked for connections.
+const IPVS_DRAIN_CHECK: Duration = Duration::from_secs(10);
+/// How long connections through an IPVS mode's virtual servers are kept alive after another
+/// mode took over: four of IPVS's 900 s idle timeouts for established TCP; what is still
+/// open then is cut, as upstream's own mode switch cuts it at once.
+const IPVS_DRAIN_LIMIT: Duration = Duration::from_secs(3600);
+
+/// Another mode starting over an IPVS mode's state (an earlier run of ours or upstream's
+/// IPVS mode): removes it, except the virtual servers that still carry connections, which
+/// a background thread removes as their connections end (every [`IPVS_DRAIN_CHECK`], at
+/// most [`IPVS_DRAIN_LIMIT`]). Our rules take every new connection meanwhile: they DNAT
+/// before IPVS sees a packet. With `once`, what is kept stays for the next start.
+/// Failures are warnings (this mode works regardless).
+fn drain_ipvs_leftovers(opts: &Options, cfg: &ipvs::IpvsConfig, once: bool) {
+    let pass = |opts: &Options, cfg: &ipvs::IpvsConfig, keep: bool| match ipvs::remove_leftovers(
+        open_nft()?,
+        opts,
+        cfg,
+        keep,
+    ) {
+        Ok(l) => {
+            l.removed
+                .iter()
+                .for_each(|r| tracing::info!("removed IPVS-mode {r}"));
+            Ok(l.kept)
+        }
+        Err(e) => {
+            tracing::warn!("cannot remove the IPVS-mode leftovers: {e}");
+            Err(e)
+        }
+    };
+    let Ok(kept) = pass(opts, cfg, true) else {
+        return;
+    };
+    if kept.is_empty() {
+        return;
+    }
+    let conns: u64 = kept.iter().map(|(_, n)| n).sum();
+    tracing::info!(
+        "keeping {} IPVS-mode virtual servers for their {conns} connections; \
+         they are removed when those end (at most {}s)",
+        kept.len(),
+        IPVS_DRAIN_LIMIT.as_secs()
+    );
+    if once {
+        return;
+    }
+    let (opts, cfg) = (opts.clone(), cfg.clone());
+    let drain = move || {
+        let t0 = std::time::Instant::now();
+        loop {
+            std::thread::sleep(IPVS_DRAIN_CHECK);
+            let last = t0.elapsed() >= IPVS_DRAIN_LIMIT;
+            match pass(&opts, &cfg, !last) {
+                Ok(kept) if kept.is_empty() => {
+                    tracing::info!("the IPVS-mode leftovers are gone");
+                    return;
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("ipvs-drain".into())
+        .spawn(drain)
+    {
+        tracing::warn!("cannot start the IPVS drain thread: {e}; the kept virtual servers stay");
+    }
 }
 
 /// A second nftables socket for cleanups (the proxier owns the first).

@@ -16,7 +16,7 @@ use crate::model::ProxyState;
 use crate::proxy::{LocalDetectorResolver, Options, ProxierConfig, SyncError};
 
 pub use plan::IpvsConfig;
-pub use proxier::IpvsProxier;
+pub use proxier::{IpvsProxier, Leftovers};
 
 /// The proxier over the kernel's IPVS and rtnetlink, with `proxier`'s table settings.
 fn over_kernel<N: Nftables>(
@@ -89,22 +89,36 @@ pub fn cleanup<N: Nftables>(
     Ok(removed)
 }
 
-/// When another mode starts: what an earlier IPVS-mode run left (its table, virtual servers
-/// on the dummy link, the link) would take ClusterIP traffic first; remove it, as upstream
-/// does when switching modes. Never touches `opts`' own table.
-pub fn cleanup_leftovers<N: Nftables>(
+/// When another mode starts: what an earlier IPVS-mode run left (ours or upstream's: the
+/// companion table, virtual servers on the dummy link, the link) would take ClusterIP
+/// traffic first; remove it, as upstream does when switching modes, except the virtual
+/// servers that still carry connections when `keep_connected` (see [`IpvsProxier::drain`]):
+/// call again until nothing is kept. Never touches `opts`' own table.
+pub fn remove_leftovers<N: Nftables>(
     mut nft: N,
     opts: &Options,
     cfg: &IpvsConfig,
-) -> Result<Vec<String>, SyncError> {
-    let mut removed = crate::proxy::cleanup::delete_tables(&mut nft, &[table::DEFAULT_TABLE])?;
+    keep_connected: bool,
+) -> Result<Leftovers, SyncError> {
+    let removed = crate::proxy::cleanup::delete_tables(&mut nft, &[table::DEFAULT_TABLE])?;
     let mut links = NetlinkLinks::open()?;
     if links.link(&cfg.dummy_link)?.is_none() {
-        return Ok(removed);
+        return Ok(Leftovers {
+            removed,
+            kept: Vec::new(),
+        });
     }
     let mut proxier = opts.proxier.clone();
     proxier.table = table::DEFAULT_TABLE.into();
     let mut p = over_kernel(NetlinkIpvs::open()?, links, nft, opts, proxier, cfg);
-    removed.extend(p.cleanup()?);
-    Ok(removed)
+    let mut out = if keep_connected {
+        p.drain()?
+    } else {
+        Leftovers {
+            removed: p.cleanup()?,
+            kept: Vec::new(),
+        }
+    };
+    out.removed.splice(0..0, removed);
+    Ok(out)
 }

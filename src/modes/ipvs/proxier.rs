@@ -443,27 +443,78 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
     /// Removes everything we created: our virtual servers, the dummy link and the
     /// companion table. Returns what was removed.
     pub fn cleanup(&mut self) -> Result<Vec<String>, SyncError> {
-        let mut removed = Vec::new();
+        Ok(self.remove_virtual_servers(false)?.removed)
+    }
+
+    /// What another mode does at start with an IPVS mode's state (ours or upstream's):
+    /// removes the virtual servers without connections and the companion table, keeps
+    /// those whose real servers still count connections (IPVS forwards an established
+    /// flow only through its virtual server's connection entry, so removing it cuts the
+    /// flow) with their addresses, and the link while any is kept. Called again until
+    /// [`Leftovers::kept`] is empty.
+    pub fn drain(&mut self) -> Result<Leftovers, SyncError> {
+        self.remove_virtual_servers(true)
+    }
+
+    fn remove_virtual_servers(&mut self, keep_busy: bool) -> Result<Leftovers, SyncError> {
+        let mut out = Leftovers::default();
         let name = self.cfg.dummy_link.clone();
         if let Some(link) = self.links.link(&name)? {
             let (bound, node) = self.split_addresses(link.index)?;
             let mut n = 0;
+            let mut busy_addrs = BTreeSet::new();
             for vs in self.ipvs.services()? {
                 let ours = bound.contains(&vs.addr)
                     || (node.contains(&vs.addr) && NODEPORT_RANGE.contains(&vs.port));
-                if ours && !self.excluded(&vs.addr) {
-                    self.ipvs.delete_service(&vs)?;
-                    n += 1;
+                if !ours || self.excluded(&vs.addr) {
+                    continue;
+                }
+                if keep_busy {
+                    let conns: u64 = self
+                        .ipvs
+                        .dests(&vs)?
+                        .iter()
+                        .map(|d| u64::from(d.active_conns) + u64::from(d.inactive_conns))
+                        .sum();
+                    if conns > 0 {
+                        busy_addrs.insert(vs.addr);
+                        out.kept.push((vs.key(), conns));
+                        continue;
+                    }
+                }
+                self.ipvs.delete_service(&vs)?;
+                n += 1;
+            }
+            if n > 0 || out.kept.is_empty() {
+                out.removed
+                    .push(format!("{n} IPVS virtual servers on {name} addresses"));
+            }
+            if out.kept.is_empty() {
+                self.links.delete_link(link.index)?;
+                out.removed.push(format!("link {name}"));
+            } else {
+                // An address no kept virtual server uses would only answer new connections
+                // with a reset from the node's own stack.
+                for a in self.links.addresses()? {
+                    if a.index == link.index && !busy_addrs.contains(&a.addr) {
+                        self.links.delete_address(&a)?;
+                    }
                 }
             }
-            removed.push(format!("{n} IPVS virtual servers on {name} addresses"));
-            self.links.delete_link(link.index)?;
-            removed.push(format!("link {name}"));
         }
         let t = self.proxier.table.clone();
-        removed.extend(crate::proxy::cleanup::delete_tables(&mut self.nft, &[&t])?);
-        Ok(removed)
+        out.removed
+            .extend(crate::proxy::cleanup::delete_tables(&mut self.nft, &[&t])?);
+        Ok(out)
     }
+}
+
+/// What [`IpvsProxier::drain`] removed and what it kept.
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    pub removed: Vec<String>,
+    /// The virtual servers kept for their connections, with the connection count.
+    pub kept: Vec<(VsKey, u64)>,
 }
 
 /// `--dry-run`: the virtual servers and the companion table a full sync would program,
@@ -807,5 +858,50 @@ mod tests {
             .unwrap()
             .iter()
             .all(|t| t.name != table::DEFAULT_TABLE));
+    }
+
+    #[test]
+    fn drain_keeps_connected_virtual_servers_until_their_connections_end() {
+        let mut r = reconciler();
+        let mut st = state(&["10.244.1.2"], Protocol::Tcp);
+        r.sync(&st).unwrap();
+        // A second Service whose VIP has no connection: it goes at once, address too.
+        let other = ServicePort::new(spn("other", Protocol::Tcp), ip("10.96.0.20"), 80);
+        st.endpoints.insert(
+            other.name.clone(),
+            vec![Endpoint::ready(ip("10.244.1.3"), 8080, true)],
+        );
+        st.services.insert(other.name.clone(), other);
+        r.sync(&st).unwrap();
+        let k = key("10.96.0.10", 80, 6);
+        assert!(r.ipvs().services.contains_key(&key("10.96.0.20", 80, 6)));
+        r.ipvs().set_conns(&k, (ip("10.244.1.2"), 8080), 1, 2);
+        let l = r.drain().unwrap();
+        assert_eq!(l.kept, [(k, 3)]);
+        let keys: Vec<VsKey> = r.ipvs().services.keys().copied().collect();
+        assert_eq!(keys, [k], "only the connected virtual server is kept");
+        let idx = r.links().link("kube-ipvs0").unwrap().unwrap().index;
+        let bound: Vec<IpAddr> = r
+            .links()
+            .addrs
+            .iter()
+            .filter(|a| a.index == idx)
+            .map(|a| a.addr)
+            .collect();
+        assert_eq!(bound, [ip("10.96.0.10")], "the unused VIP is unbound");
+        assert!(
+            r.nft()
+                .list_tables(Family::Ip)
+                .unwrap()
+                .iter()
+                .all(|t| t.name != table::DEFAULT_TABLE),
+            "the companion table goes at once"
+        );
+        r.ipvs().set_conns(&k, (ip("10.244.1.2"), 8080), 0, 0);
+        let l = r.drain().unwrap();
+        assert!(l.kept.is_empty(), "{l:?}");
+        assert!(r.ipvs().services.is_empty());
+        assert!(r.links().link("kube-ipvs0").unwrap().is_none());
+        assert!(l.removed.iter().any(|s| s == "link kube-ipvs0"), "{l:?}");
     }
 }
