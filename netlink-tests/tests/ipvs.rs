@@ -567,6 +567,8 @@ mod guest {
             "ipset create KUBE-IPVS-IPS hash:ip",
             "ipset add KUBE-IPVS-IPS 10.96.0.10",
             "ipset create cali40all-hosts hash:ip",
+            // Someone else's virtual server, on an address that is not on kube-ipvs0.
+            "ipvsadm -A -t 172.16.0.1:80 -s wlc",
         ] {
             c.node.sh(cmd);
         }
@@ -634,6 +636,27 @@ COMMIT
             "{saved}"
         );
         assert!(saved.contains("--dport 2222 -j ACCEPT"), "{saved}");
+        let list = ipvsadm(c);
+        assert!(
+            list.contains("TCP 172.16.0.1:80 wlc"),
+            "foreign kept: {list}"
+        );
+    }
+
+    /// `--cleanup` on a node upstream's IPVS mode ran on: every piece of it goes, the
+    /// foreign rule, set and virtual server stay.
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn cleanup_removes_upstream_ipvs_mode_state() {
+        let c = web_cluster();
+        program_upstream_ipvs_mode(&c);
+        let (ok, log) = c.run_proxy(&["--cleanup"]);
+        assert!(ok, "{log}");
+        assert_upstream_ipvs_mode_gone(&c);
+        let list = ipvsadm(&c);
+        assert!(!list.contains("10.96.0.10"), "{list}\n{log}");
+        assert!(!list.contains("30080"), "{list}\n{log}");
+        assert!(!c.node.sh("ip link").contains("kube-ipvs0"), "{log}");
     }
 
     /// A kubespray cluster moving from upstream's IPVS mode to ours: a connection
