@@ -1,7 +1,9 @@
 //! A small Kubernetes API server for tests: list and watch of Services, EndpointSlices and
 //! Nodes over real HTTP, the way the API server speaks them — lists carry a resourceVersion,
 //! watches stream `ADDED`/`MODIFIED`/`DELETED`/`BOOKMARK` events as chunked JSON lines from a
-//! given resourceVersion, an expired resourceVersion gets `410 Gone`, and tests can drop
+//! given resourceVersion, streaming lists (`sendInitialEvents`) send the objects and the
+//! `k8s.io/initial-events-end` bookmark (or 422, as a server without WatchList), an
+//! expired resourceVersion gets `410 Gone`, and tests can drop
 //! connections, compact history or take the server down. Events posted by the proxy are
 //! recorded. Label selectors of the form `!key` and the field selector `metadata.name=` are
 //! honoured (what kube-nlproxy sends).
@@ -42,6 +44,11 @@ struct Store {
     refuse_watches: bool,
     /// Answer 404 for ServiceCIDRs, as an API server before Kubernetes 1.33 does.
     no_service_cidrs: bool,
+    /// Refuse streaming lists (`sendInitialEvents`) with 422, as an API server without the
+    /// WatchList feature does.
+    no_watch_list: bool,
+    /// Streaming lists served.
+    watch_lists: BTreeMap<String, usize>,
 }
 
 #[derive(Clone)]
@@ -116,6 +123,7 @@ async fn collection(
     let Some((_, api, kind)) = KINDS.iter().find(|(c, _, _)| *c == coll) else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    let (api, kind): (&'static str, &'static str) = (api, kind);
     if coll == "servicecidrs" && sh.store.lock().unwrap().no_service_cidrs {
         return StatusCode::NOT_FOUND.into_response();
     }
@@ -141,24 +149,50 @@ async fn collection(
         }))
         .into_response();
     }
-    let from: u64 = q
+    let mut from: u64 = q
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
+    let streaming_list = q.get("sendInitialEvents").map(String::as_str) == Some("true");
     let (backlog, rx, gone) = {
         let mut st = sh.store.lock().unwrap();
         if st.refuse_watches {
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
         *st.watches.entry(coll.clone()).or_default() += 1;
-        let gone = from < st.oldest;
-        let backlog: Vec<_> = st
-            .history
-            .iter()
-            .filter(|(rv, k, _, _)| *rv > from && *k == coll)
-            .cloned()
-            .collect();
-        (backlog, sh.tx.subscribe(), gone)
+        let backlog: Vec<_> = if streaming_list {
+            if st.no_watch_list {
+                let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                    "reason": "Invalid", "code": 422});
+                return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(status)).into_response();
+            }
+            // The current objects as ADDED, then the bookmark that ends the initial events.
+            *st.lists.entry(coll.clone()).or_default() += 1;
+            *st.watch_lists.entry(coll.clone()).or_default() += 1;
+            from = st.rv;
+            let bm = json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": st.rv.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}}});
+            st.objects
+                .get(&coll)
+                .into_iter()
+                .flat_map(|m| m.values())
+                .map(|o| (st.rv, coll.clone(), "ADDED".to_string(), o.clone()))
+                .chain([(st.rv, coll.clone(), "BOOKMARK".to_string(), bm)])
+                .collect()
+        } else {
+            st.history
+                .iter()
+                .filter(|(rv, k, _, _)| *rv > from && *k == coll)
+                .cloned()
+                .collect()
+        };
+        // A streaming list starts from the current state: never too old.
+        (
+            backlog,
+            sh.tx.subscribe(),
+            !streaming_list && from < st.oldest,
+        )
     };
     if gone {
         let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
@@ -171,11 +205,11 @@ async fn collection(
     let state = (backlog.into_iter(), rx, drops, coll, labels, fields, from);
     let s = futures::stream::unfold(
         state,
-        |(mut backlog, mut rx, mut drops, coll, labels, fields, mut last)| async move {
+        move |(mut backlog, mut rx, mut drops, coll, labels, fields, mut last)| async move {
             loop {
                 if let Some((rv, _, ty, obj)) = backlog.next() {
                     last = rv;
-                    if matches(&obj, labels.as_deref(), fields.as_deref()) {
+                    if ty == "BOOKMARK" || matches(&obj, labels.as_deref(), fields.as_deref()) {
                         return Some((
                             Ok::<_, std::io::Error>(line(&ty, &obj)),
                             (backlog, rx, drops, coll, labels, fields, last),
@@ -193,7 +227,7 @@ async fn collection(
                                 return Some((Ok(line(&ty, &obj)), (backlog, rx, drops, coll, labels, fields, last)));
                             }
                             // Filtered out: tell the client how far it has seen.
-                            let bm = json!({"kind": "Bookmark", "metadata": {"resourceVersion": rv.to_string()}});
+                            let bm = json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": rv.to_string()}});
                             return Some((Ok(line("BOOKMARK", &bm)), (backlog, rx, drops, coll, labels, fields, last)));
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => continue,
@@ -271,6 +305,17 @@ impl ApiServer {
     /// From now on answer 404 for ServiceCIDRs (an API server before Kubernetes 1.33).
     pub fn without_service_cidrs(&self) {
         self.shared.store.lock().unwrap().no_service_cidrs = true;
+    }
+
+    /// From now on refuse streaming lists with 422 (an API server without WatchList).
+    pub fn without_watch_list(&self) {
+        self.shared.store.lock().unwrap().no_watch_list = true;
+    }
+
+    /// Streaming lists (`sendInitialEvents=true` watches) served for `coll`.
+    pub fn watch_lists(&self, coll: &str) -> usize {
+        let st = self.shared.store.lock().unwrap();
+        st.watch_lists.get(coll).copied().unwrap_or(0)
     }
 
     /// The `--master` URL.
@@ -371,7 +416,7 @@ impl ApiServer {
         self.serve(listener);
     }
 
-    /// How many LIST requests each collection has served.
+    /// How many lists each collection has served: LIST requests and streaming lists.
     pub fn lists(&self, coll: &str) -> usize {
         self.shared
             .store

@@ -198,8 +198,16 @@ impl Cluster {
         self.start_daemon_with(&args)
     }
 
-    /// Starts the daemon with `args` (no manifests: e.g. `--master URL`).
+    /// Starts the daemon with `args` (no manifests: e.g. `--master URL`) and waits for its
+    /// first sync.
     pub fn start_daemon_with(&self, args: &[&str]) -> Daemon {
+        let d = self.spawn_daemon_with(args);
+        d.wait_for_log("synced", 1);
+        d
+    }
+
+    /// [`Cluster::start_daemon_with`] without waiting for anything.
+    pub fn spawn_daemon_with(&self, args: &[&str]) -> Daemon {
         let log = self.dir.join("daemon.log");
         let f = std::fs::File::create(&log).unwrap();
         let child = Command::new("ip")
@@ -224,9 +232,7 @@ impl Cluster {
             .stderr(f)
             .spawn()
             .expect("spawn daemon");
-        let d = Daemon { child, log };
-        d.wait_for_log("synced", 1);
-        d
+        Daemon { child, log }
     }
 
     /// `nft list table FAMILY kube-nlproxy` in the node namespace.

@@ -63,6 +63,12 @@ impl ControlPlane {
             format!("{ADMIN_TOKEN},nlp-admin,nlp-admin,\"system:masters\"\n"),
         )
         .unwrap();
+        // Every request at Metadata level: which user did which verb on what, and the answer.
+        std::fs::write(
+            dir.join("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )
+        .unwrap();
         let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
         let etcd = Command::new("ip")
             .args(["netns", "exec", &ns.name])
@@ -148,6 +154,8 @@ fn spawn_apiserver(ns: &str, dir: &Path) -> Child {
                 format!("--service-account-signing-key-file={}", d("sa.key")),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 "--disable-admission-plugins=ServiceAccount".into(),
+                format!("--audit-policy-file={}", d("audit-policy.yaml")),
+                format!("--audit-log-path={}", d("audit.log")),
                 "--enable-priority-and-fairness=false".into(),
             ])
             .stdout(Stdio::null())
@@ -210,6 +218,42 @@ impl ControlPlane {
         p
     }
 
+    /// The audit log's events (JSON lines) of the user `username`.
+    pub fn audit_events(&self, username: &str) -> Vec<serde_json::Value> {
+        self.log("audit.log")
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["user"]["username"] == username)
+            .collect()
+    }
+
+    /// Moves etcd's revision on by `writes` puts of a key no API object uses, then compacts
+    /// its history up to that revision, over etcd's JSON gateway: a watch resumed from
+    /// before it gets `410 Gone`. Returns the revision.
+    pub fn compact_etcd(&self, ns: &NetNs, writes: usize) -> u64 {
+        let mut rev = 0;
+        for i in 0..writes {
+            let key = base64_encode(b"/nlp-test/compaction");
+            let value = base64_encode(format!("{i}").as_bytes());
+            let r = etcd_post(
+                ns,
+                "/v3/kv/put",
+                &serde_json::json!({"key": key, "value": value}),
+            );
+            rev = r["header"]["revision"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("etcd put answered {r}"));
+        }
+        let r = etcd_post(
+            ns,
+            "/v3/kv/compaction",
+            &serde_json::json!({"revision": rev.to_string(), "physical": true}),
+        );
+        assert!(r.get("header").is_some(), "etcd compaction answered {r}");
+        rev
+    }
+
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.kubeconfig(ADMIN_TOKEN, "admin")
     }
@@ -233,4 +277,34 @@ pub async fn client_from(path: &Path) -> Result<kube::Client, String> {
         .await
         .map_err(|e| e.to_string())?;
     kube::Client::try_from(cfg).map_err(|e| e.to_string())
+}
+
+/// POSTs `body` to etcd's JSON gateway in `ns` (plain HTTP/1.1 on 127.0.0.1:2379).
+fn etcd_post(ns: &NetNs, path: &str, body: &serde_json::Value) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:2379\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let resp = ns.run(move || {
+        let mut s = std::net::TcpStream::connect("127.0.0.1:2379").expect("connect to etcd");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).expect("etcd's answer within 10 s");
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    let json = resp.split("\r\n\r\n").nth(1).unwrap_or_default();
+    // A chunked answer: the JSON object is on its own line between the chunk sizes.
+    let json = json
+        .lines()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or(json);
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("etcd {path}: {e}: {resp}"))
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(data)
 }

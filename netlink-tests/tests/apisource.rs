@@ -191,9 +191,33 @@ fn watch_changes_drops_relists_and_node_labels() {
         !r.contains("10.96.0.30")
     });
     assert!(api.lists("services") > lists, "a 410 forces a relist");
+    assert!(
+        api.watch_lists("services") >= 2,
+        "the first list and the 410 relist are streaming lists"
+    );
     // Nothing else was lost on the way.
     assert_eq!(answered(&c, "10.96.0.10", 4), ["remote".to_string()].into());
     assert!(d.log_text().contains("synced"));
+}
+
+/// A server that refuses streaming lists (no WatchList feature: before 1.32, or 1.33 by
+/// default) is listed then watched, as client-go's reflector falls back.
+#[test]
+fn a_server_without_watch_list_is_listed_then_watched() {
+    let (c, api) = setup();
+    api.without_watch_list();
+    let d = start(&c, &api);
+    assert_eq!(answered(&c, "10.96.0.10", 6), ["local".to_string()].into());
+    api.apply(obj::service("default", "api4", "10.96.0.40", 80));
+    c.wait_ruleset("ip", "api4 through the watch", |r| r.contains("10.96.0.40"));
+    assert_eq!(api.watch_lists("services"), 0);
+    assert!(api.lists("services") >= 1);
+    let log = d.log_text();
+    assert!(
+        log.contains("Services: the API server does not serve streaming lists")
+            && log.contains("HTTP 422, reason Invalid"),
+        "{log}"
+    );
 }
 
 #[test]

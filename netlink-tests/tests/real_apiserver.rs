@@ -234,10 +234,13 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         Some("node1")
     );
     eprintln!("real apiserver: first sync {first_sync:?} after start, slice change in {change:?}");
-    // The API server goes away: the rules stay; when it is back the watches resume and a
-    // change made then reaches the kernel.
+    // The API server goes away: the rules stay. Meanwhile etcd's history is compacted past
+    // every resourceVersion the proxy has seen, so that its resumed watches get 410 Gone
+    // from the restarted server and relist; nothing is flushed, and a change made then
+    // reaches the kernel.
     cp.stop_apiserver();
-    std::thread::sleep(Duration::from_secs(3));
+    let rev = cp.compact_etcd(&c.node, 20);
+    std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
         names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4)),
         ["local".to_string()].into(),
@@ -294,9 +297,15 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!(
-        "real apiserver: Service deletion in the kernel after {:?}",
+        "real apiserver: Service deletion in the kernel after {:?} (etcd compacted at {rev})",
         t3.elapsed()
     );
+    let log = d.log_text();
+    assert!(
+        log.contains("HTTP 410, reason Expired"),
+        "the resumed watches were told their resourceVersion is gone:\n{log}"
+    );
+    check_audit(&cp, &log);
     assert_eq!(tcp_probe(&c.pods[1], sa("10.96.0.10", 80)), Reply::Timeout);
     assert!(!d.log_text().contains("sync failed"), "{}", d.log_text());
     // The apiserver's own `kubernetes` Service is programmed too.
@@ -304,6 +313,73 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         c.ruleset("ip").contains("10.96.0.1 "),
         "{}",
         c.ruleset("ip")
+    );
+}
+
+/// What the apiserver's audit log says the proxy's ServiceAccount did: only what
+/// `deploy/rbac.yaml` grants, nothing denied, its lists streamed (`sendInitialEvents`, as
+/// client-go does by default since 1.35) and streamed again after the 410.
+fn check_audit(cp: &ControlPlane, log: &str) {
+    let events = cp.audit_events("system:serviceaccount:kube-system:kube-nlproxy");
+    assert!(!events.is_empty(), "no audit events of the proxy");
+    let role: ClusterRole =
+        serde_yaml::from_str(deploy("rbac.yaml").split("\n---\n").next().unwrap()).unwrap();
+    let granted = |group: &str, resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    let mut used = std::collections::BTreeSet::new();
+    for e in &events {
+        let (group, resource, verb) = (
+            e["objectRef"]["apiGroup"].as_str().unwrap_or(""),
+            e["objectRef"]["resource"].as_str().unwrap_or(""),
+            e["verb"].as_str().unwrap_or(""),
+        );
+        assert_ne!(e["responseStatus"]["code"], 403, "denied: {e}\n{log}");
+        assert!(
+            granted(group, resource, verb),
+            "{verb} {group}/{resource} is not in deploy/rbac.yaml: {e}"
+        );
+        used.insert(format!("{verb} {resource}"));
+    }
+    for want in [
+        "watch services",
+        "watch endpointslices",
+        "watch nodes",
+        "watch servicecidrs",
+        "create events",
+    ] {
+        assert!(used.contains(want), "{want} missing from {used:?}");
+    }
+    assert!(
+        !used.iter().any(|u| u.starts_with("list ")),
+        "lists are streamed, never LIST requests: {used:?}"
+    );
+    let streamed = |resource: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e["objectRef"]["resource"] == resource
+                    && e["stage"] == "ResponseStarted"
+                    && e["requestURI"]
+                        .as_str()
+                        .is_some_and(|u| u.contains("sendInitialEvents=true"))
+            })
+            .count()
+    };
+    eprintln!(
+        "real apiserver: the proxy's requests {used:?}; streaming lists of services {}, endpointslices {}",
+        streamed("services"),
+        streamed("endpointslices")
+    );
+    assert!(
+        streamed("services") >= 2 && streamed("endpointslices") >= 2,
+        "the first lists and the relists after the 410 are streaming lists: services {}, endpointslices {}",
+        streamed("services"),
+        streamed("endpointslices")
     );
 }
 
@@ -390,5 +466,55 @@ fn node_updates_through_the_real_api_reach_the_kernel() {
         names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6)),
         ["remote".to_string()].into(),
         "the rules stay after the exit"
+    );
+}
+
+/// An operator's ClusterRole without the EndpointSlice rule: the proxy names the denied verb
+/// and resource in one line and programs nothing (it never has a complete state, as
+/// upstream's informers never sync), instead of programming Services without endpoints.
+#[test]
+fn a_missing_rbac_rule_is_named_and_nothing_is_programmed() {
+    require_root();
+    let c = scenario::web_cluster(Backends::default());
+    let cp = ControlPlane::start(&c.node);
+    let token = setup(
+        &c,
+        &cp,
+        serde_json::json!({}),
+        serde_json::json!({"clusterIP": "10.96.0.10",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
+        slice(&[(LOCAL_EP, "node1")]),
+    );
+    with_admin(&c, &cp, |client| {
+        Box::pin(async move {
+            let api = Api::<ClusterRole>::all(client);
+            let mut role = api.get("kube-nlproxy").await.unwrap();
+            if let Some(rules) = role.rules.as_mut() {
+                rules.retain(|r| !r.resources.iter().flatten().any(|x| x == "endpointslices"));
+            }
+            api.replace("kube-nlproxy", &PostParams::default(), &role)
+                .await
+                .unwrap();
+        })
+    });
+    let kc = cp.kubeconfig(&token, "kube-nlproxy");
+    let d = c.spawn_daemon_with(&["--kubeconfig", kc.to_str().unwrap()]);
+    d.wait_for_log("cannot watch resource \"endpointslices\"", 1);
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("kube.rs") && l.contains("endpointslices"))
+        .unwrap_or_else(|| panic!("no line of ours names endpointslices:\n{log}"));
+    assert!(
+        line.contains("HTTP 403, reason Forbidden")
+            && line.contains("system:serviceaccount:kube-system:kube-nlproxy"),
+        "{line}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let log = d.log_text();
+    assert!(!log.contains("synced"), "{log}");
+    assert!(
+        !c.node.sh("nft list tables").contains("kube-nlproxy"),
+        "nothing programmed"
     );
 }

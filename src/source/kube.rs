@@ -324,6 +324,64 @@ pub fn describe_watch_error(e: &watcher::Error) -> String {
     }
 }
 
+/// A watcher's stream of untyped objects.
+type EventStream = futures::stream::BoxStream<'static, watcher::Result<Event<DynamicObject>>>;
+
+/// Whether `e`, before a streaming list finished, says the server does not serve watch-list:
+/// an API server without the WatchList feature (before 1.32, 1.33 by default, or disabled)
+/// refuses `sendInitialEvents` with 422 Invalid; 400 from older or proxying servers. A
+/// connection error, 403, 429 or 5xx is retried as it is.
+fn watch_list_refused(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s)) => matches!(s.code, 400 | 422),
+        _ => false,
+    }
+}
+
+/// The initial list as a streaming list (a watch with `sendInitialEvents`, as upstream's
+/// client-go does by default since 1.35: the server streams the objects from its watch cache
+/// instead of building one list response), falling back to list-then-watch for the rest of
+/// the run when the server refuses it before the first list completed, as client-go's
+/// reflector does. Pure: `streaming` and `listing` build the two watchers.
+pub fn with_list_fallback(
+    kind: &'static str,
+    streaming: EventStream,
+    listing: impl FnOnce() -> EventStream + Send + 'static,
+) -> EventStream {
+    let listing: Option<Box<dyn FnOnce() -> EventStream + Send>> = Some(Box::new(listing));
+    stream::unfold((streaming, listing), move |(mut s, mut listing)| async move {
+        loop {
+            let item = s.next().await?;
+            match &item {
+                Ok(Event::InitDone) => listing = None,
+                Err(e) if watch_list_refused(e) => {
+                    if let Some(list_then_watch) = listing.take() {
+                        tracing::info!(
+                            "{kind}: the API server does not serve streaming lists ({}); listing then watching instead",
+                            describe_watch_error(e)
+                        );
+                        s = list_then_watch();
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            return Some((item, (s, listing)));
+        }
+    })
+    .boxed()
+}
+
+/// [`with_list_fallback`] over the API: `kind`'s objects selected by `cfg`.
+fn list_and_watch(
+    kind: &'static str,
+    api: Api<DynamicObject>,
+    cfg: watcher::Config,
+) -> EventStream {
+    let streaming = watcher(api.clone(), cfg.clone().streaming_lists()).boxed();
+    with_list_fallback(kind, streaming, move || watcher(api, cfg).boxed())
+}
+
 /// Watches the API and publishes states until the streams end (they do not, in practice:
 /// watchers retry forever with backoff).
 /// Every `resync`, the current state is published again (like an informer resync: the
@@ -338,25 +396,34 @@ pub async fn run(
     // whole list (and with it every sync).
     let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
     let cfg = watcher::Config::default().labels(SELECTOR);
-    let svc = watcher(api(ApiResource::erase::<Service>(&())), cfg.clone())
-        .default_backoff()
-        .filter_map(|r| async move {
-            match r {
-                Ok(e) => decode_event("Service", e).map(|c| Ok(Update::Service(Box::new(c)))),
-                Err(e) => Some(Err(e)),
-            }
-        })
-        .boxed();
-    let eps = watcher(api(ApiResource::erase::<EndpointSlice>(&())), cfg)
-        .default_backoff()
-        .filter_map(|r| async move {
-            match r {
-                Ok(e) => decode_event("EndpointSlice", e).map(|c| Ok(Update::Slice(Box::new(c)))),
-                Err(e) => Some(Err(e)),
-            }
-        })
-        .boxed();
-    let nodes = watcher(
+    let svc = list_and_watch(
+        "Services",
+        api(ApiResource::erase::<Service>(&())),
+        cfg.clone(),
+    )
+    .default_backoff()
+    .filter_map(|r| async move {
+        match r {
+            Ok(e) => decode_event("Service", e).map(|c| Ok(Update::Service(Box::new(c)))),
+            Err(e) => Some(Err(e)),
+        }
+    })
+    .boxed();
+    let eps = list_and_watch(
+        "EndpointSlices",
+        api(ApiResource::erase::<EndpointSlice>(&())),
+        cfg,
+    )
+    .default_backoff()
+    .filter_map(|r| async move {
+        match r {
+            Ok(e) => decode_event("EndpointSlice", e).map(|c| Ok(Update::Slice(Box::new(c)))),
+            Err(e) => Some(Err(e)),
+        }
+    })
+    .boxed();
+    let nodes = list_and_watch(
+        "Nodes",
         api(ApiResource::erase::<Node>(&())),
         watcher::Config::default().fields(&format!("metadata.name={node}")),
     )
@@ -370,7 +437,8 @@ pub async fn run(
     .boxed();
     // ServiceCIDRs: an API server before 1.33 answers 404 forever; say so once, then keep
     // retrying quietly (an upgrade makes them appear).
-    let cidrs = watcher(
+    let cidrs = list_and_watch(
+        "ServiceCIDRs",
         api(ApiResource::erase::<ServiceCIDR>(&())),
         watcher::Config::default(),
     )
@@ -379,7 +447,11 @@ pub async fn run(
         let item = match r {
             Ok(e) => decode_event("ServiceCIDR", e).map(|c| Ok(Update::ServiceCidr(Box::new(c)))),
             Err(e) => {
-                if !*told {
+                let refused = matches!(
+                    e,
+                    watcher::Error::WatchStartFailed(_) | watcher::Error::InitialListFailed(_)
+                );
+                if refused && !*told {
                     tracing::info!(
                         "ServiceCIDRs cannot be listed ({}); traffic to unallocated service IPs is not dropped until they can",
                         describe_watch_error(&e)
@@ -583,6 +655,85 @@ mod tests {
         assert!(
             e.ends_with("HTTP 410, reason Expired: too old resource version"),
             "{e}"
+        );
+    }
+
+    fn status(code: u16) -> watcher::Error {
+        let s: kube::core::Status = serde_json::from_value(serde_json::json!(
+            {"code": code, "reason": "Invalid", "message": "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"}
+        ))
+        .unwrap();
+        watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(s)))
+    }
+
+    fn obj(name: &str) -> DynamicObject {
+        let mut o = DynamicObject::new(name, &ApiResource::erase::<Service>(&()));
+        o.metadata.namespace = Some("ns".into());
+        o
+    }
+
+    /// What a stream yields, as short labels.
+    fn labels(s: EventStream) -> Vec<String> {
+        futures::executor::block_on(s.collect::<Vec<_>>())
+            .into_iter()
+            .map(|r| match r {
+                Ok(Event::Init) => "init".to_string(),
+                Ok(Event::InitApply(o)) => format!("list {}", o.metadata.name.unwrap()),
+                Ok(Event::InitDone) => "done".into(),
+                Ok(Event::Apply(o)) => format!("apply {}", o.metadata.name.unwrap()),
+                Ok(Event::Delete(o)) => format!("delete {}", o.metadata.name.unwrap()),
+                Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) => {
+                    format!("error {}", s.code)
+                }
+                Err(e) => format!("error {e}"),
+            })
+            .collect()
+    }
+
+    fn events(items: Vec<watcher::Result<Event<DynamicObject>>>) -> EventStream {
+        stream::iter(items).boxed()
+    }
+
+    #[test]
+    fn a_refused_streaming_list_falls_back_to_list_then_watch_once() {
+        let listed = events(vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(obj("a"))),
+            Ok(Event::InitDone),
+            // A later 422 is an error like any other: no second fallback.
+            Err(status(422)),
+            Ok(Event::Apply(obj("b"))),
+        ]);
+        let s = with_list_fallback("Services", events(vec![Err(status(422))]), move || listed);
+        assert_eq!(
+            labels(s),
+            ["init", "list a", "done", "error 422", "apply b"]
+        );
+    }
+
+    #[test]
+    fn a_streaming_list_that_works_is_kept_and_other_errors_do_not_fall_back() {
+        let streamed = events(vec![
+            Err(status(503)),
+            Ok(Event::Init),
+            Ok(Event::InitApply(obj("a"))),
+            Ok(Event::InitDone),
+            Err(status(400)),
+            Ok(Event::Delete(obj("a"))),
+        ]);
+        let s = with_list_fallback("Services", streamed, || {
+            panic!("no fallback: the server serves streaming lists")
+        });
+        assert_eq!(
+            labels(s),
+            [
+                "error 503",
+                "init",
+                "list a",
+                "done",
+                "error 400",
+                "delete a"
+            ]
         );
     }
 }
