@@ -200,7 +200,7 @@ pub fn tcp_probes(ns: &NetNs, dst: SocketAddr, n: usize) -> Vec<Reply> {
     })
 }
 
-/// One UDP request from `ns` (from an ephemeral port).
+/// One UDP request from `ns` (from an ephemeral port); a reject reads as [`Reply::Refused`].
 pub fn udp_probe(ns: &NetNs, dst: SocketAddr) -> Reply {
     ns.run(move || {
         let bind: SocketAddr = if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
@@ -208,7 +208,9 @@ pub fn udp_probe(ns: &NetNs, dst: SocketAddr) -> Reply {
             .unwrap();
         let s = UdpSocket::bind(bind).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        if let Err(e) = s.send_to(b"hello", dst) {
+        // Connected, so that an ICMP port unreachable (a reject) reads as refused; the
+        // reply of a DNAT'd request comes from `dst` again (conntrack undoes the NAT).
+        if let Err(e) = s.connect(dst).and_then(|_| s.send(b"hello")) {
             return classify(&e);
         }
         let mut buf = [0u8; 256];

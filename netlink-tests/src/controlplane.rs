@@ -17,7 +17,8 @@ use crate::ns::NetNs;
 pub const K8S_VERSION: &str = "v1.37.2";
 pub const ETCD_VERSION: &str = "v3.6.14";
 /// The service CIDR the apiserver allocates ClusterIPs from.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// Dual-stack, IPv4 first (the `kubernetes` Service is IPv4).
+pub const SERVICE_CIDR: &str = "10.96.0.0/16,fd00:96::/112";
 const ADMIN_TOKEN: &str = "nlp-test-admin-token";
 
 fn bin(dir: &str, name: &str) -> PathBuf {
@@ -257,6 +258,44 @@ impl ControlPlane {
     pub fn admin_kubeconfig(&self) -> PathBuf {
         self.kubeconfig(ADMIN_TOKEN, "admin")
     }
+
+    /// An admin kubeconfig for a client that reaches the apiserver at `server` (another
+    /// namespace's route to it): the certificate is still checked, for its NODE_IP name.
+    pub fn admin_kubeconfig_via(&self, server: &str) -> PathBuf {
+        let p = self.dir.join("admin-via.kubeconfig");
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    tls-server-name: {}\n    certificate-authority: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin}}\ncurrent-context: test\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\n",
+                crate::cluster::NODE_IP,
+                self.dir.join("certs/apiserver.crt").display()
+            ),
+        )
+        .unwrap();
+        p
+    }
+
+    /// Runs `f` with an admin client inside `ns` (where the apiserver listens), its API
+    /// calls bounded to 60 s.
+    pub fn with_admin<T: Send + 'static>(
+        &self,
+        ns: &NetNs,
+        f: impl FnOnce(kube::Client) -> futures::future::BoxFuture<'static, T> + Send + 'static,
+    ) -> T {
+        let kc = self.admin_kubeconfig();
+        ns.run(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = client_from(&kc).await.expect("admin client");
+                tokio::time::timeout(Duration::from_secs(60), f(client))
+                    .await
+                    .expect("API calls within 60 s")
+            })
+        })
+    }
 }
 
 impl Drop for ControlPlane {
@@ -307,4 +346,9 @@ fn etcd_post(ns: &NetNs, path: &str, body: &serde_json::Value) -> serde_json::Va
 fn base64_encode(data: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+/// A file of `deploy/`.
+pub fn deploy_file(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../deploy/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }

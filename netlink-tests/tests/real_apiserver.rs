@@ -16,13 +16,11 @@ use kube::api::{Api, ListParams, PostParams};
 
 use netlink_tests::backend::{tcp_probe, tcp_probes, Reply};
 use netlink_tests::cluster::{sa, NODE_IP};
-use netlink_tests::controlplane::{client_from, ControlPlane};
+use netlink_tests::controlplane::ControlPlane;
 use netlink_tests::ns::require_root;
 use netlink_tests::scenario::{self, names, Backends, LOCAL_EP, REMOTE_EP};
 
-fn deploy(file: &str) -> String {
-    std::fs::read_to_string(format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
-}
+use netlink_tests::controlplane::deploy_file as deploy;
 
 fn slice(eps: &[(&str, &str)]) -> EndpointSlice {
     let endpoints: Vec<serde_json::Value> = eps
@@ -40,27 +38,6 @@ fn slice(eps: &[(&str, &str)]) -> EndpointSlice {
     .unwrap()
 }
 
-/// Runs `f` with an admin client inside the node namespace (where the apiserver listens).
-fn with_admin<T: Send + 'static>(
-    c: &netlink_tests::cluster::Cluster,
-    cp: &ControlPlane,
-    f: impl FnOnce(kube::Client) -> futures::future::BoxFuture<'static, T> + Send + 'static,
-) -> T {
-    let kc = cp.admin_kubeconfig();
-    c.node.run(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let client = client_from(&kc).await.expect("admin client");
-            tokio::time::timeout(Duration::from_secs(60), f(client))
-                .await
-                .expect("API calls within 60 s")
-        })
-    })
-}
-
 /// Creates `deploy/`'s ServiceAccount and RBAC, this node's Node (with `labels`), the
 /// Service `web` from `service_spec` (validated by the apiserver) and its slice; returns a
 /// token of the ServiceAccount, as the kubelet would project it.
@@ -71,7 +48,7 @@ fn setup(
     service_spec: serde_json::Value,
     web_slice: EndpointSlice,
 ) -> String {
-    with_admin(c, cp, move |client| {
+    cp.with_admin(&c.node, move |client| {
         Box::pin(async move {
             let pp = PostParams::default();
             let sa: ServiceAccount = serde_yaml::from_str(&deploy("serviceaccount.yaml")).unwrap();
@@ -179,7 +156,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
     );
     assert_eq!(tcp_probe(&c.pods[1], sa("10.96.0.10", 81)), Reply::Refused);
     // An EndpointSlice change through the API reaches the kernel (bounded generously).
-    with_admin(&c, &cp, |client| {
+    cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             let api = Api::<EndpointSlice>::namespaced(client, "default");
             let mut s = api.get("web-1").await.unwrap();
@@ -204,7 +181,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
     }
     let change = t1.elapsed();
     // The events the proxy wrote were accepted by the real server, with upstream's fields.
-    let events = with_admin(&c, &cp, |client| {
+    let events = cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             let t0 = Instant::now();
             loop {
@@ -248,7 +225,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         d.log_text()
     );
     cp.start_apiserver();
-    with_admin(&c, &cp, |client| {
+    cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             let api = Api::<EndpointSlice>::namespaced(client, "default");
             let mut s = api.get("web-1").await.unwrap();
@@ -272,7 +249,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         std::thread::sleep(Duration::from_millis(200));
     }
     // The Service deleted through the API: its address is unallocated again, so dropped.
-    with_admin(&c, &cp, |client| {
+    cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             Api::<Service>::namespaced(client, "default")
                 .delete("web", &Default::default())
@@ -426,7 +403,7 @@ fn node_updates_through_the_real_api_reach_the_kernel() {
     };
     answered(&["local"]);
     // The Node moves to zone-b through the API: the remote endpoint takes over.
-    with_admin(&c, &cp, |client| {
+    cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             let api = Api::<Node>::all(client);
             let mut n = api.get("node1").await.unwrap();
@@ -442,7 +419,7 @@ fn node_updates_through_the_real_api_reach_the_kernel() {
     answered(&["remote"]);
     // The Node deleted: the proxy exits with code 1 as upstream's NodeManager does (the
     // DaemonSet restarts it), leaving its rules in place.
-    with_admin(&c, &cp, |client| {
+    cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             Api::<Node>::all(client)
                 .delete("node1", &Default::default())
@@ -485,7 +462,7 @@ fn a_missing_rbac_rule_is_named_and_nothing_is_programmed() {
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
         slice(&[(LOCAL_EP, "node1")]),
     );
-    with_admin(&c, &cp, |client| {
+    cp.with_admin(&c.node, |client| {
         Box::pin(async move {
             let api = Api::<ClusterRole>::all(client);
             let mut role = api.get("kube-nlproxy").await.unwrap();
