@@ -10,6 +10,7 @@ pub mod bounded;
 pub mod cluster;
 pub mod controlplane;
 pub mod deadline;
+pub mod differential;
 pub mod listing;
 pub mod ns;
 pub mod scenario;

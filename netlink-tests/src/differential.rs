@@ -1,0 +1,518 @@
+//! The differential flow table shared by the data-path oracle tests: upstream kube-proxy
+//! (built from its Go module) on a twin namespace cluster beside ours, one table of flows
+//! through both, outcomes compared (`tests/upstream_differential.rs` against a real
+//! kube-apiserver; `tests/ipvs.rs` in the VM, for IPVS mode, against two of our fake API
+//! servers serving the same objects).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::backend::{tcp_probe_here, udp_probe, Reply};
+use crate::cluster::{sa, Cluster, EXT_IP, EXT_IP_OTHER, NODE_IP, NODE_IP6};
+use crate::controlplane::K8S_VERSION;
+use crate::ns::{sh, NetNs};
+use crate::scenario::{LOCAL_EP, LOCAL_EP6, REMOTE_EP, REMOTE_EP6};
+
+pub const TWIN_A: &str = "172.30.0.1";
+pub const TWIN_B: &str = "172.30.0.2";
+pub const EXTERNAL_IP: &str = "203.0.113.10";
+pub const LB_IP: &str = "203.0.113.20";
+
+/// Upstream kube-proxy, as `netlink-tests/upstream/build.sh` caches it.
+pub fn upstream_bin() -> PathBuf {
+    let p = PathBuf::from(format!(
+        "/var/tmp/kube-nlproxy-upstream/{K8S_VERSION}/kube-proxy"
+    ));
+    assert!(
+        p.exists(),
+        "{} missing: run netlink-tests/upstream/build.sh",
+        p.display()
+    );
+    p
+}
+
+/// Links the two nodes (TWIN_A on `a`, TWIN_B on `b`), so that `b` reaches an apiserver
+/// listening in `a`.
+pub fn twin_link(a: &Cluster, b: &Cluster) {
+    sh(&format!(
+        "ip link add eth-twin netns {} type veth peer name eth-twin netns {}",
+        a.node.name, b.node.name
+    ));
+    a.node.ip("link set eth-twin up");
+    a.node.ip(&format!("addr add {TWIN_A}/30 dev eth-twin"));
+    b.node.ip("link set eth-twin up");
+    b.node.ip(&format!("addr add {TWIN_B}/30 dev eth-twin"));
+}
+
+/// Where a probe starts.
+#[derive(Debug, Clone, Copy)]
+pub enum From {
+    /// The client pod (10.244.1.3).
+    Pod,
+    /// The local endpoint's own pod (10.244.1.2): hairpin when it picks itself.
+    EndpointPod,
+    /// Outside, from 192.168.50.2 (fd00:50::2 to IPv6 addresses).
+    Ext,
+    /// Outside, from 192.168.50.3 (not in the LB's source ranges).
+    ExtOther,
+    /// The node itself.
+    Node,
+}
+
+pub struct Flow {
+    pub name: &'static str,
+    pub from: From,
+    pub to: (&'static str, u16),
+    /// Session affinity: one endpoint answers every probe, which one is chance.
+    pub sticky: bool,
+    pub udp: bool,
+}
+
+const fn flow(name: &'static str, from: From, to: (&'static str, u16)) -> Flow {
+    Flow {
+        name,
+        from,
+        to,
+        sticky: false,
+        udp: false,
+    }
+}
+
+const fn udp_flow(name: &'static str, from: From, to: (&'static str, u16)) -> Flow {
+    Flow {
+        udp: true,
+        ..flow(name, from, to)
+    }
+}
+
+/// The flow table: every Service of [`create_objects`] from the clients that matter.
+pub const FLOWS: &[Flow] = &[
+    flow("ClusterIP from a pod", From::Pod, ("10.96.0.10", 80)),
+    flow("ClusterIP from the node", From::Node, ("10.96.0.10", 80)),
+    flow("ClusterIP, unused port", From::Pod, ("10.96.0.10", 81)),
+    flow("unallocated service IP", From::Pod, ("10.96.0.99", 80)),
+    flow("NodePort from outside", From::Ext, (NODE_IP, 30080)),
+    flow("NodePort from a pod", From::Pod, (NODE_IP, 30080)),
+    flow("NodePort via localhost", From::Node, ("127.0.0.1", 30080)),
+    flow("externalIP from outside", From::Ext, (EXTERNAL_IP, 80)),
+    flow("externalIP from a pod", From::Pod, (EXTERNAL_IP, 80)),
+    flow(
+        "externalTrafficPolicy Local, NodePort",
+        From::Ext,
+        (NODE_IP, 30081),
+    ),
+    flow(
+        "externalTrafficPolicy Local, ClusterIP",
+        From::Pod,
+        ("10.96.0.11", 80),
+    ),
+    flow("LB IP, allowed source", From::Ext, (LB_IP, 80)),
+    flow("LB IP, other source", From::ExtOther, (LB_IP, 80)),
+    flow("LB IP from a pod", From::Pod, (LB_IP, 80)),
+    flow(
+        "LB NodePort, other source",
+        From::ExtOther,
+        (NODE_IP, 30082),
+    ),
+    flow("no endpoints, ClusterIP", From::Pod, ("10.96.0.13", 80)),
+    flow("no endpoints, NodePort", From::Ext, (NODE_IP, 30083)),
+    flow("internalTrafficPolicy Local", From::Pod, ("10.96.0.14", 80)),
+    Flow {
+        name: "ClientIP affinity",
+        from: From::Pod,
+        to: ("10.96.0.15", 80),
+        sticky: true,
+        udp: false,
+    },
+    flow("terminating endpoints only", From::Pod, ("10.96.0.16", 80)),
+    flow("topology hints", From::Pod, ("10.96.0.17", 80)),
+    flow(
+        "hairpin through internalTrafficPolicy Local",
+        From::EndpointPod,
+        ("10.96.0.14", 80),
+    ),
+    flow("IPv6 ClusterIP from a pod", From::Pod, ("fd00:96::20", 80)),
+    flow("IPv6 NodePort from outside", From::Ext, (NODE_IP6, 30090)),
+    flow(
+        "IPv6 ClusterIP, unused port",
+        From::Pod,
+        ("fd00:96::20", 81),
+    ),
+    flow("IPv6 no endpoints", From::Pod, ("fd00:96::21", 80)),
+    udp_flow("UDP ClusterIP from a pod", From::Pod, ("10.96.0.53", 53)),
+    udp_flow("UDP NodePort from outside", From::Ext, (NODE_IP, 30053)),
+    udp_flow("UDP, no endpoints", From::Pod, ("10.96.0.54", 53)),
+];
+
+/// What a flow did: each (endpoint, source it saw) and each kind of failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome(pub BTreeSet<String>);
+
+fn probe_once(c: &Cluster, f: &Flow, dst: std::net::SocketAddr) -> Reply {
+    let (t, from) = (Duration::from_secs(2), f.from);
+    if f.udp {
+        let ns = match from {
+            From::Pod => &c.pods[1],
+            From::Ext => &c.ext,
+            other => panic!("UDP flows from {other:?} are not probed"),
+        };
+        return udp_probe(ns, dst);
+    }
+    let (ns, src): (&NetNs, Option<IpAddr>) = match from {
+        From::Pod => (&c.pods[1], None),
+        From::EndpointPod => (&c.pods[0], None),
+        // ext has one IPv6 address, fd00:50::2.
+        From::Ext if dst.is_ipv6() => (&c.ext, None),
+        From::Ext => (&c.ext, Some(EXT_IP.parse().unwrap())),
+        From::ExtOther => (&c.ext, Some(EXT_IP_OTHER.parse().unwrap())),
+        From::Node => (&c.node, None),
+    };
+    ns.run(move || tcp_probe_here(dst, src, t))
+}
+
+/// Probes until the outcome is known: a failure twice, an answer 16 times (both of two
+/// endpoints answer at least once with probability 1 - 2^-15).
+pub fn outcome(c: &Cluster, f: &Flow) -> Outcome {
+    let dst = sa(f.to.0, f.to.1);
+    let first = probe_once(c, f, dst);
+    let n = if matches!(first, Reply::Answered { .. }) {
+        16
+    } else {
+        2
+    };
+    let mut seen = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for r in std::iter::once(first).chain((1..n).map(|_| probe_once(c, f, dst))) {
+        match r {
+            Reply::Answered { name, peer } => {
+                names.insert(name.clone());
+                seen.insert(format!("{name} saw {peer}"));
+            }
+            Reply::Refused => {
+                seen.insert("refused".into());
+            }
+            Reply::Timeout => {
+                seen.insert("dropped".into());
+            }
+            Reply::Error(e) => {
+                seen.insert(format!("error {e}"));
+            }
+        }
+    }
+    if f.sticky && names.len() == 1 {
+        let name = names.into_iter().next().unwrap();
+        seen = seen
+            .into_iter()
+            .map(|s| s.replacen(&name, "one endpoint", 1))
+            .collect();
+    }
+    Outcome(seen)
+}
+
+fn ep(ip: &str, node: &str, ready: bool, serving: bool, terminating: bool) -> Value {
+    json!({"addresses": [ip], "nodeName": node,
+        "conditions": {"ready": ready, "serving": serving, "terminating": terminating}})
+}
+
+fn slice(name: &str, service: &str, family: &str, port: Value, eps: Value) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "kube-nlproxy-tests"}},
+        "addressType": family,
+        "ports": [port],
+        "endpoints": eps,
+    })
+}
+
+/// The Node (zone-a) and the flow table's Services and EndpointSlices, with every field the
+/// API server defaults written out (a fake server serves them as they are; the real one
+/// accepts them unchanged). A Service's `status` is the cloud provider's part: create
+/// without it, then set it.
+pub fn objects() -> Vec<Value> {
+    let http = |node_port: Option<u16>| {
+        let mut p = json!({"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"});
+        if let Some(np) = node_port {
+            p["nodePort"] = np.into();
+        }
+        json!([p])
+    };
+    let dns = |node_port: Option<u16>| {
+        let mut p = json!({"name": "dns", "port": 53, "targetPort": 53, "protocol": "UDP"});
+        if let Some(np) = node_port {
+            p["nodePort"] = np.into();
+        }
+        json!([p])
+    };
+    let mut out = vec![json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node1", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP},
+                                 {"type": "InternalIP", "address": NODE_IP6}]},
+    })];
+    let service = |name: &str, ty: &str, ips: &[&str], ports: Value, extra: Value| {
+        let family = |ip: &&str| if ip.contains(':') { "IPv6" } else { "IPv4" };
+        let mut spec = json!({
+            "type": ty, "clusterIP": ips[0], "clusterIPs": ips,
+            "ipFamilies": ips.iter().map(family).collect::<Vec<_>>(),
+            "ipFamilyPolicy": if ips.len() > 1 { "RequireDualStack" } else { "SingleStack" },
+            "sessionAffinity": "None", "internalTrafficPolicy": "Cluster", "ports": ports,
+        });
+        if ty != "ClusterIP" {
+            spec["externalTrafficPolicy"] = "Cluster".into();
+        }
+        if ty == "LoadBalancer" {
+            spec["allocateLoadBalancerNodePorts"] = true.into();
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+    };
+    out.extend([
+        service(
+            "web",
+            "NodePort",
+            &["10.96.0.10"],
+            http(Some(30080)),
+            json!({"externalIPs": [EXTERNAL_IP]}),
+        ),
+        service(
+            "web-local",
+            "NodePort",
+            &["10.96.0.11"],
+            http(Some(30081)),
+            json!({"externalTrafficPolicy": "Local"}),
+        ),
+        {
+            let mut lb = service(
+                "lb",
+                "LoadBalancer",
+                &["10.96.0.12"],
+                http(Some(30082)),
+                json!({"loadBalancerSourceRanges": [format!("{EXT_IP}/32")]}),
+            );
+            lb["status"] = json!({"loadBalancer": {"ingress": [{"ip": LB_IP, "ipMode": "VIP"}]}});
+            lb
+        },
+        service(
+            "empty",
+            "NodePort",
+            &["10.96.0.13"],
+            http(Some(30083)),
+            json!({}),
+        ),
+        service(
+            "itp-local",
+            "ClusterIP",
+            &["10.96.0.14"],
+            http(None),
+            json!({"internalTrafficPolicy": "Local"}),
+        ),
+        service(
+            "sticky",
+            "ClusterIP",
+            &["10.96.0.15"],
+            http(None),
+            json!({"sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 10800}}}),
+        ),
+        service("term", "ClusterIP", &["10.96.0.16"], http(None), json!({})),
+        service(
+            "hinted",
+            "ClusterIP",
+            &["10.96.0.17"],
+            http(None),
+            json!({}),
+        ),
+        service(
+            "web6",
+            "NodePort",
+            &["10.96.0.20", "fd00:96::20"],
+            http(Some(30090)),
+            json!({}),
+        ),
+        service(
+            "empty6",
+            "ClusterIP",
+            &["fd00:96::21"],
+            http(None),
+            json!({}),
+        ),
+        service(
+            "dns",
+            "NodePort",
+            &["10.96.0.53"],
+            dns(Some(30053)),
+            json!({}),
+        ),
+        service(
+            "dns-empty",
+            "ClusterIP",
+            &["10.96.0.54"],
+            dns(None),
+            json!({}),
+        ),
+    ]);
+    let http_port = json!({"name": "http", "port": 8080, "protocol": "TCP"});
+    let both = json!([
+        ep(LOCAL_EP, "node1", true, true, false),
+        ep(REMOTE_EP, "node2", true, true, false)
+    ]);
+    let mut hinted = both.clone();
+    hinted[0]["hints"] = json!({"forZones": [{"name": "zone-a"}]});
+    hinted[1]["hints"] = json!({"forZones": [{"name": "zone-b"}]});
+    let v4 = |name: &str, svc: &str, eps: &Value| {
+        slice(name, svc, "IPv4", http_port.clone(), eps.clone())
+    };
+    out.extend([
+        v4("web-1", "web", &both),
+        v4("web-local-1", "web-local", &both),
+        v4("lb-1", "lb", &both),
+        v4("itp-local-1", "itp-local", &both),
+        v4("sticky-1", "sticky", &both),
+        v4(
+            "term-1",
+            "term",
+            &json!([
+                ep(LOCAL_EP, "node1", false, true, true),
+                ep(REMOTE_EP, "node2", false, false, true)
+            ]),
+        ),
+        v4("hinted-1", "hinted", &hinted),
+        v4("web6-1", "web6", &both),
+        slice(
+            "web6-2",
+            "web6",
+            "IPv6",
+            http_port.clone(),
+            json!([
+                ep(LOCAL_EP6, "node1", true, true, false),
+                ep(REMOTE_EP6, "node2", true, true, false)
+            ]),
+        ),
+        slice(
+            "dns-1",
+            "dns",
+            "IPv4",
+            json!({"name": "dns", "port": 53, "protocol": "UDP"}),
+            both,
+        ),
+    ]);
+    out
+}
+
+/// Upstream kube-proxy in `ns`, reaching the apiserver over the twin link.
+pub struct Upstream {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Upstream {
+    /// Starts it in `ns` in `mode`; `api` says where the API server is (`--kubeconfig=…`
+    /// or `--master=…`); its log goes to `dir`.
+    pub fn start(ns: &NetNs, mode: &str, api: &[&str], dir: &Path) -> Upstream {
+        let log = dir.join(format!("upstream-{mode}.log"));
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns.name])
+            .arg(upstream_bin())
+            .args(api)
+            .args([
+                "--hostname-override=node1",
+                &format!("--proxy-mode={mode}"),
+                "--cluster-cidr=10.244.0.0/16,fd00:10:244::/48",
+                // Global sysctls a network namespace cannot write.
+                "--conntrack-max-per-core=0",
+                "--conntrack-tcp-timeout-established=0s",
+                "--conntrack-tcp-timeout-close-wait=0s",
+                "--oom-score-adj=0",
+                "--v=2",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start upstream kube-proxy");
+        Upstream { child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = crate::bounded::wait_within(
+            &mut self.child,
+            Duration::from_secs(10),
+            "upstream kube-proxy",
+        );
+    }
+}
+
+/// Waits (bounded) until `done` holds in `ns`'s ruleset dump `cmd`, failing at once when
+/// upstream exits.
+pub fn wait_programmed(
+    ns: &NetNs,
+    cmd: &str,
+    done: impl Fn(&str) -> bool,
+    upstream: &mut Upstream,
+) {
+    let t0 = Instant::now();
+    loop {
+        let out = ns.sh(&format!("{cmd} 2>/dev/null || true"));
+        if done(&out) {
+            return;
+        }
+        if let Ok(Some(st)) = upstream.child.try_wait() {
+            panic!(
+                "upstream kube-proxy exited ({st}):\n{}",
+                upstream.log_text()
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "never programmed ({cmd}):\n{out}\n{}",
+            upstream.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Compares every flow of [`FLOWS`] on `ours` and `theirs`; `deviations` are the flows that
+/// must differ (README's "Deviations from upstream"). Returns the table and the flows that
+/// broke the expectation (a listed deviation that no longer differs included).
+pub fn compare(
+    ours: &Cluster,
+    theirs: &Cluster,
+    deviations: &[&str],
+) -> (String, Vec<&'static str>) {
+    let mut mismatches = Vec::new();
+    let mut table = String::new();
+    for f in FLOWS {
+        let (a, b) = (outcome(ours, f), outcome(theirs, f));
+        let same = a == b;
+        table += &format!(
+            "{:<48} {} ours {:?}{}\n",
+            f.name,
+            if same { "==" } else { "!=" },
+            a.0,
+            if same {
+                String::new()
+            } else {
+                format!(" upstream {:?}", b.0)
+            }
+        );
+        if same == deviations.contains(&f.name) {
+            mismatches.push(f.name);
+        }
+    }
+    (table, mismatches)
+}
