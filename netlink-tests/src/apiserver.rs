@@ -243,6 +243,23 @@ async fn collection(
         .unwrap()
 }
 
+/// GET of one cluster-scoped object (upstream kube-proxy reads its Node so).
+async fn one(State(sh): State<Shared>, Path((coll, name)): Path<(String, String)>) -> Response {
+    let st = sh.store.lock().unwrap();
+    match st
+        .objects
+        .get(&coll)
+        .and_then(|m| m.get(&format!("/{name}")))
+    {
+        Some(o) => axum::Json(o.clone()).into_response(),
+        None => {
+            let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("{coll} \"{name}\" not found"), "reason": "NotFound", "code": 404});
+            (StatusCode::NOT_FOUND, axum::Json(status)).into_response()
+        }
+    }
+}
+
 async fn post_event(State(sh): State<Shared>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     sh.store.lock().unwrap().events.push(v.clone());
@@ -283,6 +300,7 @@ impl ApiServer {
                 "/api/v1/{c}",
                 get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
             )
+            .route("/api/v1/{c}/{name}", get(one))
             .route(
                 "/apis/discovery.k8s.io/v1/{c}",
                 get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),

@@ -39,14 +39,60 @@ pub fn upstream_bin() -> PathBuf {
 /// Links the two nodes (TWIN_A on `a`, TWIN_B on `b`), so that `b` reaches an apiserver
 /// listening in `a`.
 pub fn twin_link(a: &Cluster, b: &Cluster) {
+    twin_link_n(a, b, 0);
+}
+
+/// The `k`th twin of `a`: link `eth-twinK`, 172.30.K.1 on `a`, 172.30.K.2 on `b`; returns
+/// `a`'s address.
+pub fn twin_link_n(a: &Cluster, b: &Cluster, k: u8) -> String {
+    let dev = format!(
+        "eth-twin{}",
+        if k == 0 { String::new() } else { k.to_string() }
+    );
     sh(&format!(
-        "ip link add eth-twin netns {} type veth peer name eth-twin netns {}",
+        "ip link add {dev} netns {} type veth peer name {dev} netns {}",
         a.node.name, b.node.name
     ));
-    a.node.ip("link set eth-twin up");
-    a.node.ip(&format!("addr add {TWIN_A}/30 dev eth-twin"));
-    b.node.ip("link set eth-twin up");
-    b.node.ip(&format!("addr add {TWIN_B}/30 dev eth-twin"));
+    let (ours, theirs) = if k == 0 {
+        (TWIN_A.to_string(), TWIN_B.to_string())
+    } else {
+        (format!("172.30.{k}.1"), format!("172.30.{k}.2"))
+    };
+    a.node.ip(&format!("link set {dev} up"));
+    a.node.ip(&format!("addr add {ours}/30 dev {dev}"));
+    b.node.ip(&format!("link set {dev} up"));
+    b.node.ip(&format!("addr add {theirs}/30 dev {dev}"));
+    ours
+}
+
+/// `GET /metrics` from `addr` inside `ns` (the proxies' metrics servers).
+pub fn metrics(ns: &NetNs, addr: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = addr.to_string();
+    ns.run(move || {
+        let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
+            return String::new();
+        };
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let _ = write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    })
+}
+
+/// The sum over label sets of the Prometheus sample `name` in `text` (0 when absent).
+pub fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Where a probe starts.
@@ -515,4 +561,111 @@ pub fn compare(
         }
     }
     (table, mismatches)
+}
+
+/// How a mode's programmed state is read back, to wait until a proxy has every Service
+/// before probing: (command, what its output must contain).
+fn programmed_checks(mode: &str, upstream: bool) -> Vec<(&'static str, Vec<&'static str>)> {
+    match (mode, upstream) {
+        ("ipvs", _) => vec![(
+            "ipvsadm -Ln",
+            vec!["10.96.0.17:80", "[fd00:96::20]:80", LB_IP],
+        )],
+        ("nftables", true) => vec![
+            (
+                "nft list table ip kube-proxy",
+                vec!["10.96.0.17", LB_IP, "10.96.0.16"],
+            ),
+            (
+                "nft list table ip6 kube-proxy",
+                vec!["fd00:96::20", "fd00:96::21"],
+            ),
+        ],
+        (_, true) => vec![
+            (
+                "iptables-save -t nat",
+                vec!["10.96.0.17", LB_IP, "10.96.0.16"],
+            ),
+            // (iptables mode rejects the endpoint-less one in the filter table)
+            ("ip6tables-save -t nat", vec!["fd00:96::20"]),
+        ],
+        (_, false) => vec![
+            (
+                "nft list table ip kube-nlproxy",
+                vec!["10.96.0.17", LB_IP, "10.96.0.16"],
+            ),
+            (
+                "nft list table ip6 kube-nlproxy",
+                vec!["fd00:96::20", "fd00:96::21"],
+            ),
+        ],
+    }
+}
+
+/// The comparison where no real apiserver can run (the VM): each twin node gets one of our
+/// fake API servers, both serving [`objects`]; ours runs with `ours_args`, upstream in
+/// `upstream_mode`. Panics with both logs on a mismatch not in `deviations`.
+pub fn fake_differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
+    use crate::apiserver::ApiServer;
+    let dual = crate::scenario::Backends {
+        ipv6: true,
+        udp: true,
+    };
+    let ours = crate::scenario::web_cluster(dual);
+    let theirs = crate::scenario::web_cluster(dual);
+    let serve = |c: &Cluster| {
+        let api = c.node.run(ApiServer::start);
+        for o in objects() {
+            api.apply(o);
+        }
+        api
+    };
+    let (api_ours, api_theirs) = (serve(&ours), serve(&theirs));
+    let master = format!("--master={}", api_theirs.url());
+    let mut upstream = Upstream::start(
+        &theirs.node,
+        upstream_mode,
+        &[&master, "--kube-api-content-type=application/json"],
+        &theirs.dir,
+    );
+    let url = api_ours.url();
+    let mut args = vec!["--master", url.as_str()];
+    args.extend_from_slice(ours_args);
+    let d = ours.start_daemon_with(&args);
+    let ours_mode = if upstream_mode == "ipvs" {
+        "ipvs"
+    } else {
+        "ours"
+    };
+    for (cmd, want) in programmed_checks(ours_mode, false) {
+        let t0 = Instant::now();
+        loop {
+            let out = ours.node.sh(&format!("{cmd} 2>/dev/null || true"));
+            if want.iter().all(|w| out.contains(w)) {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "ours never programmed ({cmd}):\n{out}\n{}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    for (cmd, want) in programmed_checks(upstream_mode, true) {
+        wait_programmed(
+            &theirs.node,
+            cmd,
+            |r| want.iter().all(|w| r.contains(w)),
+            &mut upstream,
+        );
+    }
+    let (table, mismatches) = compare(&ours, &theirs, deviations);
+    eprintln!("ours ({ours_args:?}) vs upstream {upstream_mode} mode:\n{table}");
+    assert!(
+        mismatches.is_empty(),
+        "outcomes differ from upstream {upstream_mode} mode for {mismatches:?} (or a listed deviation no longer differs):\n{table}\nours:\n{}\nupstream:\n{}",
+        d.log_text(),
+        upstream.log_text().lines().rev().take(60).collect::<Vec<_>>().join("\n")
+    );
 }

@@ -34,6 +34,11 @@ fn ipvs_mode_in_a_vm() {
     if let Some(t) = target.filter(|t| !t.starts_with(&ws)) {
         cmd.arg("--share").arg(t);
     }
+    // Upstream kube-proxy, the IPVS-mode oracle (built by netlink-tests/upstream/build.sh).
+    let upstream = Path::new("/var/tmp/kube-nlproxy-upstream");
+    if upstream.is_dir() {
+        cmd.arg("--share").arg(upstream);
+    }
     let filter = std::env::var("KNP_VM_TESTS").unwrap_or_else(|_| "guest::".into());
     cmd.args(["--env", &format!("{IN_VM}=1"), "--timeout", "1200", "--"])
         .arg(&exe)
@@ -750,5 +755,16 @@ COMMIT
             .nth(2)
             .map(str::to_owned);
         assert_eq!(row.as_deref(), Some("1"), "{conns}");
+    }
+
+    /// Upstream kube-proxy's own IPVS mode (v1.37.2, the newest with IPVS mode; it execs the
+    /// guest's `ipset` and `iptables`) on a twin cluster beside ours, each node served the
+    /// same objects by one of our fake API servers: the shared flow table
+    /// (`netlink_tests::differential`) must give the same outcome in every flow.
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn flows_match_upstream_ipvs_mode() {
+        in_vm();
+        netlink_tests::differential::fake_differential(IPVS, "ipvs", &[]);
     }
 }

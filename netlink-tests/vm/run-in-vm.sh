@@ -20,7 +20,7 @@ set -euo pipefail
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 MEM=1024 TIMEOUT=900 SETUP_ONLY=0
 SHARES=() ENVS=()
-STAMP=6
+STAMP=9
 
 die() { echo "run-in-vm: $*" >&2; exit 126; }
 
@@ -43,7 +43,7 @@ MODULES="crc32c_generic virtio_pci 9pnet_virtio 9p dummy veth
  nft_reject_inet nft_reject_ipv4 nft_reject_ipv6
  ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh ip_vs_lc ip_vs_wlc ip_vs_sed ip_vs_nq ip_vs_mh
  x_tables xt_tcpudp xt_comment xt_mark xt_addrtype xt_conntrack xt_set xt_nat xt_MASQUERADE
- nft_compat ip_tables iptable_nat iptable_filter
+ nft_compat ip_tables iptable_nat iptable_filter ipt_REJECT ip6t_REJECT xt_physdev xt_multiport xt_statistic xt_ipvs
  ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet
  ip_set_hash_net ip_set_bitmap_port"
 ORACLE_PKGS="ipvsadm libnl-3-200 libnl-genl-3-200 libpopt0"
@@ -125,9 +125,12 @@ setup() {
     f=$(command -v $multi) || die "host tool $multi missing (apt-get install iptables ipset)"
     copy_with_libs "$R" "$(realpath "$f")"
   done
+  # The plain names are the nft flavour, as Debian's alternatives default (upstream
+  # kube-proxy execs "iptables", "ip6tables-restore", ...).
   for n in iptables ip6tables; do
     for a in "" -save -restore; do
       ln -sf xtables-nft-multi "$R/usr/sbin/$n-nft$a"; ln -sf xtables-legacy-multi "$R/usr/sbin/$n-legacy$a"
+      ln -sf xtables-nft-multi "$R/usr/sbin/$n$a"
     done
   done
   mkdir -p "$R/usr/lib/x86_64-linux-gnu/xtables"

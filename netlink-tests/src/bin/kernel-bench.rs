@@ -621,6 +621,377 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
     }
 }
 
+/// How long a proxy may take to its first sync in the side-by-side rows: upstream's
+/// iptables mode over iptables-nft needs minutes at 10k services (#126013 reports ~9 min).
+const FIRST_SYNC_LIMIT: Duration = Duration::from_secs(900);
+
+/// A proxy's first sync as seen from outside: time from start, its own IPv4 sync duration
+/// (seconds), its RSS then (MiB).
+type FirstSync = (Duration, f64, f64);
+
+/// [`FirstSync`] of the proxy `pid` in `ns` (both families: two sync-duration samples);
+/// None past [`FIRST_SYNC_LIMIT`].
+fn first_sync(ns: &NetNs, pid: u32, what: &str) -> Option<FirstSync> {
+    use netlink_tests::differential::{metrics, sample};
+    let t0 = Instant::now();
+    loop {
+        let m = metrics(ns, "127.0.0.1:10249");
+        if sample(&m, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 2.0 {
+            let reported = sample(
+                &m,
+                "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"}",
+            );
+            let (rss, _) = proc_stat(pid);
+            return Some((t0.elapsed(), reported, rss as f64 / 1024.0));
+        }
+        if t0.elapsed() > FIRST_SYNC_LIMIT {
+            eprintln!("side by side: {what} did not finish its first sync in {FIRST_SYNC_LIMIT:?}");
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `changes` one-endpoint changes (`apply(c)` makes change `c`), each after every proxy
+/// has been idle for longer than its minimum sync period (1 s for all), so that none is
+/// caught waiting out the previous change's period. Returns per proxy the median of the
+/// network programming latency it reports (`kubeproxy_network_programming_duration_seconds`,
+/// from the slice's `endpoints.kubernetes.io/last-change-trigger-time`).
+fn change_latencies(
+    proxies: &[(&str, &NetNs)],
+    changes: usize,
+    mut apply: impl FnMut(usize),
+) -> Vec<Option<f64>> {
+    use netlink_tests::differential::{metrics, sample};
+    let npl = |ns: &NetNs| {
+        let m = metrics(ns, "127.0.0.1:10249");
+        (
+            sample(&m, "kubeproxy_network_programming_duration_seconds_sum"),
+            sample(&m, "kubeproxy_network_programming_duration_seconds_count"),
+        )
+    };
+    let mut reported: Vec<Vec<f64>> = vec![Vec::new(); proxies.len()];
+    for c in 0..changes {
+        std::thread::sleep(Duration::from_millis(1500));
+        let before: Vec<(f64, f64)> = proxies.iter().map(|(_, ns)| npl(ns)).collect();
+        apply(c);
+        let t0 = Instant::now();
+        for (k, (what, ns)) in proxies.iter().enumerate() {
+            loop {
+                let (sum, count) = npl(ns);
+                if count > before[k].1 {
+                    reported[k].push((sum - before[k].0) / (count - before[k].1));
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(300) {
+                    eprintln!("side by side: {what} never reported change {c}");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    reported
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        })
+        .collect()
+}
+
+/// The rows of one side-by-side run: start to first sync, the first sync as each reports
+/// it, RSS, and the change latency, ours against each upstream mode.
+fn side_by_side_push(
+    rows: &mut Vec<Row>,
+    setting: &str,
+    ours: Option<FirstSync>,
+    theirs: &[(&str, Option<FirstSync>)],
+    latencies: &[Option<f64>],
+    changes: usize,
+) {
+    let none = || "did not finish".to_string();
+    for (k, (mode, t)) in theirs.iter().enumerate() {
+        let (o, u) = (ours, *t);
+        rows.push(row(
+            format!("side by side, {setting}: start to first sync, vs upstream {mode} mode"),
+            o.map_or_else(none, |o| secs(o.0)),
+            u.map_or_else(|| format!("> {}", secs(FIRST_SYNC_LIMIT)), |u| secs(u.0)),
+            match (o, u) {
+                (Some(o), Some(u)) => format!("{:.1}×", u.0.as_secs_f64() / o.0.as_secs_f64()),
+                (Some(o), None) => format!(
+                    "> {:.0}×",
+                    FIRST_SYNC_LIMIT.as_secs_f64() / o.0.as_secs_f64()
+                ),
+                _ => String::new(),
+            },
+            "(comparison)",
+            None,
+        ));
+        rows.push(row(
+            format!("side by side, {setting}: first full sync as each reports it (`kubeproxy_sync_proxy_rules_duration_seconds`, IPv4), vs upstream {mode} mode"),
+            o.map_or_else(none, |o| format!("{:.2} s", o.1)),
+            u.map_or_else(none, |u| format!("{:.2} s", u.1)),
+            match (o, u) {
+                (Some(o), Some(u)) => format!("{:.1}×", u.1 / o.1),
+                _ => String::new(),
+            },
+            "(comparison)",
+            None,
+        ));
+        rows.push(row(
+            format!("side by side, {setting}: RSS after the first sync, vs upstream {mode} mode"),
+            o.map_or_else(none, |o| format!("{:.0} MiB", o.2)),
+            u.map_or_else(none, |u| format!("{:.0} MiB", u.2)),
+            match (o, u) {
+                (Some(o), Some(u)) => format!("{:.1}×", u.2 / o.2),
+                _ => String::new(),
+            },
+            "(comparison)",
+            None,
+        ));
+        let ms = |v: Option<f64>| {
+            v.map_or_else(|| "n/a".to_string(), |v| format!("{:.0} ms", v * 1000.0))
+        };
+        rows.push(row(
+            format!("side by side, {setting}: one-endpoint change, network programming latency as each reports it (median of {changes}), vs upstream {mode} mode"),
+            ms(latencies[0]),
+            ms(latencies.get(k + 1).copied().flatten()),
+            match (latencies[0], latencies.get(k + 1).copied().flatten()) {
+                (Some(o), Some(u)) => format!("{:.1}×", u / o),
+                _ => String::new(),
+            },
+            "(comparison)",
+            None,
+        ));
+    }
+}
+
+/// An EndpointSlice of service `i` of the side-by-side clusters (10 ready endpoints; with
+/// `bump` the first one moved), stamped with the trigger time now.
+fn bench_slice(i: usize, bump: bool) -> serde_json::Value {
+    let eps: Vec<serde_json::Value> = (0..EPS)
+        .map(|j| {
+            let ip = endpoint_ip(i, j, EPS);
+            let ip = if bump && j == 0 {
+                Ipv4Addr::from(u32::from(ip) ^ 0x0001_0000)
+            } else {
+                ip
+            };
+            serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("svc-{i}-a"), "namespace": "default",
+            "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": jiff::Timestamp::now().to_string()}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
+    })
+}
+
+/// Starts ours in `ns` with `args` (its log in `dir`).
+fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(proxy_bin())
+        .args(["--hostname-override", "node1"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("ours.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Ours beside upstream kube-proxy (nftables and iptables modes), each on its own node
+/// namespace, all against one real kube-apiserver holding `n` Services × 10 endpoints.
+fn side_by_side_rows(rows: &mut Vec<Row>, n: usize, changes: usize) {
+    use k8s_openapi::api::core::v1::{Node, Service};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{Api, PostParams};
+    use netlink_tests::cluster::Cluster;
+    use netlink_tests::controlplane::ControlPlane;
+    use netlink_tests::differential::{twin_link_n, Upstream};
+
+    let a = Cluster::new();
+    let cp = ControlPlane::start(&a.node);
+    let t_create = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let chunk = chunk.to_vec();
+        cp.with_admin(&a.node, move |client| {
+            Box::pin(async move {
+                use futures::StreamExt;
+                let svcs = Api::<Service>::namespaced(client.clone(), "default");
+                let eps = Api::<EndpointSlice>::namespaced(client, "default");
+                let pp = PostParams::default();
+                futures::stream::iter(chunk)
+                    .for_each_concurrent(32, |i| {
+                        let (svcs, eps, pp) = (svcs.clone(), eps.clone(), pp.clone());
+                        async move {
+                            let svc: Service = serde_json::from_value(serde_json::json!({
+                                "apiVersion": "v1", "kind": "Service",
+                                "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
+                                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+                            }))
+                            .unwrap();
+                            svcs.create(&pp, &svc).await.unwrap();
+                            let sl: EndpointSlice = serde_json::from_value(bench_slice(i, false)).unwrap();
+                            eps.create(&pp, &sl).await.unwrap();
+                        }
+                    })
+                    .await;
+            })
+        });
+    }
+    eprintln!(
+        "side by side: {n} Services and slices created in {:?}",
+        t_create.elapsed()
+    );
+    cp.with_admin(&a.node, |client| {
+        Box::pin(async move {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"},
+                "status": {"addresses": [{"type": "InternalIP", "address": netlink_tests::cluster::NODE_IP}]},
+            }))
+            .unwrap();
+            Api::<Node>::all(client).create(&PostParams::default(), &node).await.unwrap();
+        })
+    });
+    // Each proxy alone until its first sync.
+    let mut upstreams = Vec::new();
+    let mut cold = Vec::new();
+    for (k, mode) in [(1u8, "nftables"), (2, "iptables")] {
+        let b = Cluster::new();
+        let via = twin_link_n(&a, &b, k);
+        let kc = cp.admin_kubeconfig_via(&format!("https://{via}:6443"));
+        let kc_k = cp.dir.join(format!("admin-via-{k}.kubeconfig"));
+        std::fs::rename(&kc, &kc_k).unwrap();
+        let arg = format!("--kubeconfig={}", kc_k.display());
+        let up = Upstream::start(&b.node, mode, &[&arg], &cp.dir);
+        let t = first_sync(&b.node, up.child.id(), mode);
+        eprintln!("side by side: upstream {mode}: {t:?}");
+        cold.push((mode, t));
+        upstreams.push((mode, b, up));
+    }
+    let admin = cp.admin_kubeconfig();
+    let mut ours = spawn_ours(&a.node, &["--kubeconfig", admin.to_str().unwrap()], &cp.dir);
+    let t_ours = first_sync(&a.node, ours.id(), "ours");
+    eprintln!("side by side: ours: {t_ours:?}");
+    let proxies: Vec<(&str, &NetNs)> = std::iter::once(("ours", &a.node))
+        .chain(
+            upstreams
+                .iter()
+                .filter(|(m, _, _)| cold.iter().any(|(cm, t)| cm == m && t.is_some()))
+                .map(|(m, b, _)| (*m, &b.node)),
+        )
+        .collect();
+    let lat = change_latencies(&proxies, changes, |c| {
+        let i = 100 + c;
+        let sl: EndpointSlice = serde_json::from_value(bench_slice(i, true)).unwrap();
+        cp.with_admin(&a.node, move |client| {
+            Box::pin(async move {
+                let api = Api::<EndpointSlice>::namespaced(client, "default");
+                let mut cur = api.get(&format!("svc-{i}-a")).await.unwrap();
+                cur.endpoints = sl.endpoints;
+                cur.metadata.annotations = sl.metadata.annotations;
+                api.replace(&format!("svc-{i}-a"), &PostParams::default(), &cur)
+                    .await
+                    .unwrap();
+            })
+        });
+    });
+    // Latencies of the upstreams that synced, in `cold`'s order (n/a for one that did not).
+    let mut it = lat[1..].iter();
+    let mut lats = vec![lat[0]];
+    for (_, t) in &cold {
+        lats.push(if t.is_some() {
+            it.next().copied().flatten()
+        } else {
+            None
+        });
+    }
+    side_by_side_push(
+        rows,
+        &format!("real apiserver, {}k services × {EPS}", n / 1000),
+        t_ours,
+        &cold,
+        &lats,
+        changes,
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(ours.id() as i32, libc::SIGTERM) };
+    let _ = ours.wait();
+    drop(upstreams);
+    eprintln!("side by side: done");
+}
+
+/// IPVS mode side by side, in the VM: ours and upstream's IPVS mode, each node served `n`
+/// Services × 10 endpoints by one of our fake API servers (no real apiserver runs under the
+/// VM's emulated CPU).
+fn ipvs_side_by_side_rows(rows: &mut Vec<Row>, n: usize, changes: usize) {
+    use netlink_tests::apiserver::ApiServer;
+    use netlink_tests::cluster::Cluster;
+    use netlink_tests::differential::Upstream;
+    let objects = |api: &ApiServer| {
+        api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": netlink_tests::cluster::NODE_IP}]}}));
+        for i in 0..n {
+            let ip = cluster_ip(i).to_string();
+            api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
+                "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip], "ipFamilies": ["IPv4"],
+                    "ipFamilyPolicy": "SingleStack", "sessionAffinity": "None", "internalTrafficPolicy": "Cluster",
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}}));
+            api.apply(bench_slice(i, false));
+        }
+    };
+    let (a, b) = (Cluster::new(), Cluster::new());
+    let api_a = a.node.run(ApiServer::start);
+    let api_b = b.node.run(ApiServer::start);
+    objects(&api_a);
+    objects(&api_b);
+    let master = format!("--master={}", api_b.url());
+    let up = Upstream::start(
+        &b.node,
+        "ipvs",
+        &[&master, "--kube-api-content-type=application/json"],
+        &b.dir,
+    );
+    let t_up = first_sync(&b.node, up.child.id(), "upstream ipvs");
+    eprintln!("ipvs side by side: upstream: {t_up:?}");
+    let url = api_a.url();
+    let mut ours = spawn_ours(&a.node, &["--master", &url, "--proxy-mode", "ipvs"], &a.dir);
+    let t_ours = first_sync(&a.node, ours.id(), "ours");
+    eprintln!("ipvs side by side: ours: {t_ours:?}");
+    let mut proxies = vec![("ours", &a.node)];
+    if t_up.is_some() {
+        proxies.push(("upstream ipvs", &b.node));
+    }
+    let lat = change_latencies(&proxies, changes, |c| {
+        let sl = bench_slice(100 + c, true);
+        api_a.apply(sl.clone());
+        api_b.apply(sl);
+    });
+    let lats = vec![lat[0], lat.get(1).copied().flatten()];
+    side_by_side_push(
+        rows,
+        &format!(
+            "IPVS mode in the VM, fake API server, {}k services × {EPS}",
+            n / 1000
+        ),
+        t_ours,
+        &[("ipvs", t_up)],
+        &lats,
+        changes,
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(ours.id() as i32, libc::SIGTERM) };
+    let _ = ours.wait();
+    drop(up);
+}
+
 fn main() {
     require_root();
     let args: Vec<String> = std::env::args().collect();
@@ -653,6 +1024,8 @@ fn main() {
     };
     let mut rows = Vec::new();
     if args.iter().any(|a| a == "--ipvs-only") {
+        // 1k: upstream's IPVS mode needs about 2 min for it under the VM's emulated CPU.
+        ipvs_side_by_side_rows(&mut rows, 1000, 5);
         ipvs_rows(&mut rows, if quick { &[1000] } else { &[1000, 10_000] });
     } else if args.iter().any(|a| a == "--partial-only") {
         partial_row(&mut rows, 10_000);
@@ -660,7 +1033,11 @@ fn main() {
         latency_rows(&mut rows, &lat, connects);
     } else if args.iter().any(|a| a == "--conntrack-only") {
         conntrack_row(&mut rows);
+    } else if args.iter().any(|a| a == "--side-by-side-only") {
+        side_by_side_rows(&mut rows, if quick { 1000 } else { 10_000 }, 5);
     } else {
+        // The comparison a user makes comes first.
+        side_by_side_rows(&mut rows, if quick { 1000 } else { 10_000 }, 5);
         full_sync_rows(&mut rows, &sizes, &upstream);
         partial_row(&mut rows, 10_000);
         latency_rows(&mut rows, &lat, connects);
