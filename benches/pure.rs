@@ -49,7 +49,9 @@ fn snapshot(services: usize, eps: usize) -> Snapshot {
             .collect();
         let slice = serde_json::json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench", "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            // As the EndpointSlice controller writes them: with the trigger time.
+            "metadata": {"name": format!("svc-{i}-abc"), "namespace": "bench", "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
+                         "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-12-01T17:00:00Z"}},
             "addressType": "IPv4", "ports": [{"name": "p", "port": 8080}], "endpoints": endpoints
         });
         s.endpoint_slices

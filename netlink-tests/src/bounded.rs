@@ -81,6 +81,24 @@ pub fn wait_with_output_within(child: Child, limit: Duration, what: &str) -> Out
     collect_within(child, limit, what)
 }
 
+/// Makes the process `cmd` starts receive SIGKILL when the thread that started it ends:
+/// a test binary ended by its deadline watchdog (`std::process::exit`, no destructors)
+/// leaves no etcd, apiserver, upstream kube-proxy or daemon running behind it.
+pub fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    #[allow(unsafe_code)]
+    // SAFETY: prctl(2) is async-signal-safe and touches only the child being set up.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

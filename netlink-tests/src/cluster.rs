@@ -210,7 +210,7 @@ impl Cluster {
     pub fn spawn_daemon_with(&self, args: &[&str]) -> Daemon {
         let log = self.dir.join("daemon.log");
         let f = std::fs::File::create(&log).unwrap();
-        let child = Command::new("ip")
+        let child = crate::bounded::dies_with_parent(&mut Command::new("ip"))
             .args([
                 "netns",
                 "exec",

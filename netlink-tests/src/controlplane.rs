@@ -71,7 +71,7 @@ impl ControlPlane {
         )
         .unwrap();
         let log = |n: &str| std::fs::File::create(dir.join(n)).unwrap();
-        let etcd = Command::new("ip")
+        let etcd = crate::bounded::dies_with_parent(&mut Command::new("ip"))
             .args(["netns", "exec", &ns.name])
             .arg(bin(&format!("etcd-{ETCD_VERSION}"), "etcd"))
             .args([
@@ -137,7 +137,7 @@ fn spawn_apiserver(ns: &str, dir: &Path) -> Child {
         .open(dir.join("apiserver.log"))
         .unwrap();
     {
-        let apiserver = Command::new("ip")
+        let apiserver = crate::bounded::dies_with_parent(&mut Command::new("ip"))
             .args(["netns", "exec", ns])
             .arg(bin(K8S_VERSION, "kube-apiserver"))
             .args([

@@ -465,7 +465,7 @@ impl Upstream {
     /// or `--master=…`); its log goes to `dir`.
     pub fn start(ns: &NetNs, mode: &str, api: &[&str], dir: &Path) -> Upstream {
         let log = dir.join(format!("upstream-{mode}.log"));
-        let child = Command::new("ip")
+        let child = crate::bounded::dies_with_parent(&mut Command::new("ip"))
             .args(["netns", "exec", &ns.name])
             .arg(upstream_bin())
             .args(api)

@@ -42,7 +42,7 @@ impl NetNs {
         sh(&format!("ip netns add {name}"));
         let ns = NetNs {
             name,
-            _deadline: crate::deadline::start(crate::deadline::PER_TEST),
+            _deadline: crate::deadline::start(crate::deadline::limit()),
         };
         ns.ip("link set lo up");
         ns

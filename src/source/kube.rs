@@ -519,7 +519,11 @@ pub async fn run(
             );
             announced = true;
         }
-        let (state, warnings) = build_state(&stores.snapshot(&node), &node);
+        let t0 = std::time::Instant::now();
+        let snapshot = stores.snapshot(&node);
+        let copied = t0.elapsed();
+        let (state, warnings) = build_state(&snapshot, &node);
+        tracing::debug!(copied = ?copied, built = ?t0.elapsed(), "new state from the API");
         for w in warnings {
             tracing::warn!("{w}");
         }

@@ -623,7 +623,7 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
 
 /// How long a proxy may take to its first sync in the side-by-side rows: upstream's
 /// iptables mode over iptables-nft needs minutes at 10k services (#126013 reports ~9 min).
-const FIRST_SYNC_LIMIT: Duration = Duration::from_secs(900);
+const FIRST_SYNC_LIMIT: Duration = Duration::from_secs(600);
 
 /// A proxy's first sync as seen from outside: time from start, its own IPv4 sync duration
 /// (seconds), its RSS then (MiB).
@@ -922,7 +922,7 @@ fn side_by_side_rows(rows: &mut Vec<Row>, n: usize, changes: usize) {
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(ours.id() as i32, libc::SIGTERM) };
-    let _ = ours.wait();
+    let _ = netlink_tests::bounded::wait_within(&mut ours, Duration::from_secs(30), "our daemon");
     drop(upstreams);
     eprintln!("side by side: done");
 }
@@ -988,12 +988,14 @@ fn ipvs_side_by_side_rows(rows: &mut Vec<Row>, n: usize, changes: usize) {
     );
     // SAFETY: signalling our own child.
     unsafe { libc::kill(ours.id() as i32, libc::SIGTERM) };
-    let _ = ours.wait();
+    let _ = netlink_tests::bounded::wait_within(&mut ours, Duration::from_secs(30), "our daemon");
     drop(up);
 }
 
 fn main() {
     require_root();
+    // One side-by-side run keeps its namespaces for up to ~13 minutes (FIRST_SYNC_LIMIT).
+    netlink_tests::deadline::set_limit(Duration::from_secs(3600));
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let (sizes, upstream, lat, daemon, churn, connects): (
