@@ -294,7 +294,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
 }
 
 /// What the apiserver's audit log says the proxy's ServiceAccount did: only what
-/// `deploy/rbac.yaml` grants, nothing denied, its lists streamed (`sendInitialEvents`, as
+/// `deploy/rbac.yaml` grants, nothing denied for good, its lists streamed (`sendInitialEvents`, as
 /// client-go does by default since 1.35) and streamed again after the 410.
 fn check_audit(cp: &ControlPlane, log: &str) {
     let events = cp.audit_events("system:serviceaccount:kube-system:kube-nlproxy");
@@ -309,13 +309,23 @@ fn check_audit(cp: &ControlPlane, log: &str) {
         })
     };
     let mut used = std::collections::BTreeSet::new();
-    for e in &events {
+    for (i, e) in events.iter().enumerate() {
         let (group, resource, verb) = (
             e["objectRef"]["apiGroup"].as_str().unwrap_or(""),
             e["objectRef"]["resource"].as_str().unwrap_or(""),
             e["verb"].as_str().unwrap_or(""),
         );
-        assert_ne!(e["responseStatus"]["code"], 403, "denied: {e}\n{log}");
+        // A freshly restarted apiserver can answer 403 for a moment while its RBAC caches
+        // fill (seen once in CI, right after the restart): the proxy retries, and the
+        // same request must then succeed. A lasting denial is a missing rule.
+        if e["responseStatus"]["code"] == 403 {
+            let later_ok = events[i + 1..].iter().any(|l| {
+                l["objectRef"]["resource"] == resource
+                    && l["verb"] == verb
+                    && l["responseStatus"]["code"] == 200
+            });
+            assert!(later_ok, "denied and never allowed after: {e}\n{log}");
+        }
         assert!(
             granted(group, resource, verb),
             "{verb} {group}/{resource} is not in deploy/rbac.yaml: {e}"
