@@ -637,6 +637,26 @@ pub fn fake_differential(ours_args: &[&str], upstream_mode: &str, deviations: &[
     } else {
         "ours"
     };
+    check_flows(
+        (&ours, ours_mode, &|| d.log_text()),
+        (&theirs, upstream_mode, &mut upstream),
+        &format!("ours ({ours_args:?}) vs upstream {upstream_mode} mode"),
+        deviations,
+    );
+}
+
+/// Waits (bounded) until both proxies have programmed every Service of [`objects`], then
+/// runs [`compare`] and fails with both logs on a mismatch not in `deviations`. `ours` is
+/// (cluster, its mode's readback key: "ours" or "ipvs", its log); `theirs` is (cluster,
+/// upstream's mode, upstream).
+pub fn check_flows(
+    ours: (&Cluster, &str, &dyn Fn() -> String),
+    theirs: (&Cluster, &str, &mut Upstream),
+    label: &str,
+    deviations: &[&str],
+) {
+    let (ours, ours_mode, ours_log) = ours;
+    let (theirs, upstream_mode, upstream) = theirs;
     for (cmd, want) in programmed_checks(ours_mode, false) {
         let t0 = Instant::now();
         loop {
@@ -647,7 +667,7 @@ pub fn fake_differential(ours_args: &[&str], upstream_mode: &str, deviations: &[
             assert!(
                 t0.elapsed() < Duration::from_secs(60),
                 "ours never programmed ({cmd}):\n{out}\n{}",
-                d.log_text()
+                ours_log()
             );
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -657,15 +677,15 @@ pub fn fake_differential(ours_args: &[&str], upstream_mode: &str, deviations: &[
             &theirs.node,
             cmd,
             |r| want.iter().all(|w| r.contains(w)),
-            &mut upstream,
+            upstream,
         );
     }
-    let (table, mismatches) = compare(&ours, &theirs, deviations);
-    eprintln!("ours ({ours_args:?}) vs upstream {upstream_mode} mode:\n{table}");
+    let (table, mismatches) = compare(ours, theirs, deviations);
+    eprintln!("{label}:\n{table}");
     assert!(
         mismatches.is_empty(),
-        "outcomes differ from upstream {upstream_mode} mode for {mismatches:?} (or a listed deviation no longer differs):\n{table}\nours:\n{}\nupstream:\n{}",
-        d.log_text(),
+        "{label}: outcomes differ for {mismatches:?} (or a listed deviation no longer differs):\n{table}\nours:\n{}\nupstream:\n{}",
+        ours_log(),
         upstream.log_text().lines().rev().take(60).collect::<Vec<_>>().join("\n")
     );
 }

@@ -13,9 +13,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use netlink_tests::controlplane::ControlPlane;
-use netlink_tests::differential::{
-    compare, objects, twin_link, wait_programmed, Upstream, LB_IP, TWIN_A,
-};
+use netlink_tests::differential::{check_flows, objects, twin_link, Upstream, TWIN_A};
 use netlink_tests::ns::{require_root, NetNs};
 use netlink_tests::scenario::{self, Backends};
 
@@ -86,36 +84,11 @@ fn differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
     let mut args = vec!["--kubeconfig", admin.to_str().unwrap()];
     args.extend_from_slice(ours_args);
     let d = ours.start_daemon_with(&args);
-    // Both have the last Services' rules before the first probe.
-    ours.wait_ruleset("ip", "every Service", |r| r.contains("10.96.0.17"));
-    ours.wait_ruleset("ip6", "the IPv6 Services", |r| r.contains("fd00:96::21"));
-    let (dump, dump6) = match upstream_mode {
-        "nftables" => (
-            "nft list table ip kube-proxy",
-            "nft list table ip6 kube-proxy",
-        ),
-        _ => ("iptables-save -t nat", "ip6tables-save -t nat"),
-    };
-    wait_programmed(
-        &theirs.node,
-        dump,
-        |r| r.contains("10.96.0.17") && r.contains(LB_IP) && r.contains("10.96.0.16"),
-        &mut upstream,
-    );
-    wait_programmed(
-        &theirs.node,
-        dump6,
-        // (iptables mode rejects the endpoint-less one in the filter table)
-        |r| r.contains("fd00:96::20"),
-        &mut upstream,
-    );
-    let (table, mismatches) = compare(&ours, &theirs, deviations);
-    eprintln!("ours ({ours_args:?}) vs upstream {upstream_mode} mode:\n{table}");
-    assert!(
-        mismatches.is_empty(),
-        "outcomes differ from upstream {upstream_mode} mode for {mismatches:?} (or a listed deviation no longer differs):\n{table}\nours:\n{}\nupstream:\n{}",
-        d.log_text(),
-        upstream.log_text().lines().rev().take(40).collect::<Vec<_>>().join("\n")
+    check_flows(
+        (&ours, "ours", &|| d.log_text()),
+        (&theirs, upstream_mode, &mut upstream),
+        &format!("ours ({ours_args:?}) vs upstream {upstream_mode} mode"),
+        deviations,
     );
 }
 
