@@ -13,3 +13,4 @@ pub mod modes;
 pub mod proxy;
 pub mod serve;
 pub mod source;
+pub mod tools;

@@ -3,6 +3,30 @@
 use kube_nlproxy::config::{Command, Config};
 
 fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if let Some((out, tool)) = kube_nlproxy::tools::dispatch(&args) {
+        return match out {
+            Ok(text) => {
+                print!("{text}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(kube_nlproxy::tools::ToolError::Help(text)) => {
+                print!("{text}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e @ kube_nlproxy::tools::ToolError::Usage { .. }) => {
+                eprintln!("kube-nlproxy {e}");
+                std::process::ExitCode::from(2)
+            }
+            Err(e) => {
+                eprintln!("kube-nlproxy {tool}: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let cfg = match Config::from_args(std::env::args_os().skip(1)) {
         Ok(Command::Run(c)) => *c,
         Ok(Command::Print(text)) => {

@@ -6,8 +6,10 @@
 
 pub mod decode;
 pub mod encode;
+pub mod eval;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod live;
 pub mod lower;
 pub mod monitor;
 pub mod netlink;

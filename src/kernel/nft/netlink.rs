@@ -8,6 +8,7 @@ use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_NETFILTER};
 
 use super::decode::{self, ListedTable};
 use super::encode::{self, encode_getgen, encode_transaction, msg_type};
+use super::live::LiveTable;
 use super::{Error, Family, Nftables, Transaction};
 
 /// nftables over a `NETLINK_NETFILTER` socket.
@@ -290,6 +291,36 @@ impl NetlinkNftables {
             }
         }
         Ok(out)
+    }
+
+    /// Reads one table whole, in the kernel's own terms (for `explain`, `status`, `diff`).
+    /// A rule whose expressions do not decode (another program's) is kept with the reason;
+    /// an absent table reads as empty.
+    pub fn read_table(&mut self, family: Family, table: &str) -> Result<LiveTable, Error> {
+        let mut chains = Vec::new();
+        for m in &self.dump(encode::NFT_MSG_GETCHAIN, family, table)? {
+            chains.push(decode::decode_chain(&m.as_raw())?);
+        }
+        let mut rules = Vec::new();
+        for m in &self.dump(encode::NFT_MSG_GETRULE, family, table)? {
+            let raw = m.as_raw();
+            rules.push(match decode::decode_rule(&raw) {
+                Ok(r) => Ok(r),
+                Err(e) => {
+                    let at = decode::decode_rule_jumps(&raw)?;
+                    Err((at.table, at.chain, at.handle, e.to_string()))
+                }
+            });
+        }
+        let mut sets = Vec::new();
+        for m in &self.dump(encode::NFT_MSG_GETSET, family, table)? {
+            let s = decode::decode_set(&m.as_raw())?;
+            if s.table == table {
+                let elements = self.list_elements(family, table, &s.name)?;
+                sets.push((s, elements));
+            }
+        }
+        Ok(LiveTable::from_dump(family, table, chains, rules, sets))
     }
 
     /// Lists the elements of one set.

@@ -55,6 +55,7 @@ pub const NFTA_SET_DATA_LEN: u16 = 7;
 pub const NFTA_SET_ID: u16 = 10;
 pub const NFTA_SET_TIMEOUT: u16 = 11;
 pub const NFTA_SET_USERDATA: u16 = 13;
+pub const NFT_SET_INTERVAL: u32 = 0x4;
 pub const NFT_SET_MAP: u32 = 0x8;
 pub const NFT_SET_TIMEOUT: u32 = 0x10;
 pub const NFT_SET_EVAL: u32 = 0x20;
@@ -98,6 +99,7 @@ pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_META_MARK: u32 = 3;
 pub const NFT_META_L4PROTO: u32 = 16;
 pub const NFT_META_IIFNAME: u32 = 6;
+pub const NFT_META_NFPROTO: u32 = 15;
 pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_STATUS: u32 = 2;
 /// `NF_CT_STATE_BIT(IP_CT_NEW)`.

@@ -139,6 +139,42 @@ pub fn decode_deleted_link(m: &RawMsg<'_>) -> Option<Link> {
     }
 }
 
+/// RTM_GETLINK dump of every link.
+pub fn encode_dump_links(seq: u32) -> Vec<u8> {
+    frame(
+        RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        NLM_F_REQUEST | NLM_F_DUMP,
+        seq,
+    )
+}
+
+/// RTM_GETROUTE for one destination (`ip route get ADDR`): the reply names the output
+/// interface the kernel would use.
+pub fn encode_get_route(dst: IpAddr, seq: u32) -> Vec<u8> {
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+    let mut m = RouteMessage::default();
+    m.header.address_family = match dst {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.destination_prefix_length = if dst.is_ipv4() { 32 } else { 128 };
+    m.attributes
+        .push(RouteAttribute::Destination(RouteAddress::from(dst)));
+    frame(RouteNetlinkMessage::GetRoute(m), NLM_F_REQUEST, seq)
+}
+
+/// The output interface index of an RTM_NEWROUTE reply.
+pub fn decode_route_oif(m: &RawMsg<'_>) -> Option<u32> {
+    use netlink_packet_route::route::RouteAttribute;
+    match parse(m)? {
+        RouteNetlinkMessage::NewRoute(r) => r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Oif(i) => Some(*i),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
 /// RTM_GETADDR dump of every address of every family.
 pub fn encode_get_addrs(seq: u32) -> Vec<u8> {
     frame(
@@ -301,6 +337,31 @@ mod tests {
                 let _ = decode_link(&m);
                 let _ = decode_addr(&m);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use super::*;
+    use crate::kernel::netlink::msg::parse_msgs;
+
+    #[test]
+    fn route_request_round_trips_its_destination() {
+        use netlink_packet_route::route::{RouteAddress, RouteAttribute};
+        let b = encode_get_route("10.244.1.2".parse().unwrap(), 7);
+        let m = parse_msgs(&b).unwrap();
+        assert_eq!(m[0].ty, 26, "RTM_GETROUTE");
+        match parse(&m[0]) {
+            Some(RouteNetlinkMessage::GetRoute(r)) => {
+                assert_eq!(r.header.destination_prefix_length, 32);
+                assert!(r
+                    .attributes
+                    .contains(&RouteAttribute::Destination(RouteAddress::Inet(
+                        "10.244.1.2".parse().unwrap()
+                    ))));
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -56,6 +56,43 @@ impl NetlinkLinks {
     }
 }
 
+impl NetlinkLinks {
+    /// Every link (for naming interfaces by index).
+    pub fn links(&mut self) -> Result<Vec<Link>, Error> {
+        let seq = self.sock.next_seq();
+        let msgs = self
+            .sock
+            .dump(&codec::encode_dump_links(seq), seq, "list links")
+            .map_err(|source| Error {
+                op: "list links".into(),
+                source,
+            })?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| codec::decode_link(&m.as_raw()))
+            .collect())
+    }
+
+    /// The interface index the kernel routes `dst` through (`ip route get`); None when it
+    /// has no route.
+    pub fn route_oif(&mut self, dst: IpAddr) -> Result<Option<u32>, Error> {
+        let seq = self.sock.next_seq();
+        match self
+            .sock
+            .dump(&codec::encode_get_route(dst, seq), seq, "get route")
+        {
+            Ok(msgs) => Ok(msgs
+                .iter()
+                .find_map(|m| codec::decode_route_oif(&m.as_raw()))),
+            Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => Ok(None),
+            Err(source) => Err(Error {
+                op: format!("look up the route to {dst}"),
+                source,
+            }),
+        }
+    }
+}
+
 impl Links for NetlinkLinks {
     fn link(&mut self, name: &str) -> Result<Option<Link>, Error> {
         let seq = self.sock.next_seq();

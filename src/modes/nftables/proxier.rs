@@ -67,6 +67,11 @@ impl<N: Nftables> NftablesProxier<N> {
         &mut self.nft
     }
 
+    /// The ruleset last committed for `family` (what the kernel holds after a good sync).
+    pub fn committed(&self, family: Family) -> Option<&crate::proxy::ruleset::Ruleset> {
+        self.table.last(family)
+    }
+
     /// Forces the next sync to be a full one.
     pub fn force_full_sync(&mut self) {
         self.need_full = true;

@@ -906,6 +906,76 @@ mod upstream_flows {
         if from_node {
             p.iif = String::new(); // locally generated
         }
+        let by_fake = flow_by_fake(s, family, &p, from_node, src, dst);
+        // The live-kernel evaluator (`explain`'s) over the same committed ruleset, lowered
+        // to kernel expressions as the encoder sends it, must give upstream's output too.
+        let by_eval = flow_by_eval(s, family, &p, from_node);
+        assert_eq!(
+            by_eval, by_fake,
+            "eval vs fake tracer, {src} -> {dst}:{port}/{proto}"
+        );
+        by_fake
+    }
+
+    fn flow_by_eval(
+        s: &mut NftablesProxier<FakeNftables>,
+        family: Family,
+        p: &Packet,
+        from_node: bool,
+    ) -> (String, bool) {
+        use crate::kernel::nft::eval::{evaluate, End, Host, Packet as EvalPacket};
+        use crate::kernel::nft::live::LiveTable;
+        let table = LiveTable::planned(s.committed(family).expect("a committed ruleset"));
+        let host = Host {
+            local_addrs: p.local_addrs.clone(),
+        };
+        let pkt = EvalPacket {
+            saddr: p.saddr,
+            daddr: p.daddr,
+            proto: p.proto,
+            sport: 40000,
+            dport: p.dport,
+            iif: (!from_node).then(|| p.iif.clone()),
+            mark: 0,
+        };
+        let paths = evaluate(&table, &host, &pkt);
+        for path in &paths {
+            assert!(
+                !matches!(path.end, End::Unknown { .. }),
+                "our own ruleset has an expression eval does not model: {path:?}"
+            );
+        }
+        let mut targets: Vec<String> = paths
+            .iter()
+            .filter_map(|p| {
+                p.dnat
+                    .map(|(a, port)| std::net::SocketAddr::new(a, port).to_string())
+            })
+            .collect();
+        targets.sort();
+        targets.dedup();
+        if !targets.is_empty() {
+            let masq = paths.iter().any(|p| p.dnat.is_some() && p.masquerade);
+            return (targets.join(", "), masq);
+        }
+        if paths.iter().any(|p| matches!(p.end, End::Reject { .. })) {
+            ("REJECT".into(), false)
+        } else if paths.iter().any(|p| matches!(p.end, End::Drop { .. })) {
+            ("DROP".into(), false)
+        } else {
+            (String::new(), false)
+        }
+    }
+
+    fn flow_by_fake(
+        s: &mut NftablesProxier<FakeNftables>,
+        family: Family,
+        p: &Packet,
+        from_node: bool,
+        src: &str,
+        dst: &str,
+    ) -> (String, bool) {
+        let p = p.clone();
         let mut run = |chain: &str| trace(s.nft(), family, TABLE, chain, 0x4000, &p);
         let verdict = |o: &BTreeSet<Outcome>| {
             if o.contains(&Outcome::Reject) {

@@ -1,0 +1,675 @@
+//! `kube-nlproxy explain`: what the live kernel does to one packet. Reads our tables from
+//! the kernel (never our own plan), evaluates the packet through every base chain it meets
+//! ([`crate::kernel::nft::eval`]), and for IPVS mode adds the virtual server the packet
+//! reaches, its scheduler and real servers. [`explain`] and the renderers are pure; [`run`]
+//! does the kernel reads.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use crate::kernel::ipvs::{Ipvs, RealServer, VirtualServer};
+use crate::kernel::nft::eval::{self, Delivery, End, Host, Packet, Path};
+use crate::kernel::nft::live::LiveTable;
+use crate::kernel::nft::Family;
+use crate::model::net::proto;
+
+use super::args::{self, Flag};
+use super::ToolError;
+
+pub const USAGE: &str = "--to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS|node|external] [--iif NAME] [--mark VALUE] [--json]";
+
+pub const FLAGS: &[Flag] = &[
+    Flag {
+        name: "to",
+        value: true,
+        help: "destination, e.g. 10.96.0.10:53/udp or [fd00::10]:443 (protocol tcp by default)",
+    },
+    Flag {
+        name: "from",
+        value: true,
+        help: "source address, `node` (this host sends it) or `external` (a client outside the cluster, 203.0.113.10 / 2001:db8::10); default node",
+    },
+    Flag {
+        name: "iif",
+        value: true,
+        help: "input interface (default: the interface the kernel routes the source through)",
+    },
+    Flag {
+        name: "mark",
+        value: true,
+        help: "the packet's mark on arrival (default 0)",
+    },
+    Flag {
+        name: "sport",
+        value: true,
+        help: "source port (default 40000)",
+    },
+    Flag {
+        name: "table",
+        value: true,
+        help: "our nftables table (default kube-nlproxy; the IPVS mode's kube-nlproxy-ipvs is read too)",
+    },
+    Flag {
+        name: "json",
+        value: false,
+        help: "print JSON",
+    },
+];
+
+/// The address `--from external` stands for (documentation ranges: RFC 5737, RFC 3849).
+pub fn external_client(family: Family) -> IpAddr {
+    match family {
+        Family::Ip => IpAddr::from([203, 0, 113, 10]),
+        Family::Ip6 => "2001:db8::10".parse().expect("literal"),
+    }
+}
+
+/// Parses `--to`: `ADDRESS:PORT[/PROTOCOL]`, IPv6 in brackets.
+pub fn parse_to(s: &str) -> Result<(IpAddr, u16, u8), String> {
+    let (hp, p) = match s.rsplit_once('/') {
+        Some((hp, p)) => (hp, p),
+        None => (s, "tcp"),
+    };
+    let protocol = match p.to_ascii_lowercase().as_str() {
+        "tcp" => proto::TCP,
+        "udp" => proto::UDP,
+        "sctp" => proto::SCTP,
+        other => {
+            return Err(format!(
+                "unknown protocol {other:?} (want tcp, udp or sctp)"
+            ))
+        }
+    };
+    let sa: std::net::SocketAddr = hp
+        .parse()
+        .map_err(|_| format!("want ADDRESS:PORT[/PROTOCOL] (IPv6 as [ADDRESS]:PORT), got {s:?}"))?;
+    Ok((sa.ip(), sa.port(), protocol))
+}
+
+/// An IPVS virtual server with its real servers, as the kernel lists them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VirtualServerReport {
+    pub service: String,
+    pub scheduler: String,
+    /// ClientIP affinity (persistence) timeout in seconds, 0 when none.
+    pub persistence: u32,
+    pub real_servers: Vec<RealServerReport>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RealServerReport {
+    pub address: String,
+    pub weight: u32,
+    /// weight / sum of weights (what weighted schedulers aim at; rr ignores weights > 0).
+    pub share: f64,
+    pub active_conns: u32,
+    pub inactive_conns: u32,
+}
+
+/// One possible result for the packet in one table.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    pub probability: f64,
+    /// `dnat`, `redirect`, `accept`, `reject`, `drop` or `unknown`.
+    pub verdict: &'static str,
+    pub destination: Option<String>,
+    pub masquerade: bool,
+    /// Why the source is (or is not) rewritten, from the rules that decided it.
+    pub masquerade_reason: Option<String>,
+    pub affinity_sets: Vec<String>,
+    pub detail: Option<String>,
+    pub path: Vec<eval::Step>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TableReport {
+    pub family: &'static str,
+    pub table: String,
+    pub generation: Option<u32>,
+    pub rules: usize,
+    pub elements: usize,
+    pub outcomes: Vec<Outcome>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub source: String,
+    pub destination: String,
+    pub protocol: String,
+    /// `None`: sent by this host (starts at output).
+    pub iif: Option<String>,
+    pub notes: Vec<String>,
+    pub tables: Vec<TableReport>,
+    /// IPVS mode: the virtual server the (translated) destination reaches.
+    pub ipvs: Option<VirtualServerReport>,
+}
+
+fn sock(a: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(a, port).to_string()
+}
+
+fn why_masquerade(p: &Path) -> Option<String> {
+    if !p.masquerade {
+        return None;
+    }
+    // The masquerading rule's own comment (hairpin), else the rule that jumped to the
+    // chain setting the mark (its comment, or its chain: a service's external chain).
+    let masq = p.steps.iter().find(|s| s.action.contains("masquerade"))?;
+    if let Some(c) = &masq.comment {
+        return Some(c.clone());
+    }
+    let marker = p.steps.iter().position(|s| s.action.contains("mark set"))?;
+    let caller = marker.checked_sub(1).map(|i| &p.steps[i]);
+    Some(match caller {
+        Some(c) => match &c.comment {
+            Some(t) => format!("{t} (chain {}, rule {})", c.chain, c.handle),
+            None => format!("marked by chain {} (rule {})", c.chain, c.handle),
+        },
+        None => format!("marked by chain {}", p.steps[marker].chain),
+    })
+}
+
+fn outcome(p: &Path) -> Outcome {
+    let (verdict, destination, detail) = match (&p.end, p.dnat, p.redirect) {
+        (End::Accept { .. }, Some((a, port)), _) => ("dnat", Some(sock(a, port)), None),
+        (End::Accept { .. }, None, Some(port)) => (
+            "redirect",
+            Some(format!(":{port}")),
+            Some("to this host's listener (userspace mode)".into()),
+        ),
+        (End::Accept { delivered }, None, None) => (
+            "accept",
+            None,
+            Some(
+                match delivered {
+                    Delivery::Local => "no rule of ours changed it: delivered to this host",
+                    Delivery::Routed => "no rule of ours changed it: routed on",
+                }
+                .into(),
+            ),
+        ),
+        (End::Reject { chain, handle }, ..) => (
+            "reject",
+            None,
+            Some(format!(
+                "chain {chain}, rule {handle}: the client sees connection refused"
+            )),
+        ),
+        (End::Drop { chain, handle }, ..) => (
+            "drop",
+            None,
+            Some(format!(
+                "chain {chain}, rule {handle}: the client sees a timeout"
+            )),
+        ),
+        (End::Unknown { chain, handle, why }, ..) => (
+            "unknown",
+            None,
+            Some(format!("chain {chain}, rule {handle}: {why}")),
+        ),
+    };
+    Outcome {
+        probability: p.probability,
+        verdict,
+        destination,
+        masquerade: p.masquerade,
+        masquerade_reason: why_masquerade(p),
+        affinity_sets: p.updated_sets.clone(),
+        detail,
+        path: p.steps.clone(),
+    }
+}
+
+/// What one table does to `pkt`.
+pub fn explain_table(
+    table: &LiveTable,
+    generation: Option<u32>,
+    host: &Host,
+    pkt: &Packet,
+) -> TableReport {
+    let paths = eval::evaluate(table, host, pkt);
+    TableReport {
+        family: table.family.name(),
+        table: table.name.clone(),
+        generation,
+        rules: table.rule_count(),
+        elements: table.element_count(),
+        outcomes: eval::outcomes(&paths).iter().map(outcome).collect(),
+    }
+}
+
+/// The IPVS part: the virtual server for `(addr, port, protocol)` and its real servers.
+pub fn virtual_server(vs: &VirtualServer, dests: &[RealServer]) -> VirtualServerReport {
+    let total: u32 = dests.iter().map(|d| d.weight).sum();
+    VirtualServerReport {
+        service: vs.key().to_string(),
+        scheduler: vs.scheduler.clone(),
+        persistence: vs.persistence,
+        real_servers: dests
+            .iter()
+            .map(|d| RealServerReport {
+                address: sock(d.addr, d.port),
+                weight: d.weight,
+                share: if total == 0 {
+                    0.0
+                } else {
+                    f64::from(d.weight) / f64::from(total)
+                },
+                active_conns: d.active_conns,
+                inactive_conns: d.inactive_conns,
+            })
+            .collect(),
+    }
+}
+
+/// The text form.
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    let from = match &r.iif {
+        Some(i) => format!("in on {i}"),
+        None => "sent by this host".into(),
+    };
+    let _ = writeln!(
+        s,
+        "packet {} -> {}/{} ({from})",
+        r.source, r.destination, r.protocol
+    );
+    for n in &r.notes {
+        let _ = writeln!(s, "  note: {n}");
+    }
+    if r.tables.is_empty() && r.ipvs.is_none() {
+        let _ = writeln!(
+            s,
+            "none of our tables exists in this family: kube-nlproxy has not programmed this host"
+        );
+    }
+    for t in &r.tables {
+        let _ = writeln!(s);
+        let generation = t
+            .generation
+            .map(|g| format!(", generation {g}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "table {} {}{generation} ({} rules, {} elements):",
+            t.family, t.table, t.rules, t.elements
+        );
+        for o in &t.outcomes {
+            let head = match (&o.destination, o.verdict) {
+                (Some(d), "dnat") => format!("DNAT to {d}"),
+                (Some(d), "redirect") => format!("redirect to {d}"),
+                _ => o.verdict.to_uppercase(),
+            };
+            let masq = match (&o.masquerade_reason, o.verdict) {
+                (Some(why), _) => format!(", masquerade: {why}"),
+                (None, "dnat" | "accept" | "redirect") => ", source kept".into(),
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "  {:>5.1}%  {head}{masq}", o.probability * 100.0);
+            if let Some(d) = &o.detail {
+                let _ = writeln!(s, "          {d}");
+            }
+            for a in &o.affinity_sets {
+                let _ = writeln!(s, "          session affinity: source recorded in @{a}");
+            }
+            for st in &o.path {
+                let comment = st
+                    .comment
+                    .as_ref()
+                    .map(|c| format!("  # {c}"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "          {:<11} {} rule {}: {}{comment}",
+                    st.hook,
+                    st.chain,
+                    st.handle,
+                    if st.action.is_empty() {
+                        "match"
+                    } else {
+                        &st.action
+                    }
+                );
+            }
+        }
+    }
+    if let Some(v) = &r.ipvs {
+        let _ = writeln!(s);
+        let aff = if v.persistence > 0 {
+            format!(", persistent {} s", v.persistence)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            s,
+            "IPVS virtual server {} (scheduler {}{aff}):",
+            v.service, v.scheduler
+        );
+        if v.real_servers.is_empty() {
+            let _ = writeln!(s, "  no real servers: the connection is refused");
+        }
+        for d in &v.real_servers {
+            let _ = writeln!(
+                s,
+                "  {:>5.1}%  {} weight {} ({} active, {} inactive connections)",
+                d.share * 100.0,
+                d.address,
+                d.weight,
+                d.active_conns,
+                d.inactive_conns
+            );
+        }
+    }
+    s
+}
+
+/// What `--from` resolved to.
+pub struct Source {
+    pub addr: IpAddr,
+    /// None: this host sends it.
+    pub iif: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// The kernel reads `explain` needs, behind one trait so the command runs against a fake.
+pub trait KernelView {
+    fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError>;
+    /// Interface the kernel routes `addr` through, by name.
+    fn route_iif(&mut self, addr: IpAddr) -> Result<Option<String>, ToolError>;
+    /// A table with its generation; None when it does not exist (or is empty).
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError>;
+    /// IPVS virtual server for the key with its real servers; None without IPVS or VS.
+    fn ipvs(
+        &mut self,
+        addr: IpAddr,
+        port: u16,
+        protocol: u8,
+    ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError>;
+}
+
+fn resolve_from(
+    kv: &mut dyn KernelView,
+    a: &args::Args,
+    family: Family,
+    locals: &[IpAddr],
+) -> Result<Source, ToolError> {
+    let usage = |msg: String| ToolError::Usage {
+        tool: "explain",
+        msg,
+    };
+    let from = a.get("from").unwrap_or("node");
+    let mut notes = Vec::new();
+    let (addr, node) = match from {
+        "node" => {
+            let addr = locals
+                .iter()
+                .copied()
+                .find(|l| Family::of(l) == family && !l.is_loopback() && !is_link_local(l))
+                .ok_or_else(|| {
+                    usage(format!(
+                        "--from node: this host has no {} address",
+                        family.name()
+                    ))
+                })?;
+            (addr, true)
+        }
+        "external" => (external_client(family), false),
+        other => {
+            let addr: IpAddr = other.parse().map_err(|_| {
+                usage(format!(
+                    "--from: want an address, node or external, got {other:?} (pod names are not resolved: give the pod's IP)"
+                ))
+            })?;
+            if Family::of(&addr) != family {
+                return Err(usage(format!(
+                    "--from {addr} and --to are of different IP families"
+                )));
+            }
+            let node = locals.contains(&addr) && a.get("iif").is_none();
+            if node {
+                notes.push(format!(
+                    "{addr} is this host's address: the packet starts at output"
+                ));
+            }
+            (addr, node)
+        }
+    };
+    let iif = if node {
+        None
+    } else if let Some(i) = a.get("iif") {
+        Some(i.to_string())
+    } else {
+        let i = kv.route_iif(addr)?.ok_or_else(|| {
+            usage(format!(
+                "no route to {addr}: give the input interface with --iif"
+            ))
+        })?;
+        notes.push(format!(
+            "input interface {i}: the one the kernel routes {addr} through (override with --iif)"
+        ));
+        Some(i)
+    };
+    if from == "external" {
+        notes.push(format!("external client {addr}"));
+    }
+    Ok(Source { addr, iif, notes })
+}
+
+fn is_link_local(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// `explain` over a kernel view: the report.
+pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolError> {
+    let usage = |msg: String| ToolError::Usage {
+        tool: "explain",
+        msg,
+    };
+    let to = a
+        .get("to")
+        .ok_or_else(|| usage("--to is required (e.g. --to 10.96.0.10:53/udp)".into()))?;
+    let (daddr, dport, protocol) = parse_to(to).map_err(|e| usage(format!("--to: {e}")))?;
+    let family = Family::of(&daddr);
+    let mark = match a.get("mark") {
+        None => 0,
+        Some(m) => parse_u32(m).ok_or_else(|| {
+            usage(format!(
+                "--mark: want a number (0x4000 or 16384), got {m:?}"
+            ))
+        })?,
+    };
+    let sport = match a.get("sport") {
+        None => 40000,
+        Some(p) => p
+            .parse()
+            .map_err(|_| usage(format!("--sport: want a port number, got {p:?}")))?,
+    };
+    let locals = kv.local_addrs()?;
+    let src = resolve_from(kv, a, family, &locals)?;
+    let pkt = Packet {
+        saddr: src.addr,
+        daddr,
+        proto: protocol,
+        sport,
+        dport,
+        iif: src.iif.clone(),
+        mark,
+    };
+    let host = Host {
+        local_addrs: locals,
+    };
+    let main = a.get("table").unwrap_or(crate::proxy::names::DEFAULT_TABLE);
+    let mut tables = Vec::new();
+    for name in [main, crate::modes::ipvs::table::DEFAULT_TABLE] {
+        if let Some((t, g)) = kv.table(family, name)? {
+            tables.push(explain_table(&t, Some(g), &host, &pkt));
+        }
+    }
+    // IPVS sees the packet at local delivery, after our tables: the destination as they
+    // left it (they never DNAT in IPVS mode, so the original one).
+    let ipvs = kv
+        .ipvs(daddr, dport, protocol)?
+        .map(|(vs, rs)| virtual_server(&vs, &rs));
+    Ok(Report {
+        source: sock(src.addr, sport),
+        destination: sock(daddr, dport),
+        protocol: proto::name(protocol),
+        iif: src.iif,
+        notes: src.notes,
+        tables,
+        ipvs,
+    })
+}
+
+fn parse_u32(s: &str) -> Option<u32> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// The live kernel, over netlink.
+pub struct LiveKernel {
+    nft: Option<crate::kernel::nft::netlink::NetlinkNftables>,
+    links: Option<crate::kernel::rtnl::NetlinkLinks>,
+    ipvs: Option<Option<crate::kernel::ipvs::netlink::NetlinkIpvs>>,
+}
+
+impl LiveKernel {
+    pub fn new() -> LiveKernel {
+        LiveKernel {
+            nft: None,
+            links: None,
+            ipvs: None,
+        }
+    }
+
+    fn nft(&mut self) -> Result<&mut crate::kernel::nft::netlink::NetlinkNftables, ToolError> {
+        if self.nft.is_none() {
+            self.nft = Some(
+                crate::kernel::nft::netlink::NetlinkNftables::open()
+                    .map_err(|e| ToolError::kernel("open the nf_tables netlink socket", e))?,
+            );
+        }
+        Ok(self.nft.as_mut().expect("just set"))
+    }
+
+    fn links(&mut self) -> Result<&mut crate::kernel::rtnl::NetlinkLinks, ToolError> {
+        if self.links.is_none() {
+            self.links = Some(
+                crate::kernel::rtnl::NetlinkLinks::open()
+                    .map_err(|e| ToolError::kernel("open the rtnetlink socket", e))?,
+            );
+        }
+        Ok(self.links.as_mut().expect("just set"))
+    }
+
+    /// A table and its generation, read consistently: re-read when the generation moved
+    /// while the several dumps ran (a sync in between), up to 5 times.
+    pub fn read_table(
+        &mut self,
+        family: Family,
+        name: &str,
+    ) -> Result<(LiveTable, u32), ToolError> {
+        let nft = self.nft()?;
+        let what = || format!("read table {} {name}", family.name());
+        let mut last = None;
+        for _ in 0..5 {
+            let g0 = nft.generation().map_err(|e| ToolError::kernel(what(), e))?;
+            let t = nft
+                .read_table(family, name)
+                .map_err(|e| ToolError::kernel(what(), e))?;
+            let g1 = nft.generation().map_err(|e| ToolError::kernel(what(), e))?;
+            if g0 == g1 {
+                return Ok((t, g1));
+            }
+            last = Some((t, g1));
+        }
+        Ok(last.expect("five reads"))
+    }
+}
+
+impl Default for LiveKernel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KernelView for LiveKernel {
+    fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError> {
+        use crate::kernel::rtnl::Links;
+        Ok(self
+            .links()?
+            .addresses()
+            .map_err(|e| ToolError::kernel("list addresses", e))?
+            .into_iter()
+            .map(|a| a.addr)
+            .collect())
+    }
+
+    fn route_iif(&mut self, addr: IpAddr) -> Result<Option<String>, ToolError> {
+        let links = self.links()?;
+        let Some(index) = links
+            .route_oif(addr)
+            .map_err(|e| ToolError::kernel(format!("look up the route to {addr}"), e))?
+        else {
+            return Ok(None);
+        };
+        Ok(links
+            .links()
+            .map_err(|e| ToolError::kernel("list links", e))?
+            .into_iter()
+            .find(|l| l.index == index)
+            .map(|l| l.name))
+    }
+
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
+        let (t, g) = self.read_table(family, name)?;
+        Ok((!t.chains.is_empty()).then_some((t, g)))
+    }
+
+    fn ipvs(
+        &mut self,
+        addr: IpAddr,
+        port: u16,
+        protocol: u8,
+    ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
+        if self.ipvs.is_none() {
+            self.ipvs = Some(match crate::kernel::ipvs::netlink::NetlinkIpvs::open() {
+                Ok(i) => Some(i),
+                Err(crate::kernel::ipvs::Error::Unavailable) => None,
+                Err(e) => return Err(ToolError::kernel("open the IPVS netlink socket", e)),
+            });
+        }
+        let Some(Some(ipvs)) = self.ipvs.as_mut() else {
+            return Ok(None);
+        };
+        let services = ipvs
+            .services()
+            .map_err(|e| ToolError::kernel("list IPVS virtual servers", e))?;
+        let Some(vs) = services
+            .into_iter()
+            .find(|v| v.addr == addr && v.port == port && v.protocol == protocol)
+        else {
+            return Ok(None);
+        };
+        let dests = ipvs
+            .dests(&vs)
+            .map_err(|e| ToolError::kernel(format!("list the real servers of {}", vs.key()), e))?;
+        Ok(Some((vs, dests)))
+    }
+}
+
+/// The `explain` command.
+pub fn run(args: &[String]) -> Result<String, ToolError> {
+    let a = args::parse("explain", USAGE, FLAGS, args)?;
+    let report = explain(&mut LiveKernel::new(), &a)?;
+    Ok(if a.has("json") {
+        serde_json::to_string_pretty(&report).expect("a report serializes") + "\n"
+    } else {
+        render_text(&report)
+    })
+}
