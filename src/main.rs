@@ -7,27 +7,28 @@ fn main() -> std::process::ExitCode {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    if let Some((out, tool)) = kube_nlproxy::tools::dispatch(&args) {
-        return match out {
-            Ok(text) => {
-                print!("{text}");
-                std::process::ExitCode::SUCCESS
-            }
-            Err(kube_nlproxy::tools::ToolError::Help(text)) => {
-                print!("{text}");
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e @ kube_nlproxy::tools::ToolError::Usage { .. }) => {
-                eprintln!("kube-nlproxy {e}");
-                std::process::ExitCode::from(2)
-            }
-            Err(e) => {
-                eprintln!("kube-nlproxy {tool}: {e}");
-                std::process::ExitCode::FAILURE
-            }
-        };
-    }
-    let cfg = match Config::from_args(std::env::args_os().skip(1)) {
+    use kube_nlproxy::tools::{Dispatch, ToolError};
+    let (state_tool, flags) = match kube_nlproxy::tools::dispatch(&args) {
+        Dispatch::Daemon => (None, args),
+        Dispatch::Done(out, tool) => {
+            return match out {
+                Ok(text) | Err(ToolError::Help(text)) => {
+                    print!("{text}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e @ ToolError::Usage { .. }) => {
+                    eprintln!("kube-nlproxy {e}");
+                    std::process::ExitCode::from(2)
+                }
+                Err(e) => {
+                    eprintln!("kube-nlproxy {tool}: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
+        Dispatch::WithState(t, rest) => (Some(t), rest),
+    };
+    let mut cfg = match Config::from_args(flags) {
         Ok(Command::Run(c)) => *c,
         Ok(Command::Print(text)) => {
             print!("{text}");
@@ -44,6 +45,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
         return std::process::ExitCode::SUCCESS;
+    }
+    if let Some(t) = state_tool {
+        // Read the sources once, change nothing, print the report; only warnings logged.
+        cfg.state_tool = Some(t);
+        cfg.dry_run = true;
+        cfg.log_level = "warn";
     }
     kube_nlproxy::app::logging::init(cfg.json_logs, cfg.log_level);
     let rt = match tokio::runtime::Builder::new_multi_thread()

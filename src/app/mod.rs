@@ -56,12 +56,17 @@ pub enum AppError {
     /// `bindAddressHardFail`: a server could not bind its address.
     #[error("cannot serve {0} on {1} and bindAddressHardFail is set")]
     Bind(&'static str, std::net::SocketAddr),
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolError),
 }
 
 impl AppError {
     /// The command line points at something unusable (exit code 2).
     pub fn is_usage(&self) -> bool {
-        matches!(self, AppError::Manifests(_))
+        matches!(
+            self,
+            AppError::Manifests(_) | AppError::Tool(crate::tools::ToolError::Usage { .. })
+        )
     }
 }
 
@@ -202,6 +207,11 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             _ = shutdown.clone().signalled() => return Ok(()),
         }
     };
+    if let Some(tool) = cfg.state_tool {
+        watcher.abort();
+        print!("{}", crate::tools::status::run(tool, &cfg, &state)?);
+        return Ok(());
+    }
     if cfg.dry_run {
         if let Opened::DryRun(text) = open_mode(&cfg, None, &state)? {
             print!("{text}");

@@ -81,6 +81,8 @@ pub struct Config {
     pub localhost_nodeports: bool,
     pub oom_score_adj: i32,
     pub write_config_to: Option<PathBuf>,
+    /// `kube-nlproxy status` / `diff`: report instead of syncing (set by the binary).
+    pub state_tool: Option<crate::tools::status::StateTool>,
     /// The `--config` file, watched: when it changes the daemon exits so that it is
     /// restarted with the new file (kube-proxy's behaviour).
     pub config_path: Option<PathBuf>,
@@ -817,6 +819,7 @@ impl Config {
         Ok(Config {
             oom_score_adj,
             write_config_to,
+            state_tool: None,
             config_path,
             config_bytes,
             manifests: p

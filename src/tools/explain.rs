@@ -163,6 +163,12 @@ fn why_masquerade(p: &Path) -> Option<String> {
     Some(match caller {
         Some(c) => match &c.comment {
             Some(t) => format!("{t} (chain {}, rule {})", c.chain, c.handle),
+            // A service's external chain marks all it gets under externalTrafficPolicy
+            // Cluster (upstream's rule has no comment either).
+            None if c.chain.starts_with("external-") => format!(
+                "external traffic, externalTrafficPolicy Cluster (chain {}, rule {})",
+                c.chain, c.handle
+            ),
             None => format!("marked by chain {} (rule {})", c.chain, c.handle),
         },
         None => format!("marked by chain {}", p.steps[marker].chain),
@@ -374,8 +380,9 @@ pub struct Source {
 /// The kernel reads `explain` needs, behind one trait so the command runs against a fake.
 pub trait KernelView {
     fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError>;
-    /// Interface the kernel routes `addr` through, by name.
-    fn route_iif(&mut self, addr: IpAddr) -> Result<Option<String>, ToolError>;
+    /// The route the kernel picks for `addr`: its interface by name, and the source
+    /// address this host would send from.
+    fn route(&mut self, addr: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError>;
     /// A table with its generation; None when it does not exist (or is empty).
     fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError>;
     /// IPVS virtual server for the key with its real servers; None without IPVS or VS.
@@ -390,27 +397,31 @@ pub trait KernelView {
 fn resolve_from(
     kv: &mut dyn KernelView,
     a: &args::Args,
-    family: Family,
+    daddr: IpAddr,
     locals: &[IpAddr],
 ) -> Result<Source, ToolError> {
     let usage = |msg: String| ToolError::Usage {
         tool: "explain",
         msg,
     };
+    let family = Family::of(&daddr);
     let from = a.get("from").unwrap_or("node");
     let mut notes = Vec::new();
     let (addr, node) = match from {
         "node" => {
-            let addr = locals
+            // The source a connection from this host gets: the route's preferred source,
+            // else the first global address of the family.
+            let routed = kv.route(daddr)?.and_then(|(_, src)| src);
+            let first = locals
                 .iter()
                 .copied()
-                .find(|l| Family::of(l) == family && !l.is_loopback() && !is_link_local(l))
-                .ok_or_else(|| {
-                    usage(format!(
-                        "--from node: this host has no {} address",
-                        family.name()
-                    ))
-                })?;
+                .find(|l| Family::of(l) == family && !l.is_loopback() && !is_link_local(l));
+            let addr = routed.or(first).ok_or_else(|| {
+                usage(format!(
+                    "--from node: this host has no {} address",
+                    family.name()
+                ))
+            })?;
             (addr, true)
         }
         "external" => (external_client(family), false),
@@ -439,7 +450,7 @@ fn resolve_from(
     } else if let Some(i) = a.get("iif") {
         Some(i.to_string())
     } else {
-        let i = kv.route_iif(addr)?.ok_or_else(|| {
+        let (i, _) = kv.route(addr)?.ok_or_else(|| {
             usage(format!(
                 "no route to {addr}: give the input interface with --iif"
             ))
@@ -488,7 +499,7 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
             .map_err(|_| usage(format!("--sport: want a port number, got {p:?}")))?,
     };
     let locals = kv.local_addrs()?;
-    let src = resolve_from(kv, a, family, &locals)?;
+    let src = resolve_from(kv, a, daddr, &locals)?;
     let pkt = Packet {
         saddr: src.addr,
         daddr,
@@ -610,10 +621,10 @@ impl KernelView for LiveKernel {
             .collect())
     }
 
-    fn route_iif(&mut self, addr: IpAddr) -> Result<Option<String>, ToolError> {
+    fn route(&mut self, addr: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
         let links = self.links()?;
-        let Some(index) = links
-            .route_oif(addr)
+        let Some((index, src)) = links
+            .route_get(addr)
             .map_err(|e| ToolError::kernel(format!("look up the route to {addr}"), e))?
         else {
             return Ok(None);
@@ -623,7 +634,7 @@ impl KernelView for LiveKernel {
             .map_err(|e| ToolError::kernel("list links", e))?
             .into_iter()
             .find(|l| l.index == index)
-            .map(|l| l.name))
+            .map(|l| (l.name, src)))
     }
 
     fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
@@ -672,4 +683,160 @@ pub fn run(args: &[String]) -> Result<String, ToolError> {
     } else {
         render_text(&report)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+    use crate::proxy::{LocalDetector, ProxierConfig};
+
+    /// Node 192.168.0.2 with `default/web` (ClusterIP 10.96.0.10:80, NodePort 30080): one
+    /// local endpoint and one remote, as nftables mode plans them.
+    struct FakeView;
+
+    fn planned(family: Family) -> LiveTable {
+        let name = ServicePortName {
+            namespace: "default".into(),
+            name: "web".into(),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        let mut sp = ServicePort::new(name.clone(), "10.96.0.10".parse().unwrap(), 80);
+        sp.node_port = Some(30080);
+        let mut st = ProxyState {
+            node: NodeInfo {
+                name: "node1".into(),
+                addresses: vec!["192.168.0.2".parse().unwrap()],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        st.endpoints.insert(
+            name.clone(),
+            vec![
+                Endpoint::ready("10.244.1.2".parse().unwrap(), 8080, true),
+                Endpoint::ready("10.244.2.2".parse().unwrap(), 8080, false),
+            ],
+        );
+        st.services.insert(name, sp);
+        let cfg = ProxierConfig {
+            local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+            ..Default::default()
+        };
+        LiveTable::planned(&crate::modes::nftables::plan::build_ruleset(
+            &st, &cfg, family,
+        ))
+    }
+
+    impl KernelView for FakeView {
+        fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError> {
+            Ok(vec!["192.168.0.2".parse().unwrap()])
+        }
+        fn route(&mut self, a: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
+            Ok(Some((
+                if a.to_string().starts_with("10.244.1.") {
+                    "veth-pod3".into()
+                } else {
+                    "eth0".into()
+                },
+                Some("192.168.0.2".parse().unwrap()),
+            )))
+        }
+        fn table(
+            &mut self,
+            family: Family,
+            name: &str,
+        ) -> Result<Option<(LiveTable, u32)>, ToolError> {
+            Ok((name == crate::proxy::names::DEFAULT_TABLE).then(|| (planned(family), 7)))
+        }
+        fn ipvs(
+            &mut self,
+            _: IpAddr,
+            _: u16,
+            _: u8,
+        ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
+            Ok(None)
+        }
+    }
+
+    fn text(a: &[&str]) -> Result<String, ToolError> {
+        let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        let args = args::parse("explain", USAGE, FLAGS, &a)?;
+        explain(&mut FakeView, &args).map(|r| render_text(&r))
+    }
+
+    /// Compares with `src/tools/testdata/NAME`; `UPDATE_GOLDEN=1` rewrites it instead.
+    fn golden(name: &str, got: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/tools/testdata")
+            .join(name);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, got).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(got, want, "{name}; got:\n{got}");
+    }
+
+    #[test]
+    fn golden_text_for_a_node_port_from_outside() {
+        let got = text(&["--from", "external", "--to", "192.168.0.2:30080"]).unwrap();
+        golden("explain-nodeport-external.txt", &got);
+    }
+
+    #[test]
+    fn golden_text_for_an_unused_cluster_ip_port_from_a_pod() {
+        let got = text(&["--from", "10.244.1.3", "--to", "10.96.0.10:81/tcp"]).unwrap();
+        golden("explain-unused-port.txt", &got);
+    }
+
+    #[test]
+    fn pod_to_cluster_ip_reaches_both_endpoints_with_the_client_address() {
+        let a: Vec<String> = ["--from", "10.244.1.3", "--to", "10.96.0.10:80"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let r = explain(
+            &mut FakeView,
+            &args::parse("explain", USAGE, FLAGS, &a).unwrap(),
+        )
+        .unwrap();
+        let o = &r.tables[0].outcomes;
+        let dests: Vec<_> = o.iter().map(|o| o.destination.clone().unwrap()).collect();
+        assert_eq!(dests, ["10.244.1.2:8080", "10.244.2.2:8080"]);
+        assert!(o
+            .iter()
+            .all(|o| !o.masquerade && (o.probability - 0.5).abs() < 1e-9));
+        assert_eq!(r.iif.as_deref(), Some("veth-pod3"));
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let e = |a: &[&str]| text(a).unwrap_err().to_string();
+        assert_eq!(
+            e(&[]),
+            "explain: --to is required (e.g. --to 10.96.0.10:53/udp)"
+        );
+        assert!(e(&["--to", "10.96.0.10"]).starts_with("explain: --to: want ADDRESS:PORT"));
+        assert!(e(&["--to", "10.96.0.10:53/icmp"]).contains("unknown protocol \"icmp\""));
+        assert!(
+            e(&["--to", "10.96.0.10:53", "--from", "fd00::1"]).contains("different IP families")
+        );
+        assert!(
+            e(&["--to", "10.96.0.10:53", "--from", "my-pod"]).contains("--from: want an address")
+        );
+        assert!(e(&["--to", "10.96.0.10:53", "--mark", "x"]).contains("--mark"));
+    }
+
+    #[test]
+    fn to_parses_both_families_and_protocols() {
+        assert_eq!(
+            parse_to("[fd00::10]:53/UDP").unwrap(),
+            ("fd00::10".parse().unwrap(), 53, proto::UDP)
+        );
+        assert_eq!(
+            parse_to("10.0.0.1:80").unwrap(),
+            ("10.0.0.1".parse().unwrap(), 80, proto::TCP)
+        );
+    }
 }

@@ -118,7 +118,7 @@ pub fn rule_body(r: &Rule, family: Family) -> String {
     s
 }
 
-fn key_value(k: &KeyValue) -> String {
+pub fn key_value(k: &KeyValue) -> String {
     match k {
         KeyValue::Addr(a) => a.to_string(),
         KeyValue::Proto(p) => proto::name(*p),

@@ -163,14 +163,25 @@ pub fn encode_get_route(dst: IpAddr, seq: u32) -> Vec<u8> {
     frame(RouteNetlinkMessage::GetRoute(m), NLM_F_REQUEST, seq)
 }
 
-/// The output interface index of an RTM_NEWROUTE reply.
-pub fn decode_route_oif(m: &RawMsg<'_>) -> Option<u32> {
-    use netlink_packet_route::route::RouteAttribute;
+/// The output interface index and preferred source address of an RTM_NEWROUTE reply.
+pub fn decode_route(m: &RawMsg<'_>) -> Option<(u32, Option<IpAddr>)> {
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute};
     match parse(m)? {
-        RouteNetlinkMessage::NewRoute(r) => r.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Oif(i) => Some(*i),
-            _ => None,
-        }),
+        RouteNetlinkMessage::NewRoute(r) => {
+            let mut oif = None;
+            let mut src = None;
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::PrefSource(RouteAddress::Inet(a)) => src = Some(IpAddr::V4(*a)),
+                    RouteAttribute::PrefSource(RouteAddress::Inet6(a)) => {
+                        src = Some(IpAddr::V6(*a))
+                    }
+                    _ => {}
+                }
+            }
+            Some((oif?, src))
+        }
         _ => None,
     }
 }

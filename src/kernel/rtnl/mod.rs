@@ -73,17 +73,15 @@ impl NetlinkLinks {
             .collect())
     }
 
-    /// The interface index the kernel routes `dst` through (`ip route get`); None when it
-    /// has no route.
-    pub fn route_oif(&mut self, dst: IpAddr) -> Result<Option<u32>, Error> {
+    /// The route the kernel picks for `dst` (`ip route get`): output interface index and
+    /// preferred source address; None when it has no route.
+    pub fn route_get(&mut self, dst: IpAddr) -> Result<Option<(u32, Option<IpAddr>)>, Error> {
         let seq = self.sock.next_seq();
         match self
             .sock
             .dump(&codec::encode_get_route(dst, seq), seq, "get route")
         {
-            Ok(msgs) => Ok(msgs
-                .iter()
-                .find_map(|m| codec::decode_route_oif(&m.as_raw()))),
+            Ok(msgs) => Ok(msgs.iter().find_map(|m| codec::decode_route(&m.as_raw()))),
             Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => Ok(None),
             Err(source) => Err(Error {
                 op: format!("look up the route to {dst}"),

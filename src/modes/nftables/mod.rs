@@ -36,6 +36,46 @@ pub fn dry_run(opts: &Options, state: &ProxyState) -> Result<String, SyncError> 
     open(PlanOnly, opts, None).dry_run(state)
 }
 
+/// The ruleset a sync of `state` would program into `live` (one family), for `status`'s
+/// drift check and `diff`: the config resolved for the Node as the proxier resolves it,
+/// and every chain's endpoint-map slots as `live` has them, so that what did not change
+/// plans identically.
+pub fn plan_against(
+    opts: &Options,
+    state: &ProxyState,
+    live: &crate::kernel::nft::live::LiveTable,
+) -> crate::proxy::ruleset::Ruleset {
+    use crate::kernel::nft::lower::KExpr;
+    let cfg = proxier::resolved_config(opts, state);
+    let maps = live
+        .sets
+        .keys()
+        .filter(|n| n.starts_with("endpoints-"))
+        .count() as u32;
+    let mut blocks = Vec::new();
+    for (name, chain) in &live.chains {
+        for r in &chain.rules {
+            let Ok(exprs) = &r.exprs else { continue };
+            for w in exprs.windows(2) {
+                if let [KExpr::Numgen {
+                    modulus, offset, ..
+                }, KExpr::Lookup { set, .. }] = w
+                {
+                    if set.starts_with("endpoints-") {
+                        blocks.push((name.clone(), *offset, *modulus));
+                    }
+                }
+            }
+        }
+    }
+    let mut slots = if maps == 0 {
+        SlotAllocator::for_services(state.services.len())
+    } else {
+        SlotAllocator::seeded(maps, blocks)
+    };
+    build_ruleset_with_slots(state, &cfg, live.family, &mut slots)
+}
+
 /// Removes the nftables mode's table: the configured one and the default name.
 pub fn cleanup<N: Nftables>(nft: &mut N, opts: &Options) -> Result<Vec<String>, SyncError> {
     let mut tables = vec![opts.proxier.table.as_str()];

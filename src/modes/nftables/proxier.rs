@@ -226,6 +226,13 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
 
 /// `cfg` with the cluster's service CIDRs: the configured ones and those of its ServiceCIDR
 /// objects. They live in the base fragment, so a change makes the next sync a full one.
+/// The config a sync of `state` runs with: the local detector resolved for its Node, the
+/// ServiceCIDRs added.
+pub(crate) fn resolved_config(opts: &crate::proxy::Options, state: &ProxyState) -> ProxierConfig {
+    let mut local = LocalDetectorResolver::new(opts.detect_local.clone());
+    with_service_cidrs(local.resolve(&opts.proxier, &state.node), state)
+}
+
 fn with_service_cidrs(mut cfg: ProxierConfig, state: &ProxyState) -> ProxierConfig {
     cfg.service_cidrs
         .extend(state.service_cidrs.iter().copied());

@@ -32,6 +32,23 @@ impl SlotAllocator {
         }
     }
 
+    /// An allocator holding the blocks a table already uses: `(owner, first slot,
+    /// endpoints)` over `maps` endpoint maps (what a live table's `numgen … map` rules say),
+    /// so that a plan against that table keeps every unchanged chain's slots. New blocks go
+    /// after the last one: a freed block's capacity is not recorded in the kernel.
+    pub fn seeded(maps: u32, blocks: impl IntoIterator<Item = (String, u32, u32)>) -> Self {
+        let mut a = SlotAllocator {
+            maps: maps.clamp(1, super::names::ENDPOINT_MAPS),
+            ..Default::default()
+        };
+        for (owner, off, n) in blocks {
+            let cap = n.max(2).next_power_of_two();
+            a.next = a.next.max(off.saturating_add(cap));
+            a.blocks.insert(owner, (off, cap));
+        }
+        a
+    }
+
     /// How many endpoint maps there are.
     pub fn maps(&self) -> u32 {
         self.maps.max(1)
@@ -84,6 +101,16 @@ impl SlotAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seeded_allocator_keeps_the_blocks_it_was_given() {
+        let mut a = SlotAllocator::seeded(4, [("a".to_string(), 0, 3), ("b".to_string(), 4, 2)]);
+        assert_eq!(a.maps(), 4);
+        assert_eq!(a.assign("a", 4), 0, "same capacity: same block");
+        assert_eq!(a.assign("b", 2), 4);
+        assert_eq!(a.assign("c", 2), 6, "new blocks after the last one");
+        assert_eq!(a.assign("a", 5), 8, "a larger capacity moves");
+    }
 
     #[test]
     fn about_one_map_per_32_services_up_to_the_limit() {

@@ -1,0 +1,299 @@
+//! Drift between the table a sync would program and the live one: each difference named,
+//! and the operations that turn the live table into the plan, ordered so that the kernel
+//! (or `nft -f`) takes them as one transaction. `status` reports the differences, `diff`
+//! prints the operations. Pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::kernel::nft::live::{
+    canonical_rule, element_key, typed_key, LiveData, LiveRule, LiveSet, LiveTable,
+};
+use crate::kernel::nft::{render, Chain, Element, Rule, Set, Transaction, Verdict};
+use crate::proxy::ruleset::Ruleset;
+
+/// How the live table differs from the plan.
+#[derive(Debug, Clone)]
+pub struct Drift {
+    /// One line per difference, naming the chain, set or element.
+    pub differences: Vec<String>,
+    /// What makes the live table the plan.
+    pub tx: Transaction,
+}
+
+impl Drift {
+    pub fn in_sync(&self) -> bool {
+        self.differences.is_empty()
+    }
+}
+
+fn data_text(d: &LiveData) -> String {
+    match d {
+        LiveData::None => "member".into(),
+        LiveData::Verdict(v) => render::verdict(v),
+        LiveData::Value(v) => format!("{v:02x?}"),
+    }
+}
+
+/// Compares `live` with `plan` (one family's table).
+pub fn drift(plan: &Ruleset, live: &LiveTable) -> Drift {
+    let family = plan.family();
+    let planned = LiveTable::planned(plan);
+    let mut tx = Transaction::new(family, plan.table.name.clone());
+    let mut diffs = Vec::new();
+    let typed_chains: BTreeMap<&str, &(Chain, Vec<Rule>)> =
+        plan.chains().map(|c| (c.0.name.as_str(), c)).collect();
+    let typed_sets: BTreeMap<&str, &Set> = plan.sets().map(|s| (s.name.as_str(), s)).collect();
+    let mut typed_elements: BTreeMap<(&str, Vec<u8>), &Element> = BTreeMap::new();
+    for e in plan.elements() {
+        if let Some(s) = planned.sets.get(&e.set) {
+            typed_elements.insert((e.set.as_str(), element_key(e, s.key_len as usize)), e);
+        }
+    }
+    if live.chains.is_empty() && live.sets.is_empty() {
+        diffs.push(format!(
+            "table {} {}: missing or empty",
+            family, plan.table.name
+        ));
+        tx.add(plan.table.clone());
+    }
+    // Sets and chains the plan adds.
+    for (name, ps) in &planned.sets {
+        match live.sets.get(name) {
+            None => {
+                diffs.push(format!("set {name}: missing"));
+                tx.add(typed_sets[name.as_str()].clone());
+            }
+            Some(ls)
+                if (ls.flags, ls.key_len, ls.timeout_ms)
+                    != (ps.flags, ps.key_len, ps.timeout_ms) =>
+            {
+                diffs.push(format!(
+                    "set {name}: of another type (flags {:#x}, key {} bytes; planned {:#x}, {} bytes): a full sync recreates it",
+                    ls.flags, ls.key_len, ps.flags, ps.key_len
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, pc) in &planned.chains {
+        match live.chains.get(name) {
+            None => {
+                diffs.push(format!("chain {name}: missing"));
+                tx.add(typed_chains[name.as_str()].0.clone());
+            }
+            Some(lc) if lc.base != pc.base => diffs.push(format!(
+                "chain {name}: hooked as {:?}, planned {:?}: a full sync recreates it",
+                lc.base, pc.base
+            )),
+            Some(_) => {}
+        }
+    }
+    // Elements that go (or change data), before rules that stop using them.
+    let mut adds = Vec::new();
+    for (name, ps) in &planned.sets {
+        let Some(ls) = live.sets.get(name) else {
+            adds.extend(ps.elements.keys().map(|k| (name.as_str(), k.clone())));
+            continue;
+        };
+        // Sets with a timeout are the data path's (session affinity): never planned.
+        if ps.timeout_ms.is_some() {
+            continue;
+        }
+        let set = typed_sets[name.as_str()];
+        element_changes(name, set, family, ls, ps, &mut diffs, &mut tx, &mut adds);
+    }
+    // Chains whose rules differ: flushed and refilled.
+    for (name, pc) in &planned.chains {
+        let (chain, rules) = typed_chains[name.as_str()];
+        match live.chains.get(name) {
+            None => {
+                for r in rules {
+                    tx.add(r.clone());
+                }
+            }
+            Some(lc) => {
+                let equal = |l: &LiveRule, p: &LiveRule| {
+                    l.comment == p.comment
+                        && match (&l.exprs, &p.exprs) {
+                            (Ok(a), Ok(b)) => {
+                                canonical_rule(a, &|s| live.data_len(s))
+                                    == canonical_rule(b, &|s| planned.data_len(s))
+                            }
+                            _ => false,
+                        }
+                };
+                let same = lc.rules.len() == pc.rules.len()
+                    && lc.rules.iter().zip(&pc.rules).all(|(l, p)| equal(l, p));
+                if !same {
+                    let at = lc
+                        .rules
+                        .iter()
+                        .zip(&pc.rules)
+                        .position(|(l, p)| !equal(l, p))
+                        .unwrap_or(lc.rules.len().min(pc.rules.len()));
+                    let what = match (lc.rules.get(at), pc.rules.get(at)) {
+                        (Some(r), _) if r.exprs.is_err() => format!(
+                            "rule handle {} is not one of ours ({})",
+                            r.handle,
+                            r.exprs.as_ref().err().map(String::as_str).unwrap_or("")
+                        ),
+                        (Some(r), Some(p)) => format!(
+                            "rule handle {} differs: {}",
+                            r.handle,
+                            first_difference(r, p)
+                        ),
+                        (Some(r), None) => format!("rule handle {} is extra", r.handle),
+                        (None, _) => "rules missing at the end".into(),
+                    };
+                    diffs.push(format!(
+                        "chain {name}: {} rules, planned {}; from rule {}: {what}",
+                        lc.rules.len(),
+                        pc.rules.len(),
+                        at + 1
+                    ));
+                    tx.flush(chain.clone());
+                    for r in rules {
+                        tx.add(r.clone());
+                    }
+                }
+            }
+        }
+    }
+    for (set, key) in adds {
+        if let Some(e) = typed_elements.get(&(set, key)) {
+            tx.add((*e).clone());
+        }
+    }
+    // What the plan no longer has: chains (flushed first: they may jump to each other),
+    // then sets.
+    let gone: Vec<&String> = live
+        .chains
+        .keys()
+        .filter(|n| !planned.chains.contains_key(*n))
+        .collect();
+    for name in &gone {
+        diffs.push(format!("chain {name}: not in the plan"));
+        tx.flush(Chain::regular((*name).clone()));
+    }
+    for name in &gone {
+        tx.delete(Chain::regular((*name).clone()));
+    }
+    for (name, ls) in &live.sets {
+        if !planned.sets.contains_key(name) {
+            diffs.push(format!("set {name}: not in the plan"));
+            let mut s = Set::plain(name.clone(), vec![]);
+            s.map = ls.flags & crate::kernel::nft::uapi::NFT_SET_MAP != 0;
+            tx.delete(s);
+        }
+    }
+    Drift {
+        differences: diffs,
+        tx,
+    }
+}
+
+/// Element differences of one set both sides have: deletes go into `tx` now, adds into
+/// `adds` (made after the rules).
+#[allow(clippy::too_many_arguments)]
+fn element_changes<'a>(
+    name: &'a str,
+    set: &Set,
+    family: crate::kernel::nft::Family,
+    live: &LiveSet,
+    planned: &LiveSet,
+    diffs: &mut Vec<String>,
+    tx: &mut Transaction,
+    adds: &mut Vec<(&'a str, Vec<u8>)>,
+) {
+    let keys: BTreeSet<&Vec<u8>> = live
+        .elements
+        .keys()
+        .chain(planned.elements.keys())
+        .collect();
+    let (mut missing, mut extra, mut changed) = (0, 0, 0);
+    let mut first = None;
+    for k in keys {
+        let shown = || match typed_key(set, family, k) {
+            Some(kv) => kv
+                .iter()
+                .map(render::key_value)
+                .collect::<Vec<_>>()
+                .join(" . "),
+            None => format!("{k:02x?}"),
+        };
+        match (live.elements.get(k), planned.elements.get(k)) {
+            (Some(l), Some(p)) if l == p => {}
+            (Some(l), Some(p)) => {
+                changed += 1;
+                first.get_or_insert_with(|| {
+                    format!(
+                        "{} maps to {}, planned {}",
+                        shown(),
+                        data_text(l),
+                        data_text(p)
+                    )
+                });
+                delete_element(name, set, family, k, tx);
+                adds.push((name, k.clone()));
+            }
+            (Some(_), None) => {
+                extra += 1;
+                first.get_or_insert_with(|| format!("{} is not in the plan", shown()));
+                delete_element(name, set, family, k, tx);
+            }
+            (None, Some(_)) => {
+                missing += 1;
+                first.get_or_insert_with(|| format!("{} missing", shown()));
+                adds.push((name, k.clone()));
+            }
+            (None, None) => {}
+        }
+    }
+    if let Some(f) = first {
+        diffs.push(format!(
+            "set {name}: {missing} elements missing, {extra} not in the plan, {changed} with other data (e.g. {f})"
+        ));
+    }
+}
+
+fn delete_element(
+    set_name: &str,
+    set: &Set,
+    family: crate::kernel::nft::Family,
+    key: &[u8],
+    tx: &mut Transaction,
+) {
+    if let Some(k) = typed_key(set, family, key) {
+        tx.delete(Element {
+            set: set_name.to_string(),
+            key: k,
+            verdict: None::<Verdict>,
+            target: None,
+            comment: None,
+        });
+    }
+}
+
+/// Where two rules part, in the kernel's expression terms.
+fn first_difference(
+    live: &crate::kernel::nft::live::LiveRule,
+    planned: &crate::kernel::nft::live::LiveRule,
+) -> String {
+    if live.comment != planned.comment {
+        return format!("comment {:?}, planned {:?}", live.comment, planned.comment);
+    }
+    let (Ok(l), Ok(p)) = (&live.exprs, &planned.exprs) else {
+        return "unreadable".into();
+    };
+    let i = l
+        .iter()
+        .zip(p)
+        .position(|(a, b)| a != b)
+        .unwrap_or(l.len().min(p.len()));
+    format!(
+        "expression {}: {:?}, planned {:?}",
+        i + 1,
+        l.get(i),
+        p.get(i)
+    )
+}

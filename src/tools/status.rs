@@ -1,0 +1,606 @@
+//! `kube-nlproxy status` and `kube-nlproxy diff`: both take the daemon's own flags (so that
+//! they read the same sources and config as the daemon: `--config`, `--manifests`,
+//! `--kubeconfig`, `--proxy-mode`, …), load the current state once, and compare what a
+//! sync of it would program with what the kernel holds. `status` adds what is programmed
+//! (counts per family) and the running daemon's last sync (its metrics endpoint, when
+//! reachable); `diff` prints the operations a sync would send, as `nft` commands and IPVS
+//! changes, without sending them. The comparisons and renderers are pure; [`run`] reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use crate::config::{Config, ProxyMode};
+use crate::kernel::ipvs::{Ipvs, RealServer, VirtualServer, VsKey};
+use crate::kernel::nft::live::LiveTable;
+use crate::kernel::nft::lower::KExpr;
+use crate::kernel::nft::{render, Family};
+use crate::model::ProxyState;
+use crate::modes::ipvs::plan::IpvsPlan;
+
+use super::drift::{drift, Drift};
+use super::explain::LiveKernel;
+use super::ToolError;
+
+/// Which of the two, and how to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateTool {
+    pub diff: bool,
+    pub json: bool,
+}
+
+/// The tool's own flags taken out of `args`; the rest are the daemon's.
+pub fn split_args(diff: bool, args: &[String]) -> (StateTool, Vec<String>) {
+    let mut json = false;
+    let rest = args
+        .iter()
+        .filter(|a| {
+            let mine = matches!(a.as_str(), "--json" | "--json=true");
+            json |= mine;
+            !mine && a.as_str() != "--json=false"
+        })
+        .cloned()
+        .collect();
+    (StateTool { diff, json }, rest)
+}
+
+/// What is programmed in one table, counted from the kernel's own listing.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Counts {
+    pub services: usize,
+    pub service_ports: usize,
+    pub endpoints: usize,
+    pub chains: usize,
+    pub rules: usize,
+    pub elements: usize,
+}
+
+/// Counts of one of our tables: service ports are the `service-…-ns/name/proto/port`
+/// chains, endpoints the slots their `numgen` picks from (or their DNATs).
+pub fn counts(t: &LiveTable) -> Counts {
+    let mut services = BTreeSet::new();
+    let mut c = Counts {
+        chains: t.chains.len(),
+        rules: t.rule_count(),
+        elements: t.element_count(),
+        ..Default::default()
+    };
+    for (name, chain) in &t.chains {
+        // service-HASH-ns/name/proto/port (static chains like service-endpoints-check
+        // have no slash).
+        let Some((_, spn)) = name
+            .strip_prefix("service-")
+            .and_then(|r| r.split_once('-'))
+            .filter(|(_, spn)| spn.contains('/'))
+        else {
+            continue;
+        };
+        c.service_ports += 1;
+        let mut parts = spn.splitn(3, '/');
+        if let (Some(ns), Some(n)) = (parts.next(), parts.next()) {
+            services.insert(format!("{ns}/{n}"));
+        }
+        let exprs = chain.rules.iter().filter_map(|r| r.exprs.as_ref().ok());
+        let numgen: Option<u32> = exprs.clone().flatten().find_map(|e| match e {
+            KExpr::Numgen { modulus, .. } => Some(*modulus),
+            _ => None,
+        });
+        c.endpoints += match numgen {
+            Some(n) => n as usize,
+            None => exprs
+                .flatten()
+                .filter(|e| matches!(e, KExpr::Nat { .. }))
+                .count(),
+        };
+    }
+    c.services = services.len();
+    c
+}
+
+/// The running daemon, from its metrics endpoint.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Daemon {
+    pub metrics_url: String,
+    /// Unix time of the last successful sync.
+    pub last_sync: Option<f64>,
+    /// Mean sync duration so far, seconds, and how many syncs.
+    pub mean_sync_seconds: Option<f64>,
+    pub syncs: u64,
+    pub sync_failures: u64,
+    pub pending_service_changes: f64,
+    pub pending_endpoint_changes: f64,
+}
+
+/// Every sample of metric `name` (each label set).
+fn samples<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 'a {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(move |l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            (k.split('{').next() == Some(name)).then(|| v.parse().ok())?
+        })
+}
+
+/// The sum over label sets (counters, per-family sums).
+fn sample(text: &str, name: &str) -> Option<f64> {
+    samples(text, name).reduce(|a, b| a + b)
+}
+
+/// The latest over label sets (per-family timestamps).
+fn sample_max(text: &str, name: &str) -> Option<f64> {
+    samples(text, name).reduce(f64::max)
+}
+
+/// Reads a Prometheus text page into [`Daemon`].
+pub fn daemon_from_metrics(url: String, text: &str) -> Daemon {
+    let count = sample(text, "kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0);
+    let sum = sample(text, "kubeproxy_sync_proxy_rules_duration_seconds_sum").unwrap_or(0.0);
+    Daemon {
+        metrics_url: url,
+        last_sync: sample_max(text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+            .filter(|t| *t > 0.0),
+        mean_sync_seconds: (count > 0.0).then(|| sum / count),
+        syncs: count as u64,
+        sync_failures: sample(
+            text,
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+        )
+        .unwrap_or(0.0) as u64,
+        pending_service_changes: sample(text, "kubeproxy_sync_proxy_rules_service_changes_pending")
+            .unwrap_or(0.0),
+        pending_endpoint_changes: sample(
+            text,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        )
+        .unwrap_or(0.0),
+    }
+}
+
+/// One family's part of the report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FamilyReport {
+    pub family: &'static str,
+    pub table: String,
+    pub generation: u32,
+    pub counts: Counts,
+    pub differences: Vec<String>,
+    /// `diff`: the operations, one `nft` command each.
+    pub operations: Vec<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IpvsReport {
+    pub virtual_servers: usize,
+    pub real_servers: usize,
+    pub differences: Vec<String>,
+    /// `diff`: the changes, in `ipvsadm` notation.
+    pub operations: Vec<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub mode: &'static str,
+    pub source: String,
+    pub families: Vec<FamilyReport>,
+    pub ipvs: Option<IpvsReport>,
+    /// None when the daemon's metrics endpoint does not answer (with why).
+    pub daemon: Result<Daemon, String>,
+    pub in_sync: bool,
+}
+
+fn ipvsadm_service(k: &VsKey) -> String {
+    let flag = match k.protocol {
+        crate::model::net::proto::UDP => "-u",
+        crate::model::net::proto::SCTP => "--sctp-service",
+        _ => "-t",
+    };
+    format!("{flag} {}", std::net::SocketAddr::new(k.addr, k.port))
+}
+
+/// The IPVS part of the drift: virtual servers (scheduler, persistence) and real servers
+/// (weights) of `plan` against the kernel's, and the VIPs of the dummy link.
+pub fn ipvs_drift(
+    plan: &IpvsPlan,
+    live: &[(VirtualServer, Vec<RealServer>)],
+    live_vips: &BTreeSet<IpAddr>,
+    dummy: &str,
+) -> (Vec<String>, Vec<String>) {
+    let mut diffs = Vec::new();
+    let mut ops = Vec::new();
+    let live_by: BTreeMap<VsKey, &(VirtualServer, Vec<RealServer>)> =
+        live.iter().map(|e| (e.0.key(), e)).collect();
+    for (k, want) in &plan.services {
+        let svc = ipvsadm_service(k);
+        let persist = |p: u32| {
+            if p > 0 {
+                format!(" -p {p}")
+            } else {
+                String::new()
+            }
+        };
+        match live_by.get(k) {
+            None => {
+                diffs.push(format!("virtual server {k} ({}): missing", want.service));
+                ops.push(format!(
+                    "-A {svc} -s {}{}",
+                    want.vs.scheduler,
+                    persist(want.vs.persistence)
+                ));
+                for d in want.dests.values() {
+                    ops.push(format!(
+                        "-a {svc} -r {} -m -w {}",
+                        std::net::SocketAddr::new(d.addr, d.port),
+                        d.weight
+                    ));
+                }
+            }
+            Some((vs, dests)) => {
+                if vs.scheduler != want.vs.scheduler || vs.persistence != want.vs.persistence {
+                    diffs.push(format!(
+                        "virtual server {k}: scheduler {} persistence {}, planned {} {}",
+                        vs.scheduler, vs.persistence, want.vs.scheduler, want.vs.persistence
+                    ));
+                    ops.push(format!(
+                        "-E {svc} -s {}{}",
+                        want.vs.scheduler,
+                        persist(want.vs.persistence)
+                    ));
+                }
+                let have: BTreeMap<(IpAddr, u16), &RealServer> =
+                    dests.iter().map(|d| ((d.addr, d.port), d)).collect();
+                for (a, d) in &want.dests {
+                    let rs = std::net::SocketAddr::new(a.0, a.1);
+                    match have.get(a) {
+                        None => {
+                            diffs.push(format!("virtual server {k}: real server {rs} missing"));
+                            ops.push(format!("-a {svc} -r {rs} -m -w {}", d.weight));
+                        }
+                        Some(h) if h.weight != d.weight => {
+                            diffs.push(format!(
+                                "virtual server {k}: real server {rs} weight {}, planned {}",
+                                h.weight, d.weight
+                            ));
+                            ops.push(format!("-e {svc} -r {rs} -m -w {}", d.weight));
+                        }
+                        Some(_) => {}
+                    }
+                }
+                for a in have.keys().filter(|a| !want.dests.contains_key(a)) {
+                    let rs = std::net::SocketAddr::new(a.0, a.1);
+                    diffs.push(format!(
+                        "virtual server {k}: real server {rs} not in the plan"
+                    ));
+                    ops.push(format!("-d {svc} -r {rs}"));
+                }
+            }
+        }
+    }
+    for k in live_by.keys().filter(|k| !plan.services.contains_key(k)) {
+        diffs.push(format!("virtual server {k}: not in the plan"));
+        ops.push(format!("-D {}", ipvsadm_service(k)));
+    }
+    for a in plan.vips.difference(live_vips) {
+        diffs.push(format!("address {a} on {dummy}: missing"));
+        ops.push(format!("address add {a} dev {dummy}"));
+    }
+    for a in live_vips.difference(&plan.vips) {
+        diffs.push(format!("address {a} on {dummy}: not in the plan"));
+        ops.push(format!("address delete {a} dev {dummy}"));
+    }
+    (diffs, ops)
+}
+
+/// The text form.
+pub fn render_text(r: &Report, diff: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "mode {}, state from {}", r.mode, r.source);
+    for f in &r.families {
+        let c = &f.counts;
+        let _ = writeln!(
+            s,
+            "{} {}: generation {}, {} Services ({} service ports, {} endpoints); {} chains, {} rules, {} elements",
+            f.family, f.table, f.generation, c.services, c.service_ports, c.endpoints, c.chains, c.rules, c.elements
+        );
+    }
+    if let Some(i) = &r.ipvs {
+        let _ = writeln!(
+            s,
+            "IPVS: {} virtual servers, {} real servers",
+            i.virtual_servers, i.real_servers
+        );
+    }
+    if !diff {
+        match &r.daemon {
+            Ok(d) => {
+                let last = match d.last_sync {
+                    Some(t) => {
+                        let ts = k8s_openapi::jiff::Timestamp::from_second(t as i64)
+                            .map(|t| t.to_string())
+                            .unwrap_or_else(|_| format!("{t}"));
+                        let ago = k8s_openapi::jiff::Timestamp::now().as_second() - t as i64;
+                        format!("last sync {ts} ({ago} s ago)")
+                    }
+                    None => "no sync yet".into(),
+                };
+                let mean = d
+                    .mean_sync_seconds
+                    .map(|m| format!(", {:.1} ms per sync on average", m * 1000.0))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "daemon ({}): {last}, {} syncs{mean}, {} failed; pending: {} service and {} endpoint changes",
+                    d.metrics_url, d.syncs, d.sync_failures, d.pending_service_changes, d.pending_endpoint_changes
+                );
+            }
+            Err(why) => {
+                let _ = writeln!(s, "daemon: not reachable ({why})");
+            }
+        }
+    }
+    let diffs: Vec<&String> = r
+        .families
+        .iter()
+        .flat_map(|f| &f.differences)
+        .chain(r.ipvs.iter().flat_map(|i| &i.differences))
+        .collect();
+    if diff {
+        let ops: Vec<(&str, &String)> = r
+            .families
+            .iter()
+            .flat_map(|f| f.operations.iter().map(|o| ("nft", o)))
+            .chain(
+                r.ipvs
+                    .iter()
+                    .flat_map(|i| i.operations.iter().map(|o| ("ipvs", o))),
+            )
+            .collect();
+        if ops.is_empty() {
+            let _ = writeln!(s, "no changes: a sync now sends nothing");
+        } else {
+            let _ = writeln!(s, "a sync now sends {} operations:", ops.len());
+            let nft: Vec<&String> = ops.iter().filter(|o| o.0 == "nft").map(|o| o.1).collect();
+            if !nft.is_empty() {
+                let _ = writeln!(s, "# nft -f -");
+                for o in nft {
+                    let _ = writeln!(s, "{o}");
+                }
+            }
+            let ipvs: Vec<&String> = ops.iter().filter(|o| o.0 == "ipvs").map(|o| o.1).collect();
+            if !ipvs.is_empty() {
+                let _ = writeln!(s, "# ipvsadm -R (and ip for addresses)");
+                for o in ipvs {
+                    let _ = writeln!(s, "{o}");
+                }
+            }
+        }
+    } else if diffs.is_empty() {
+        let _ = writeln!(
+            s,
+            "drift: none, the kernel holds what a full sync of the current sources programs"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "drift: {} differences from what a full sync of the current sources programs:",
+            diffs.len()
+        );
+        for d in diffs.iter().take(50) {
+            let _ = writeln!(s, "  {d}");
+        }
+        if diffs.len() > 50 {
+            let _ = writeln!(s, "  … and {} more (--json lists all)", diffs.len() - 50);
+        }
+    }
+    s
+}
+
+/// GET `http://addr/metrics` (plain HTTP/1.0 on loopback; 2 s per step).
+fn fetch_metrics(addr: std::net::SocketAddr) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let t = Duration::from_secs(2);
+    let mut c = std::net::TcpStream::connect_timeout(&addr, t).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(t)).map_err(|e| e.to_string())?;
+    c.set_write_timeout(Some(t)).map_err(|e| e.to_string())?;
+    write!(c, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    c.take(64 << 20)
+        .read_to_string(&mut body)
+        .map_err(|e| e.to_string())?;
+    match body.split_once("\r\n\r\n") {
+        Some((head, b)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
+            Ok(b.to_string())
+        }
+        Some((head, _)) => Err(head.lines().next().unwrap_or("").to_string()),
+        None => Err("no HTTP reply".into()),
+    }
+}
+
+fn mode_name(m: ProxyMode) -> &'static str {
+    match m {
+        ProxyMode::Nftables => "nftables",
+        ProxyMode::Ipvs => "ipvs",
+        ProxyMode::Userspace => "userspace",
+        #[allow(unreachable_patterns)]
+        _ => "other",
+    }
+}
+
+/// `status` or `diff` of `state` (from the daemon's sources) against the live kernel.
+pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<String, ToolError> {
+    let opts = crate::proxy::Options {
+        proxier: cfg.proxier.clone(),
+        detect_local: cfg.detect_local.clone(),
+        sync_period: cfg.sync_period,
+    };
+    let mut kernel = LiveKernel::new();
+    let mut families = Vec::new();
+    let mut ipvs = None;
+    let plan_for = |live: &LiveTable, ipvs_plan: Option<&IpvsPlan>| match ipvs_plan {
+        None => crate::modes::nftables::plan_against(&opts, state, live),
+        Some(p) => {
+            let mut local = crate::proxy::LocalDetectorResolver::new(opts.detect_local.clone());
+            let pcfg = local.resolve(&opts.proxier, &state.node);
+            crate::modes::ipvs::table::build_ruleset(state, p, &pcfg, live.family)
+        }
+    };
+    let ipvs_plan = match cfg.mode {
+        ProxyMode::Nftables => None,
+        ProxyMode::Ipvs => Some(read_ipvs_plan(cfg, state)?),
+        _ => {
+            return Err(ToolError::Usage {
+                tool: if tool.diff { "diff" } else { "status" },
+                msg: format!(
+                    "--proxy-mode {}: the userspace mode's table names listener ports the daemon picks at run time; status and diff cover the nftables and ipvs modes",
+                    mode_name(cfg.mode)
+                ),
+            })
+        }
+    };
+    for family in Family::all() {
+        let (live, generation) = kernel.read_table(family, &cfg.proxier.table)?;
+        let rs = plan_for(&live, ipvs_plan.as_ref().map(|(p, _, _)| p));
+        let d: Drift = drift(&rs, &live);
+        families.push(FamilyReport {
+            family: family.name(),
+            table: cfg.proxier.table.clone(),
+            generation,
+            counts: counts(&live),
+            operations: if tool.diff {
+                d.tx.ops
+                    .iter()
+                    .map(|o| render::op(o, family, &d.tx.table))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            differences: d.differences,
+        });
+    }
+    if let Some((plan, live, vips)) = &ipvs_plan {
+        let (differences, operations) = ipvs_drift(plan, live, vips, &cfg.ipvs.dummy_link);
+        ipvs = Some(IpvsReport {
+            virtual_servers: live.len(),
+            real_servers: live.iter().map(|(_, d)| d.len()).sum(),
+            differences,
+            operations: if tool.diff { operations } else { Vec::new() },
+        });
+    }
+    let daemon = match cfg.metrics_bind_address {
+        None => Err("metrics are off (--metrics-bind-address)".into()),
+        Some(mut a) if !tool.diff => {
+            if a.ip().is_unspecified() {
+                a.set_ip(IpAddr::from([127, 0, 0, 1]));
+            }
+            fetch_metrics(a).map(|t| daemon_from_metrics(format!("http://{a}/metrics"), &t))
+        }
+        Some(_) => Err("not read by diff".into()),
+    };
+    let in_sync = families.iter().all(|f| f.differences.is_empty())
+        && ipvs.as_ref().is_none_or(|i| i.differences.is_empty());
+    let report = Report {
+        mode: mode_name(cfg.mode),
+        source: match (&cfg.manifests, &cfg.kubeconfig, &cfg.master) {
+            (Some(m), _, _) => format!("--manifests {}", m.display()),
+            (None, Some(k), _) => format!("the API server of {}", k.display()),
+            (None, None, Some(m)) => format!("the API server at {m}"),
+            _ => "the API server (in-cluster config)".into(),
+        },
+        families,
+        ipvs,
+        daemon,
+        in_sync,
+    };
+    Ok(if tool.json {
+        serde_json::to_string_pretty(&report).expect("a report serializes") + "\n"
+    } else {
+        render_text(&report, tool.diff)
+    })
+}
+
+type LiveIpvs = (
+    IpvsPlan,
+    Vec<(VirtualServer, Vec<RealServer>)>,
+    BTreeSet<IpAddr>,
+);
+
+/// The IPVS plan for `state` on this node, and the kernel's virtual servers and VIPs.
+fn read_ipvs_plan(cfg: &Config, state: &ProxyState) -> Result<LiveIpvs, ToolError> {
+    use crate::kernel::rtnl::Links;
+    let mut links = crate::kernel::rtnl::NetlinkLinks::open()
+        .map_err(|e| ToolError::kernel("open the rtnetlink socket", e))?;
+    let dummy = links
+        .link(&cfg.ipvs.dummy_link)
+        .map_err(|e| ToolError::kernel(format!("look up link {}", cfg.ipvs.dummy_link), e))?
+        .map(|l| l.index);
+    let addrs = links
+        .addresses()
+        .map_err(|e| ToolError::kernel("list addresses", e))?;
+    let node: Vec<IpAddr> = addrs
+        .iter()
+        .filter(|a| Some(a.index) != dummy)
+        .map(|a| a.addr)
+        .collect();
+    let vips: BTreeSet<IpAddr> = addrs
+        .iter()
+        .filter(|a| Some(a.index) == dummy)
+        .map(|a| a.addr)
+        .collect();
+    let node_addrs = crate::modes::ipvs::plan::nodeport_addresses(
+        &node,
+        &cfg.proxier.nodeport_addresses,
+        &state.node.addresses,
+    );
+    let plan = crate::modes::ipvs::plan::build_plan(state, &cfg.ipvs, &node_addrs);
+    let mut ipvs = crate::kernel::ipvs::netlink::NetlinkIpvs::open()
+        .map_err(|e| ToolError::kernel("open the IPVS netlink socket", e))?;
+    let mut live = Vec::new();
+    for vs in ipvs
+        .services()
+        .map_err(|e| ToolError::kernel("list IPVS virtual servers", e))?
+    {
+        let d = ipvs
+            .dests(&vs)
+            .map_err(|e| ToolError::kernel(format!("list the real servers of {}", vs.key()), e))?;
+        live.push((vs, d));
+    }
+    Ok((plan, live, vips))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn daemon_figures_from_the_metrics_page() {
+        let page = "# HELP x\n\
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1700000010\n\
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv6\"} 1700000012\n\
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 0.3\n\
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv6\"} 0.1\n\
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 3\n\
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1\n\
+kubeproxy_sync_proxy_rules_endpoint_changes_pending 2\n";
+        let d = daemon_from_metrics("u".into(), page);
+        assert_eq!(
+            d.last_sync,
+            Some(1700000012.0),
+            "the latest family, not a sum"
+        );
+        assert_eq!(d.syncs, 4);
+        assert!((d.mean_sync_seconds.unwrap() - 0.1).abs() < 1e-9);
+        assert_eq!(d.pending_endpoint_changes, 2.0);
+        assert_eq!(d.pending_service_changes, 0.0);
+    }
+
+    #[test]
+    fn tool_flags_are_split_from_the_daemons() {
+        let a: Vec<String> = ["--json", "--manifests", "m.yaml", "--json=false"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let (t, rest) = split_args(true, &a);
+        assert!(t.json && t.diff);
+        assert_eq!(rest, ["--manifests", "m.yaml"]);
+    }
+}
