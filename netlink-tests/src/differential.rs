@@ -771,6 +771,21 @@ pub fn explained(c: &Cluster, f: &Flow) -> Result<Outcome, String> {
                 "drop" => {
                     seen.insert("dropped".into());
                 }
+                // Delivered to a socket on loopback (our localhost NodePort listener):
+                // explain cannot see behind a socket.
+                "accept" if r["ipvs"].is_null() && dst.ip().is_loopback() => {
+                    return Err("delivered to a local socket on loopback".into())
+                }
+                // Delivered to this host (a VIP of IPVS mode's dummy link without a
+                // virtual server for the port): nothing of the test network listens there.
+                "accept"
+                    if r["ipvs"].is_null()
+                        && o["detail"]
+                            .as_str()
+                            .is_some_and(|d| d.ends_with("delivered to this host")) =>
+                {
+                    seen.insert("refused".into());
+                }
                 "accept" if !r["ipvs"].is_null() => {
                     let servers = r["ipvs"]["real_servers"]
                         .as_array()
@@ -781,6 +796,7 @@ pub fn explained(c: &Cluster, f: &Flow) -> Result<Outcome, String> {
                     }
                     for s in servers {
                         if s["weight"].as_u64().unwrap_or(0) > 0 {
+                            let masq = s["masquerade"].as_bool().unwrap_or(false);
                             answer(s["address"].as_str().unwrap_or(""), masq, &mut seen)?;
                         }
                     }
@@ -798,11 +814,16 @@ pub fn explained(c: &Cluster, f: &Flow) -> Result<Outcome, String> {
             }
         }
     }
-    if f.sticky && names.len() == 1 {
-        let name = names.into_iter().next().unwrap();
+    // IPVS persistence: the scheduler picks once, then the same real server answers.
+    let persistent = r["ipvs"]["persistence"].as_u64().unwrap_or(0) > 0;
+    if f.sticky && (names.len() == 1 || persistent) {
         seen = seen
             .into_iter()
-            .map(|s| s.replacen(&name, "one endpoint", 1))
+            .map(|s| {
+                names.iter().fold(s, |s, n| {
+                    s.replacen(&format!("{n} saw"), "one endpoint saw", 1)
+                })
+            })
             .collect();
     }
     Ok(Outcome(seen))

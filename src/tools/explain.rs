@@ -99,6 +99,10 @@ pub struct VirtualServerReport {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RealServerReport {
     pub address: String,
+    /// Whether the real server sees this host's address (our table's postrouting verdict
+    /// for the forwarded packet), and why.
+    pub masquerade: bool,
+    pub masquerade_reason: Option<String>,
     pub weight: u32,
     /// weight / sum of weights (what weighted schedulers aim at; rr ignores weights > 0).
     pub share: f64,
@@ -255,6 +259,8 @@ pub fn virtual_server(vs: &VirtualServer, dests: &[RealServer]) -> VirtualServer
             .iter()
             .map(|d| RealServerReport {
                 address: sock(d.addr, d.port),
+                masquerade: false,
+                masquerade_reason: None,
                 weight: d.weight,
                 share: if total == 0 {
                     0.0
@@ -355,9 +361,13 @@ pub fn render_text(r: &Report) -> String {
             let _ = writeln!(s, "  no real servers: the connection is refused");
         }
         for d in &v.real_servers {
+            let masq = match &d.masquerade_reason {
+                Some(why) => format!("masquerade: {why}"),
+                None => "source kept".into(),
+            };
             let _ = writeln!(
                 s,
-                "  {:>5.1}%  {} weight {} ({} active, {} inactive connections)",
+                "  {:>5.1}%  {} weight {} ({} active, {} inactive connections), {masq}",
                 d.share * 100.0,
                 d.address,
                 d.weight,
@@ -514,16 +524,62 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
     };
     let main = a.get("table").unwrap_or(crate::proxy::names::DEFAULT_TABLE);
     let mut tables = Vec::new();
+    let mut live_tables = Vec::new();
     for name in [main, crate::modes::ipvs::table::DEFAULT_TABLE] {
         if let Some((t, g)) = kv.table(family, name)? {
             tables.push(explain_table(&t, Some(g), &host, &pkt));
+            live_tables.push(t);
         }
     }
-    // IPVS sees the packet at local delivery, after our tables: the destination as they
-    // left it (they never DNAT in IPVS mode, so the original one).
-    let ipvs = kv
-        .ipvs(daddr, dport, protocol)?
-        .map(|(vs, rs)| virtual_server(&vs, &rs));
+    // IPVS sees the packet at local delivery, after our tables (which never DNAT in IPVS
+    // mode), and forwards it to a real server: out through postrouting, where our table
+    // decides masquerading from the mark the earlier hooks set.
+    let mut ipvs = None;
+    if let Some((vs, rs)) = kv.ipvs(daddr, dport, protocol)? {
+        let mut report = virtual_server(&vs, &rs);
+        let delivered: Vec<(LiveTable, Path)> = live_tables
+            .iter()
+            .flat_map(|t| {
+                eval::evaluate(t, &host, &pkt)
+                    .into_iter()
+                    .filter(|p| {
+                        matches!(
+                            p.end,
+                            End::Accept {
+                                delivered: Delivery::Local
+                            }
+                        )
+                    })
+                    .map(move |p| (t.clone(), p))
+            })
+            .collect();
+        for (r, d) in report.real_servers.iter_mut().zip(&rs) {
+            for (t, p) in &delivered {
+                // This host's own packet met postrouting once already (on its way to
+                // the local VIP): a masquerade there holds for the forwarded one too.
+                if p.masquerade {
+                    r.masquerade = true;
+                    r.masquerade_reason = why_masquerade(p);
+                }
+                let fwd = Packet {
+                    daddr: d.addr,
+                    dport: d.port,
+                    mark: p.mark,
+                    ..pkt.clone()
+                };
+                for q in eval::evaluate_from(t, &host, &fwd, crate::kernel::nft::Hook::Postrouting)
+                {
+                    if q.masquerade {
+                        r.masquerade = true;
+                        let mut steps = p.steps.clone();
+                        steps.extend(q.steps.clone());
+                        r.masquerade_reason = why_masquerade(&Path { steps, ..q.clone() });
+                    }
+                }
+            }
+        }
+        ipvs = Some(report);
+    }
     Ok(Report {
         source: sock(src.addr, sport),
         destination: sock(daddr, dport),

@@ -297,10 +297,19 @@ pub fn render_text(r: &Report, diff: bool) -> String {
     let _ = writeln!(s, "mode {}, state from {}", r.mode, r.source);
     for f in &r.families {
         let c = &f.counts;
+        // IPVS mode's table only filters and marks: its Services are the virtual servers.
+        let services = if r.ipvs.is_some() {
+            String::new()
+        } else {
+            format!(
+                "{} Services ({} service ports, {} endpoints); ",
+                c.services, c.service_ports, c.endpoints
+            )
+        };
         let _ = writeln!(
             s,
-            "{} {}: generation {}, {} Services ({} service ports, {} endpoints); {} chains, {} rules, {} elements",
-            f.family, f.table, f.generation, c.services, c.service_ports, c.endpoints, c.chains, c.rules, c.elements
+            "{} {}: generation {}, {services}{} chains, {} rules, {} elements",
+            f.family, f.table, f.generation, c.chains, c.rules, c.elements
         );
     }
     if let Some(i) = &r.ipvs {

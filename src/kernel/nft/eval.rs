@@ -97,6 +97,8 @@ pub struct Path {
     pub masquerade: bool,
     /// Sets the packet's source was added to or refreshed in (session affinity).
     pub updated_sets: Vec<String>,
+    /// The packet's mark at the end (what a later hook, or IPVS, sees).
+    pub mark: u32,
     pub end: End,
 }
 
@@ -657,6 +659,17 @@ fn sockaddr(a: IpAddr, port: u16) -> String {
 /// Every way `pkt` can go through `table`, starting at `prerouting` (a packet arriving on
 /// `pkt.iif`) or at `output` (one this host sends).
 pub fn evaluate(table: &LiveTable, host: &Host, pkt: &Packet) -> Vec<Path> {
+    let first = if pkt.iif.is_some() {
+        Hook::Prerouting
+    } else {
+        Hook::Output
+    };
+    evaluate_from(table, host, pkt, first)
+}
+
+/// [`evaluate`] from hook `first_hook`: `postrouting` for a packet IPVS forwards after
+/// local delivery.
+pub fn evaluate_from(table: &LiveTable, host: &Host, pkt: &Packet, first_hook: Hook) -> Vec<Path> {
     let first = State {
         pkt: pkt.clone(),
         prob: 1.0,
@@ -680,13 +693,9 @@ pub fn evaluate(table: &LiveTable, host: &Host, pkt: &Packet) -> Vec<Path> {
             redirect: st.redirect,
             masquerade: st.masquerade,
             updated_sets: st.updated_sets,
+            mark: st.pkt.mark,
             end,
         })
-    };
-    let first_hook = if pkt.iif.is_some() {
-        Hook::Prerouting
-    } else {
-        Hook::Output
     };
     for (st, end) in run(first_hook, vec![first]) {
         if let Some(e) = end {
@@ -697,6 +706,7 @@ pub fn evaluate(table: &LiveTable, host: &Host, pkt: &Packet) -> Vec<Path> {
         let hooks: &[Hook] = match (first_hook, local) {
             (Hook::Prerouting, true) => &[Hook::Input],
             (Hook::Prerouting, false) => &[Hook::Forward, Hook::Postrouting],
+            (Hook::Postrouting | Hook::Input | Hook::Forward, _) => &[],
             (_, true) => &[Hook::Postrouting, Hook::Input],
             (_, false) => &[Hook::Postrouting],
         };
