@@ -81,8 +81,10 @@ fn layer(unit: &str) -> u8 {
         "proxy" => 2,
         "modes" | "source" => 3,
         "config" | "serve" => 4,
-        "app" => 5,
-        "crate" | "main" | "lib" => 6,
+        // The operator tools (explain, status, diff) read the config and the kernel.
+        "tools" => 5,
+        "app" => 6,
+        "crate" | "main" | "lib" => 7,
         other => panic!("unit {other} has no layer: add it to tests/layers.rs"),
     }
 }

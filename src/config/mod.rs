@@ -47,6 +47,14 @@ impl ProxyMode {
     }
 }
 
+/// `kube-nlproxy status` (or `diff`, with `diff`) in place of the daemon: which, and
+/// whether to print JSON. Set by the binary, never by a flag of upstream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateTool {
+    pub diff: bool,
+    pub json: bool,
+}
+
 /// The effective, validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -82,7 +90,7 @@ pub struct Config {
     pub oom_score_adj: i32,
     pub write_config_to: Option<PathBuf>,
     /// `kube-nlproxy status` / `diff`: report instead of syncing (set by the binary).
-    pub state_tool: Option<crate::tools::status::StateTool>,
+    pub state_tool: Option<StateTool>,
     /// The `--config` file, watched: when it changes the daemon exits so that it is
     /// restarted with the new file (kube-proxy's behaviour).
     pub config_path: Option<PathBuf>,

@@ -115,6 +115,18 @@ fn owner_of<'a>(
 }
 
 impl Ruleset {
+    /// The table as the kernel would hold it after a full sync into an empty one, in the
+    /// kernel's own terms (what `status` and `diff` compare the live table with).
+    pub fn as_live(&self) -> crate::kernel::nft::live::LiveTable {
+        crate::kernel::nft::live::LiveTable::from_typed(
+            self.family(),
+            &self.table.name,
+            self.chains(),
+            self.sets(),
+            self.elements(),
+        )
+    }
+
     pub fn new(table: Table, base: Fragment) -> Ruleset {
         let mut rs = Ruleset {
             table,

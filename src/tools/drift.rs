@@ -37,7 +37,7 @@ fn data_text(d: &LiveData) -> String {
 /// Compares `live` with `plan` (one family's table).
 pub fn drift(plan: &Ruleset, live: &LiveTable) -> Drift {
     let family = plan.family();
-    let planned = LiveTable::planned(plan);
+    let planned = plan.as_live();
     let mut tx = Transaction::new(family, plan.table.name.clone());
     let mut diffs = Vec::new();
     let typed_chains: BTreeMap<&str, &(Chain, Vec<Rule>)> =
@@ -138,9 +138,14 @@ pub fn drift(plan: &Ruleset, live: &LiveTable) -> Drift {
                             r.exprs.as_ref().err().map(String::as_str).unwrap_or("")
                         ),
                         (Some(r), Some(p)) => format!(
-                            "rule handle {} differs: {}",
+                            "rule handle {} is not the planned `{}`{}",
                             r.handle,
-                            first_difference(r, p)
+                            render::rule_body(&rules[at], family),
+                            if r.comment != p.comment {
+                                format!(" (comment {:?}, planned {:?})", r.comment, p.comment)
+                            } else {
+                                String::new()
+                            }
                         ),
                         (Some(r), None) => format!("rule handle {} is extra", r.handle),
                         (None, _) => "rules missing at the end".into(),
@@ -272,28 +277,4 @@ fn delete_element(
             comment: None,
         });
     }
-}
-
-/// Where two rules part, in the kernel's expression terms.
-fn first_difference(
-    live: &crate::kernel::nft::live::LiveRule,
-    planned: &crate::kernel::nft::live::LiveRule,
-) -> String {
-    if live.comment != planned.comment {
-        return format!("comment {:?}, planned {:?}", live.comment, planned.comment);
-    }
-    let (Ok(l), Ok(p)) = (&live.exprs, &planned.exprs) else {
-        return "unreadable".into();
-    };
-    let i = l
-        .iter()
-        .zip(p)
-        .position(|(a, b)| a != b)
-        .unwrap_or(l.len().min(p.len()));
-    format!(
-        "expression {}: {:?}, planned {:?}",
-        i + 1,
-        l.get(i),
-        p.get(i)
-    )
 }

@@ -780,9 +780,7 @@ mod tests {
             local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
             ..Default::default()
         };
-        LiveTable::planned(&crate::modes::nftables::plan::build_ruleset(
-            &st, &cfg, family,
-        ))
+        crate::modes::nftables::plan::build_ruleset(&st, &cfg, family).as_live()
     }
 
     impl KernelView for FakeView {

@@ -23,12 +23,7 @@ use super::drift::{drift, Drift};
 use super::explain::LiveKernel;
 use super::ToolError;
 
-/// Which of the two, and how to print.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StateTool {
-    pub diff: bool,
-    pub json: bool,
-}
+pub use crate::config::StateTool;
 
 /// The tool's own flags taken out of `args`; the rest are the daemon's.
 pub fn split_args(diff: bool, args: &[String]) -> (StateTool, Vec<String>) {

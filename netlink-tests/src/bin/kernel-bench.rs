@@ -943,6 +943,22 @@ fn side_by_side_rows(
         let up = Upstream::start(&b.node, mode, &[&arg], &cp.dir);
         let t = first_sync(&b.node, up.child.id(), mode);
         eprintln!("side by side: upstream {mode}: {t:?}");
+        if mode == "nftables" && t.is_some() {
+            // What it programmed: 1.37 DNATs through an anonymous numgen map in each
+            // service chain (no per-endpoint chains without affinity).
+            let out = b.node.sh(
+                "nft list table ip kube-proxy > /tmp/kbench-upstream.nft; \
+                 grep -c 'chain service-' /tmp/kbench-upstream.nft || true; \
+                 grep -o ' [.] 8080' /tmp/kbench-upstream.nft | wc -l; rm -f /tmp/kbench-upstream.nft",
+            );
+            let mut it = out.split_whitespace();
+            eprintln!(
+                "side by side: upstream nftables holds {} service chains, {} endpoints in their maps (want {n}, {})",
+                it.next().unwrap_or("?"),
+                it.next().unwrap_or("?"),
+                n * eps
+            );
+        }
         cold.push((mode, t));
         if t.is_some() {
             upstreams.push((mode, b, up));
@@ -1138,6 +1154,17 @@ fn main() {
         latency_rows(&mut rows, &lat, connects);
     } else if args.iter().any(|a| a == "--conntrack-only") {
         conntrack_row(&mut rows);
+    } else if let Some(shape) = args
+        .iter()
+        .position(|a| a == "--side-by-side-shape")
+        .and_then(|i| args.get(i + 1))
+    {
+        // One workload against upstream's nftables mode, e.g. `5000x50`.
+        let (n, e) = shape
+            .split_once('x')
+            .and_then(|(n, e)| Some((n.parse().ok()?, e.parse().ok()?)))
+            .expect("--side-by-side-shape SERVICESxENDPOINTS");
+        side_by_side_rows(&mut rows, n, e, &["nftables"], 3);
     } else if args.iter().any(|a| a == "--side-by-side-only") {
         side_by_side_all(&mut rows, quick);
     } else {

@@ -51,6 +51,8 @@ pub struct ListedElement {
     pub verdict: Option<Verdict>,
     /// Value data (endpoint maps): address then port, as the kernel stores them.
     pub value: Option<Vec<u8>>,
+    /// The element's comment (ours name the Service port: `ns/name:port`).
+    pub comment: Option<String>,
 }
 
 /// A decoding failure, naming what was being decoded.
@@ -398,6 +400,7 @@ pub fn decode_elements(m: &RawMsg<'_>) -> Result<Vec<ListedElement>, DecodeError
                 key,
                 verdict,
                 value,
+                comment: comment_of(e.get(NFTA_SET_ELEM_USERDATA), UDATA_COMMENT),
             });
         }
     }

@@ -519,6 +519,9 @@ impl Eval<'_> {
                 }
                 let key = Self::read(st, *sreg, s.key_len as usize)?;
                 let found = s.elements.get(&key);
+                if let (Some(_), Some(c)) = (found, s.comments.get(&key)) {
+                    st.notes.push(format!("@{set} element {c:?}"));
+                }
                 match dreg {
                     None => {
                         if found.is_some() == (flags & NFT_LOOKUP_F_INV != 0) {

@@ -1,7 +1,7 @@
 //! [`LiveTable`]: one table's content in the kernel's own terms (chains with their base
 //! hooks, rules as kernel expressions with handles and comments, sets with their elements as
-//! bytes), built either from a netlink dump of the live kernel or from a planned
-//! [`Ruleset`] lowered the way the encoder lowers it. The same shape on both sides is what
+//! bytes), built either from a netlink dump of the live kernel or from planned typed
+//! objects lowered the way the encoder lowers them. The same shape on both sides is what
 //! lets `explain` trace the live kernel and `status`/`diff` compare it with a plan. Pure.
 
 use std::collections::BTreeMap;
@@ -9,8 +9,7 @@ use std::collections::BTreeMap;
 use super::decode::{ListedChain, ListedElement, ListedRule, ListedSet};
 use super::lower::{key_bytes, lower, target_bytes, KExpr};
 
-use super::{BaseChain, Element, Family, Rule, Set, Verdict};
-use crate::proxy::ruleset::Ruleset;
+use super::{BaseChain, Chain, Element, Family, Rule, Set, Verdict};
 
 /// A rule as the kernel holds it. `exprs` is `Err` with the reason when the kernel's
 /// expressions could not be read (another program's rule in our table, an expression we
@@ -47,6 +46,8 @@ pub struct LiveSet {
     pub timeout_ms: Option<u64>,
     /// Key bytes (exactly `key_len` long) → data.
     pub elements: BTreeMap<Vec<u8>, LiveData>,
+    /// Element comments by key (shown by `explain`; not compared).
+    pub comments: BTreeMap<Vec<u8>, String>,
 }
 
 /// One table, chains and sets by name.
@@ -113,18 +114,20 @@ impl LiveTable {
                 t.chains.entry(chain).or_default().rules.push(rule);
             }
         }
-        for (s, elements) in sets.into_iter().filter(|(s, _)| s.table == name) {
-            let elements = elements
-                .into_iter()
-                .map(|e| {
-                    let data = match (e.verdict, e.value) {
-                        (Some(v), _) => LiveData::Verdict(v),
-                        (None, Some(v)) => LiveData::Value(v),
-                        (None, None) => LiveData::None,
-                    };
-                    (e.key, data)
-                })
-                .collect();
+        for (s, listed) in sets.into_iter().filter(|(s, _)| s.table == name) {
+            let mut elements = BTreeMap::new();
+            let mut comments = BTreeMap::new();
+            for e in listed {
+                let data = match (e.verdict, e.value) {
+                    (Some(v), _) => LiveData::Verdict(v),
+                    (None, Some(v)) => LiveData::Value(v),
+                    (None, None) => LiveData::None,
+                };
+                if let Some(c) = e.comment {
+                    comments.insert(e.key.clone(), c);
+                }
+                elements.insert(e.key, data);
+            }
             t.sets.insert(
                 s.name,
                 LiveSet {
@@ -132,20 +135,26 @@ impl LiveTable {
                     key_len: s.key_len,
                     timeout_ms: s.timeout_ms,
                     elements,
+                    comments,
                 },
             );
         }
         t
     }
 
-    /// What the kernel would hold after a full sync of `rs` into an empty table (the
-    /// elements of sets the data path fills excepted: those are never planned).
-    pub fn planned(rs: &Ruleset) -> LiveTable {
-        let family = rs.family();
-        let mut t = LiveTable::empty(family, rs.table.name.clone());
+    /// What the kernel would hold after adding these typed objects to an empty table (a
+    /// plan's: the elements of sets the data path fills are never among them).
+    pub fn from_typed<'a>(
+        family: Family,
+        name: &str,
+        chains: impl Iterator<Item = &'a (Chain, Vec<Rule>)>,
+        sets: impl Iterator<Item = &'a Set>,
+        elements: impl Iterator<Item = &'a Element>,
+    ) -> LiveTable {
+        let mut t = LiveTable::empty(family, name);
         // Handles numbered as a fresh table's would be: 1, 2, … in creation order.
         let mut handle = 0;
-        for (chain, rules) in rs.chains() {
+        for (chain, rules) in chains {
             let rules = rules
                 .iter()
                 .map(|r| {
@@ -164,12 +173,15 @@ impl LiveTable {
                 },
             );
         }
-        for s in rs.sets() {
+        for s in sets {
             t.sets.insert(s.name.clone(), planned_set(s, family));
         }
-        for e in rs.elements() {
+        for e in elements {
             if let Some(s) = t.sets.get_mut(&e.set) {
                 let (k, d) = planned_element(e, s.key_len as usize);
+                if let Some(c) = e.comment.as_deref().and_then(stored_comment) {
+                    s.comments.insert(k.clone(), c);
+                }
                 s.elements.insert(k, d);
             }
         }
@@ -232,6 +244,7 @@ fn planned_set(s: &Set, family: Family) -> LiveSet {
         key_len,
         timeout_ms: s.timeout.map(|t| u64::from(t) * 1000),
         elements: BTreeMap::new(),
+        comments: BTreeMap::new(),
     }
 }
 

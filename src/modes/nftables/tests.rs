@@ -924,8 +924,7 @@ mod upstream_flows {
         from_node: bool,
     ) -> (String, bool) {
         use crate::kernel::nft::eval::{evaluate, End, Host, Packet as EvalPacket};
-        use crate::kernel::nft::live::LiveTable;
-        let table = LiveTable::planned(s.committed(family).expect("a committed ruleset"));
+        let table = s.committed(family).expect("a committed ruleset").as_live();
         let host = Host {
             local_addrs: p.local_addrs.clone(),
         };
