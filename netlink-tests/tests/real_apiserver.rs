@@ -505,3 +505,67 @@ fn a_missing_rbac_rule_is_named_and_nothing_is_programmed() {
         "nothing programmed"
     );
 }
+
+/// `explain --from NAMESPACE/POD` finds the pod's address in the EndpointSlices, with the
+/// proxy's own ServiceAccount token (its RBAC lists EndpointSlices; it has no Pod access).
+#[test]
+fn explain_finds_a_pod_by_name_with_the_proxys_own_token() {
+    require_root();
+    let c = scenario::web_cluster(Backends::default());
+    let cp = ControlPlane::start(&c.node);
+    let mut web = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]);
+    web.endpoints[0].target_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("Pod".into()),
+        namespace: Some("default".into()),
+        name: Some("web-local".into()),
+        ..Default::default()
+    });
+    let token = setup(
+        &c,
+        &cp,
+        serde_json::json!({}),
+        serde_json::json!({"type": "ClusterIP", "clusterIP": "10.96.0.10",
+            "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
+        web,
+    );
+    let kc = cp.kubeconfig(&token, "kube-nlproxy");
+    let kc = kc.to_str().unwrap();
+    let d = c.start_daemon_with(&["--kubeconfig", kc]);
+    let r = netlink_tests::differential::explain_json(
+        &c.node,
+        &[
+            "--from",
+            "default/web-local",
+            "--kubeconfig",
+            kc,
+            "--to",
+            "10.96.0.10:80",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_text()));
+    assert_eq!(r["source"], format!("{LOCAL_EP}:40000"), "{r:#}");
+    assert!(
+        r["notes"]
+            .to_string()
+            .contains("Pod default/web-local is 10.244.1.2"),
+        "{r:#}"
+    );
+    let e = netlink_tests::differential::explain_json(
+        &c.node,
+        &[
+            "--from",
+            "default/nobody",
+            "--kubeconfig",
+            kc,
+            "--to",
+            "10.96.0.10:80",
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        e.contains(
+            "--from default/nobody: no IPv4 EndpointSlice in namespace default lists Pod nobody"
+        ),
+        "{e}"
+    );
+}

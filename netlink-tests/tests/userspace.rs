@@ -137,3 +137,60 @@ fn established_connection_survives_endpoint_change_and_listeners_follow_services
     }
     assert!(tcp_probe(&c.pods[1], sa("10.96.0.11", 80)).name().is_some());
 }
+
+/// `explain` in userspace mode: the kernel shows only the redirect to a listener's port;
+/// the daemon's metrics server lists that listener's endpoints, and the packets reach
+/// exactly those.
+#[test]
+fn explain_names_the_listener_and_the_endpoints_behind_it() {
+    let c = web_cluster();
+    let d = c.start_daemon(&web_yaml("", &["10.244.1.2", "10.244.2.2"]), USERSPACE);
+    let r = netlink_tests::differential::explain_json(
+        &c.node,
+        &["--from", "10.244.1.3", "--to", "10.96.0.10:80"],
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", d.log_text()));
+    let outcomes = r["tables"][0]["outcomes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(outcomes.len(), 1, "{r:#}");
+    let o = &outcomes[0];
+    assert_eq!(o["verdict"], "redirect", "{r:#}");
+    let l = &o["listener"];
+    assert_eq!(l["service"], "default/web:http", "{r:#}");
+    let mut eps: Vec<String> = l["endpoints"]
+        .as_array()
+        .unwrap_or(&vec![])
+        .iter()
+        .filter_map(|e| e.as_str().map(str::to_owned))
+        .collect();
+    eps.sort();
+    assert_eq!(eps, ["10.244.1.2:8080", "10.244.2.2:8080"], "{r:#}");
+    let port = o["destination"].as_str().unwrap().trim_start_matches(':');
+    assert_eq!(
+        port,
+        l["port"].to_string(),
+        "the redirect's port is the listener's"
+    );
+    // Real packets reach exactly those endpoints.
+    let n = tally(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6));
+    assert_eq!(
+        (n.get("local"), n.get("remote")),
+        (Some(&3), Some(&3)),
+        "{n:?}"
+    );
+    // The text form names them too.
+    let out = c.node.output(
+        netlink_tests::cluster::proxy_bin().to_str().unwrap(),
+        &["explain", "--from", "10.244.1.3", "--to", "10.96.0.10:80"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("listener of default/web:http: forwards to 10.244.1.2:8080, 10.244.2.2:8080")
+            || text.contains(
+                "listener of default/web:http: forwards to 10.244.2.2:8080, 10.244.1.2:8080"
+            ),
+        "{text}"
+    );
+}

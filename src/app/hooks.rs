@@ -133,6 +133,9 @@ impl SyncHooks for Hooks {
                 if s.restored > 0 {
                     m.nftables_restores.inc();
                 }
+                if let Some(l) = &s.listeners {
+                    *self.shared.listeners.lock().expect("listeners") = l.clone();
+                }
                 let mut h = self.shared.health.lock().expect("proxy health");
                 for f in Family::all() {
                     h.updated(f, now);

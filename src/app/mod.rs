@@ -70,44 +70,10 @@ impl AppError {
     }
 }
 
-/// The API client: `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,
-/// ~/.kube/config); `--master` overrides the server address either way.
 async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
-    use kube::config::{KubeConfigOptions, Kubeconfig};
-    let err = |e: &dyn std::fmt::Display| AppError::Kube(e.to_string());
-    let mut config = match (&cfg.kubeconfig, &cfg.master) {
-        (Some(path), _) => {
-            let kc = Kubeconfig::read_from(path)
-                .map_err(|e| AppError::Kube(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| err(&e))?
-        }
-        // Inside a pod keep the service account's token and CA, only the address changes.
-        (None, Some(m)) => match kube::Config::incluster() {
-            Ok(c) => c,
-            Err(_) => kube::Config::new(m.parse().map_err(|e| err(&e))?),
-        },
-        (None, None) => kube::Config::infer().await.map_err(|e| err(&e))?,
-    };
-    if let Some(m) = &cfg.master {
-        config.cluster_url = m.parse().map_err(|e| err(&e))?;
-    }
-    // Plain HTTP needs no trust store, but kube-rs builds its TLS layer regardless and
-    // without a configured CA reads the system's, failing where there is none (a
-    // `scratch` image, the test VM): an empty CA list makes it skip that.
-    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
-        config.root_cert = Some(Vec::new());
-    }
-    let host = config
-        .cluster_url
-        .authority()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(&e))?;
-    Ok(builder
-        .with_layer(&crate::source::rest_client::MetricsLayer { host })
-        .build())
+    crate::source::kube::client(cfg.kubeconfig.as_deref(), cfg.master.as_deref())
+        .await
+        .map_err(AppError::Kube)
 }
 
 fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
@@ -322,6 +288,7 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
             serde_json::to_value(cfg.to_kube_proxy_configuration()).unwrap_or_default(),
         ),
         proxy_mode: cfg.requested_mode.as_str().into(),
+        listeners: Default::default(),
     };
     let mut failures = Vec::new();
     for (addr, what, router) in [

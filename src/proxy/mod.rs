@@ -111,6 +111,25 @@ pub struct SyncStats {
     /// IPVS mode: virtual or real servers we had applied that a full sync found missing
     /// (removed by someone else; IPVS sends no notifications) and restored.
     pub restored: usize,
+    /// Userspace mode: its listeners after the sync (served at `/userspace/listeners` for
+    /// `explain`, which sees only the redirect to a port in the kernel).
+    pub listeners: Option<Arc<Vec<ListenerInfo>>>,
+}
+
+/// One userspace-mode listener: where the redirect table sends a service port, and the
+/// endpoints the listener forwards to.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListenerInfo {
+    /// `ns/name:port/protocol`.
+    pub service: String,
+    /// Serves external traffic (NodePorts, externalIPs, LoadBalancer IPs) rather than
+    /// ClusterIPs.
+    pub external: bool,
+    pub ipv4: bool,
+    pub port: u16,
+    pub endpoints: Vec<std::net::SocketAddr>,
+    /// ClientIP affinity timeout, seconds.
+    pub affinity_seconds: Option<u64>,
 }
 
 /// What every mode is opened with.

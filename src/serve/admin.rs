@@ -23,6 +23,9 @@ pub struct Shared {
     /// The configured mode's name, served at `/proxyMode` (`iptables` when the file left it
     /// empty, as upstream answers).
     pub proxy_mode: Arc<str>,
+    /// Userspace mode's listeners after the last sync, served at `/userspace/listeners`
+    /// (for `explain`; empty in the other modes).
+    pub listeners: Arc<Mutex<Arc<Vec<crate::proxy::ListenerInfo>>>>,
 }
 
 fn health_response(shared: &Shared, live: bool) -> Response {
@@ -120,6 +123,13 @@ pub fn metrics_router(shared: Shared) -> axum::Router {
                 ))
             }),
         )
+        .route("/userspace/listeners", {
+            let listeners = shared.listeners.clone();
+            get(move || async move {
+                let l = listeners.lock().expect("listeners").clone();
+                axum::Json((*l).clone())
+            })
+        })
         .route(
             "/configz",
             get(move || async move {

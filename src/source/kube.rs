@@ -533,6 +533,48 @@ pub async fn run(
     }
 }
 
+/// The API client (the daemon's, and the tools'): `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,
+/// ~/.kube/config); `--master` overrides the server address either way.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    master: Option<&str>,
+) -> Result<kube::Client, String> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let mut config = match (kubeconfig, master) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| err(&e))?
+        }
+        // Inside a pod keep the service account's token and CA, only the address changes.
+        (None, Some(m)) => match kube::Config::incluster() {
+            Ok(c) => c,
+            Err(_) => kube::Config::new(m.parse().map_err(|e| err(&e))?),
+        },
+        (None, None) => kube::Config::infer().await.map_err(|e| err(&e))?,
+    };
+    if let Some(m) = master {
+        config.cluster_url = m.parse().map_err(|e| err(&e))?;
+    }
+    // Plain HTTP needs no trust store, but kube-rs builds its TLS layer regardless and
+    // without a configured CA reads the system's, failing where there is none (a
+    // `scratch` image, the test VM): an empty CA list makes it skip that.
+    if config.cluster_url.scheme_str() == Some("http") && config.root_cert.is_none() {
+        config.root_cert = Some(Vec::new());
+    }
+    let host = config
+        .cluster_url
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(&e))?;
+    Ok(builder
+        .with_layer(&crate::source::rest_client::MetricsLayer { host })
+        .build())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

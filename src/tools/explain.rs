@@ -27,7 +27,7 @@ pub const FLAGS: &[Flag] = &[
     Flag {
         name: "from",
         value: true,
-        help: "source address, `node` (this host sends it) or `external` (a client outside the cluster, 203.0.113.10 / 2001:db8::10); default node",
+        help: "source address, NAMESPACE/POD (a pod behind a Service, found in the EndpointSlices), `node` (this host sends it) or `external` (a client outside the cluster, 203.0.113.10 / 2001:db8::10); default node",
     },
     Flag {
         name: "iif",
@@ -48,6 +48,21 @@ pub const FLAGS: &[Flag] = &[
         name: "table",
         value: true,
         help: "our nftables table (default kube-nlproxy; the IPVS mode's kube-nlproxy-ipvs is read too)",
+    },
+    Flag {
+        name: "kubeconfig",
+        value: true,
+        help: "for --from NAMESPACE/POD: the API server to find the pod's address in (default: in-cluster, $KUBECONFIG)",
+    },
+    Flag {
+        name: "master",
+        value: true,
+        help: "for --from NAMESPACE/POD: the API server's address (overrides the kubeconfig's)",
+    },
+    Flag {
+        name: "metrics-address",
+        value: true,
+        help: "the daemon's metrics server, where userspace mode lists its listeners (default 127.0.0.1:10249)",
     },
     Flag {
         name: "json",
@@ -122,6 +137,8 @@ pub struct Outcome {
     pub masquerade_reason: Option<String>,
     pub affinity_sets: Vec<String>,
     pub detail: Option<String>,
+    /// Userspace mode: the listener a redirect reaches, as the daemon reports it.
+    pub listener: Option<crate::proxy::ListenerInfo>,
     pub path: Vec<eval::Step>,
 }
 
@@ -226,6 +243,7 @@ fn outcome(p: &Path) -> Outcome {
         masquerade_reason: why_masquerade(p),
         affinity_sets: p.updated_sets.clone(),
         detail,
+        listener: None,
         path: p.steps.clone(),
     }
 }
@@ -324,6 +342,28 @@ pub fn render_text(r: &Report) -> String {
             for a in &o.affinity_sets {
                 let _ = writeln!(s, "          session affinity: source recorded in @{a}");
             }
+            if let Some(l) = &o.listener {
+                let eps: Vec<String> = l.endpoints.iter().map(|e| e.to_string()).collect();
+                let aff = l
+                    .affinity_seconds
+                    .map(|t| format!(", ClientIP affinity {t} s"))
+                    .unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "          listener of {}{}: forwards to {}{aff}",
+                    l.service,
+                    if l.external {
+                        " (external traffic)"
+                    } else {
+                        ""
+                    },
+                    if eps.is_empty() {
+                        "nothing (no endpoints)".into()
+                    } else {
+                        eps.join(", ")
+                    }
+                );
+            }
             for st in &o.path {
                 let comment = st
                     .comment
@@ -395,6 +435,19 @@ pub trait KernelView {
     fn route(&mut self, addr: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError>;
     /// A table with its generation; None when it does not exist (or is empty).
     fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError>;
+    /// The address of Pod `namespace/name` in `family`, from the EndpointSlices that list
+    /// it (`kubeconfig`/`master` as the daemon's flags).
+    fn pod_address(
+        &mut self,
+        pod: (&str, &str),
+        family: Family,
+        api: (Option<&str>, Option<&str>),
+    ) -> Result<IpAddr, String>;
+    /// Userspace mode's listeners, from the daemon's metrics server at `addr`.
+    fn listeners(
+        &mut self,
+        addr: std::net::SocketAddr,
+    ) -> Result<Vec<crate::proxy::ListenerInfo>, String>;
     /// IPVS virtual server for the key with its real servers; None without IPVS or VS.
     fn ipvs(
         &mut self,
@@ -436,11 +489,22 @@ fn resolve_from(
         }
         "external" => (external_client(family), false),
         other => {
-            let addr: IpAddr = other.parse().map_err(|_| {
-                usage(format!(
-                    "--from: want an address, node or external, got {other:?} (pod names are not resolved: give the pod's IP)"
-                ))
-            })?;
+            let addr: IpAddr = match other.parse() {
+                Ok(a) => a,
+                Err(_) if is_pod_name(other) => {
+                    let (ns, name) = other.split_once('/').unwrap_or(("default", other));
+                    let found = kv
+                        .pod_address((ns, name), family, (a.get("kubeconfig"), a.get("master")))
+                        .map_err(|why| usage(format!("--from {other}: {why}")))?;
+                    notes.push(format!("Pod {ns}/{name} is {found}"));
+                    found
+                }
+                Err(_) => {
+                    return Err(usage(format!(
+                        "--from: want an address, NAMESPACE/POD, node or external, got {other:?}"
+                    )))
+                }
+            };
             if Family::of(&addr) != family {
                 return Err(usage(format!(
                     "--from {addr} and --to are of different IP families"
@@ -474,6 +538,20 @@ fn resolve_from(
         notes.push(format!("external client {addr}"));
     }
     Ok(Source { addr, iif, notes })
+}
+
+/// `name` or `namespace/name`, each a DNS label or subdomain as Kubernetes names are.
+fn is_pod_name(s: &str) -> bool {
+    let ok = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    match s.split_once('/') {
+        Some((ns, n)) => ok(ns) && ok(n),
+        None => ok(s),
+    }
 }
 
 fn is_link_local(a: &IpAddr) -> bool {
@@ -531,6 +609,35 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
             live_tables.push(t);
         }
     }
+    // A redirect reaches one of userspace mode's listeners: the daemon knows its endpoints.
+    let mut notes = src.notes;
+    if tables
+        .iter()
+        .flat_map(|t| &t.outcomes)
+        .any(|o| o.verdict == "redirect")
+    {
+        let addr = a.get("metrics-address").unwrap_or("127.0.0.1:10249");
+        let addr: std::net::SocketAddr = addr.parse().map_err(|_| {
+            usage(format!(
+                "--metrics-address: want ADDRESS:PORT, got {addr:?}"
+            ))
+        })?;
+        match kv.listeners(addr) {
+            Ok(all) => {
+                for o in tables.iter_mut().flat_map(|t| &mut t.outcomes) {
+                    let port = o.destination.as_deref().and_then(|d| d.strip_prefix(':'));
+                    let port: Option<u16> = port.and_then(|p| p.parse().ok());
+                    o.listener = all
+                        .iter()
+                        .find(|l| Some(l.port) == port && l.ipv4 == (family == Family::Ip))
+                        .cloned();
+                }
+            }
+            Err(why) => notes.push(format!(
+                "the daemon's listeners are not readable at http://{addr}/userspace/listeners ({why})"
+            )),
+        }
+    }
     // IPVS sees the packet at local delivery, after our tables (which never DNAT in IPVS
     // mode), and forwards it to a real server: out through postrouting, where our table
     // decides masquerading from the mark the earlier hooks set.
@@ -585,7 +692,7 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
         destination: sock(daddr, dport),
         protocol: proto::name(protocol),
         iif: src.iif,
-        notes: src.notes,
+        notes,
         tables,
         ipvs,
     })
@@ -696,6 +803,55 @@ impl KernelView for LiveKernel {
     fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
         let (t, g) = self.read_table(family, name)?;
         Ok((!t.chains.is_empty()).then_some((t, g)))
+    }
+
+    fn pod_address(
+        &mut self,
+        pod: (&str, &str),
+        family: Family,
+        api: (Option<&str>, Option<&str>),
+    ) -> Result<IpAddr, String> {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime: {e}"))?;
+        let (ns, name) = pod;
+        let want = if family == Family::Ip { "IPv4" } else { "IPv6" };
+        rt.block_on(async {
+            let client = crate::source::kube::client(api.0.map(std::path::Path::new), api.1)
+                .await
+                .map_err(|e| format!("cannot reach the API server: {e}"))?;
+            let slices = kube::Api::<EndpointSlice>::namespaced(client, ns);
+            let list = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                slices.list(&Default::default()),
+            )
+            .await
+            .map_err(|_| "the API server did not answer in 10 s".to_string())?
+            .map_err(|e| format!("cannot list EndpointSlices in {ns}: {e}"))?;
+            for s in list.items.iter().filter(|s| s.address_type == want) {
+                for e in &s.endpoints {
+                    let is_it = e.target_ref.as_ref().is_some_and(|t| {
+                        t.kind.as_deref() == Some("Pod") && t.name.as_deref() == Some(name)
+                    });
+                    if let Some(a) = e.addresses.first().filter(|_| is_it) {
+                        return a.parse().map_err(|_| format!("its address {a:?} is not an IP"));
+                    }
+                }
+            }
+            Err(format!(
+                "no {want} EndpointSlice in namespace {ns} lists Pod {name} (only Pods behind a Service can be named; give the pod's IP)"
+            ))
+        })
+    }
+
+    fn listeners(
+        &mut self,
+        addr: std::net::SocketAddr,
+    ) -> Result<Vec<crate::proxy::ListenerInfo>, String> {
+        let body = super::http_get(addr, "/userspace/listeners")?;
+        serde_json::from_str(&body).map_err(|e| format!("not a listener list: {e}"))
     }
 
     fn ipvs(
@@ -812,6 +968,23 @@ mod tests {
         ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
             Ok(None)
         }
+        fn listeners(
+            &mut self,
+            _: std::net::SocketAddr,
+        ) -> Result<Vec<crate::proxy::ListenerInfo>, String> {
+            Err("no daemon in unit tests".into())
+        }
+        fn pod_address(
+            &mut self,
+            pod: (&str, &str),
+            _: Family,
+            _: (Option<&str>, Option<&str>),
+        ) -> Result<IpAddr, String> {
+            match pod {
+                ("default", "client-0") => Ok("10.244.1.3".parse().unwrap()),
+                (ns, n) => Err(format!("no EndpointSlice in namespace {ns} lists Pod {n}")),
+            }
+        }
     }
 
     fn text(a: &[&str]) -> Result<String, ToolError> {
@@ -877,9 +1050,34 @@ mod tests {
             e(&["--to", "10.96.0.10:53", "--from", "fd00::1"]).contains("different IP families")
         );
         assert!(
-            e(&["--to", "10.96.0.10:53", "--from", "my-pod"]).contains("--from: want an address")
+            e(&["--to", "10.96.0.10:53", "--from", "My_Pod"]).contains("--from: want an address")
         );
         assert!(e(&["--to", "10.96.0.10:53", "--mark", "x"]).contains("--mark"));
+        assert_eq!(
+            e(&["--to", "10.96.0.10:53", "--from", "prod/web-1"]),
+            "explain: --from prod/web-1: no EndpointSlice in namespace prod lists Pod web-1"
+        );
+    }
+
+    #[test]
+    fn a_pod_name_stands_for_its_address() {
+        let a: Vec<String> = ["--from", "client-0", "--to", "10.96.0.10:80"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let r = explain(
+            &mut FakeView,
+            &args::parse("explain", USAGE, FLAGS, &a).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(r.source, "10.244.1.3:40000");
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n == "Pod default/client-0 is 10.244.1.3"),
+            "{:?}",
+            r.notes
+        );
     }
 
     #[test]

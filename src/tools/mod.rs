@@ -78,3 +78,25 @@ pub fn dispatch(args: &[String]) -> Dispatch {
         _ => Dispatch::Daemon,
     }
 }
+
+/// GET `http://addr{path}` from the daemon's own servers (plain HTTP/1.0, loopback; 2 s per
+/// step): the body of a 200, else the status line or the error.
+pub(crate) fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let t = std::time::Duration::from_secs(2);
+    let mut c = std::net::TcpStream::connect_timeout(&addr, t).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(t)).map_err(|e| e.to_string())?;
+    c.set_write_timeout(Some(t)).map_err(|e| e.to_string())?;
+    write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    c.take(64 << 20)
+        .read_to_string(&mut body)
+        .map_err(|e| e.to_string())?;
+    match body.split_once("\r\n\r\n") {
+        Some((head, b)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
+            Ok(b.to_string())
+        }
+        Some((head, _)) => Err(head.lines().next().unwrap_or("").to_string()),
+        None => Err("no HTTP reply".into()),
+    }
+}

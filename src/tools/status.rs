@@ -9,7 +9,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
-use std::time::Duration;
 
 use crate::config::{Config, ProxyMode};
 use crate::kernel::ipvs::{Ipvs, RealServer, VirtualServer, VsKey};
@@ -399,27 +398,6 @@ pub fn render_text(r: &Report, diff: bool) -> String {
     s
 }
 
-/// GET `http://addr/metrics` (plain HTTP/1.0 on loopback; 2 s per step).
-fn fetch_metrics(addr: std::net::SocketAddr) -> Result<String, String> {
-    use std::io::{Read, Write};
-    let t = Duration::from_secs(2);
-    let mut c = std::net::TcpStream::connect_timeout(&addr, t).map_err(|e| e.to_string())?;
-    c.set_read_timeout(Some(t)).map_err(|e| e.to_string())?;
-    c.set_write_timeout(Some(t)).map_err(|e| e.to_string())?;
-    write!(c, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut body = String::new();
-    c.take(64 << 20)
-        .read_to_string(&mut body)
-        .map_err(|e| e.to_string())?;
-    match body.split_once("\r\n\r\n") {
-        Some((head, b)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
-            Ok(b.to_string())
-        }
-        Some((head, _)) => Err(head.lines().next().unwrap_or("").to_string()),
-        None => Err("no HTTP reply".into()),
-    }
-}
-
 fn mode_name(m: ProxyMode) -> &'static str {
     match m {
         ProxyMode::Nftables => "nftables",
@@ -496,7 +474,8 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<String, 
             if a.ip().is_unspecified() {
                 a.set_ip(IpAddr::from([127, 0, 0, 1]));
             }
-            fetch_metrics(a).map(|t| daemon_from_metrics(format!("http://{a}/metrics"), &t))
+            super::http_get(a, "/metrics")
+                .map(|t| daemon_from_metrics(format!("http://{a}/metrics"), &t))
         }
         Some(_) => Err("not read by diff".into()),
     };

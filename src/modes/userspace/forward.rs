@@ -32,6 +32,11 @@ impl Balancer {
         *self.forward.write().expect("balancer") = Some(f);
     }
 
+    /// Where it forwards now.
+    pub fn current(&self) -> Option<Forward> {
+        self.forward.read().expect("balancer").clone()
+    }
+
     fn has(&self, ep: &SocketAddr) -> bool {
         self.forward
             .read()

@@ -108,8 +108,24 @@ impl<N: Nftables> UserspaceProxier<N> {
             })
             .collect();
         let full = self.need_full;
+        let listeners = self
+            .listeners
+            .iter()
+            .map(|(k, l)| {
+                let f = l.balancer.current();
+                crate::proxy::ListenerInfo {
+                    service: k.service.to_string(),
+                    external: k.external,
+                    ipv4: k.v4,
+                    port: l.port,
+                    endpoints: f.as_ref().map(|f| f.endpoints.clone()).unwrap_or_default(),
+                    affinity_seconds: f.and_then(|f| f.affinity).map(|d| d.as_secs()),
+                }
+            })
+            .collect();
         let mut stats = SyncStats {
             full,
+            listeners: Some(Arc::new(listeners)),
             ..Default::default()
         };
         let mut first_err = None;
