@@ -138,6 +138,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         metrics: Arc::new(Metrics::new()),
         configz: Arc::new(serde_json::json!({"kind": "KubeProxyConfiguration"})),
         proxy_mode: "iptables".into(),
+        listeners: Default::default(),
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
