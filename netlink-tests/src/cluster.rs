@@ -173,6 +173,26 @@ impl Cluster {
         )
     }
 
+    /// Runs `kube-nlproxy ARGS` in the node namespace with this node's flags
+    /// (`--hostname-override node1 --cluster-cidr …`) added, as the daemon gets them;
+    /// panics with its stderr on failure, else returns its stdout.
+    pub fn proxy_stdout(&self, args: &[&str]) -> String {
+        let mut all = args.to_vec();
+        all.extend([
+            "--hostname-override",
+            "node1",
+            "--cluster-cidr",
+            CLUSTER_CIDR,
+        ]);
+        let out = self.node.output(proxy_bin().to_str().unwrap(), &all);
+        assert!(
+            out.status.success(),
+            "kube-nlproxy {all:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// One full sync of `yaml` (`--once`), panicking on failure.
     pub fn sync_once(&self, yaml: &str, extra: &[&str]) {
         let p = self.write_manifests(yaml);

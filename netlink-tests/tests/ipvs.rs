@@ -770,26 +770,13 @@ COMMIT
         c.sync_once(&web_yaml(""), IPVS);
         let m = c.dir.join("cluster.yaml");
         let run = |tool: &str| {
-            let out = c.node.output(
-                netlink_tests::cluster::proxy_bin().to_str().unwrap(),
-                &[
-                    tool,
-                    "--manifests",
-                    m.to_str().unwrap(),
-                    "--hostname-override",
-                    "node1",
-                    "--cluster-cidr",
-                    CLUSTER_CIDR,
-                    "--proxy-mode",
-                    "ipvs",
-                ],
-            );
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).into_owned()
+            c.proxy_stdout(&[
+                tool,
+                "--manifests",
+                m.to_str().unwrap(),
+                "--proxy-mode",
+                "ipvs",
+            ])
         };
         let s = run("status");
         assert!(s.contains("IPVS: 4 virtual servers, 8 real servers"), "{s}");

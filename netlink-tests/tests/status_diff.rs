@@ -5,30 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use netlink_tests::cluster::{proxy_bin, yaml, Cluster, CLUSTER_CIDR};
+use netlink_tests::cluster::{yaml, Cluster};
 use netlink_tests::ns::NetNs;
 use netlink_tests::scenario::{dns_yaml, web_yaml_with, LOCAL_EP, REMOTE_EP};
 
-/// Runs `kube-nlproxy TOOL --manifests M` with the daemon's node flags in `ns`.
-fn tool(ns: &NetNs, tool: &str, manifests: &std::path::Path, extra: &[&str]) -> String {
-    let m = manifests.to_str().unwrap();
-    let mut args = vec![
-        tool,
-        "--manifests",
-        m,
-        "--hostname-override",
-        "node1",
-        "--cluster-cidr",
-        CLUSTER_CIDR,
-    ];
+/// Runs `kube-nlproxy TOOL --manifests M EXTRA` with the daemon's node flags.
+fn tool(c: &Cluster, tool: &str, manifests: &std::path::Path, extra: &[&str]) -> String {
+    let mut args = vec![tool, "--manifests", manifests.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let out = ns.output(proxy_bin().to_str().unwrap(), &args);
-    assert!(
-        out.status.success(),
-        "kube-nlproxy {tool} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    c.proxy_stdout(&args)
 }
 
 fn first_yaml() -> String {
@@ -99,7 +84,7 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
     let c = Cluster::new();
     let mut d = c.start_daemon(&first_yaml(), &[]);
     let m = c.dir.join("cluster.yaml");
-    let s = tool(&c.node, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[]);
     assert!(s.contains("drift: none"), "{s}");
     assert!(
         s.contains("2 Services (2 service ports, 3 endpoints)"),
@@ -115,7 +100,7 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
         .sh("nft delete element ip kube-nlproxy service-ips '{ 10.96.0.10 . tcp . 80 }'");
     c.node
         .sh("nft insert rule ip kube-nlproxy services ip saddr 192.0.2.1 drop");
-    let s = tool(&c.node, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[]);
     assert!(s.contains("daemon: not reachable"), "{s}");
     assert!(s.contains("drift: 2 differences"), "{s}");
     assert!(
@@ -127,10 +112,10 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
         "{s}"
     );
     let json: serde_json::Value =
-        serde_json::from_str(&tool(&c.node, "status", &m, &["--json"])).unwrap();
+        serde_json::from_str(&tool(&c, "status", &m, &["--json"])).unwrap();
     assert_eq!(json["in_sync"], false);
     // diff's commands, through the real nft, undo both.
-    let ops = tool(&c.node, "diff", &m, &[]);
+    let ops = tool(&c, "diff", &m, &[]);
     let script: String = ops
         .lines()
         .filter(|l| l.starts_with("add ") || l.starts_with("flush ") || l.starts_with("delete "))
@@ -147,12 +132,12 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
     std::fs::write(c.dir.join("repair.nft"), &script).unwrap();
     c.node
         .sh(&format!("nft -f {}", c.dir.join("repair.nft").display()));
-    let s = tool(&c.node, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[]);
     assert!(
         s.contains("drift: none"),
         "after applying diff:\n{s}\n{ops}"
     );
-    assert!(tool(&c.node, "diff", &m, &[]).contains("no changes"));
+    assert!(tool(&c, "diff", &m, &[]).contains("no changes"));
 }
 
 #[test]
@@ -161,7 +146,7 @@ fn diff_shows_exactly_what_the_next_sync_does() {
     let d = c.start_daemon(&first_yaml(), &[]);
     let next = c.dir.join("next.yaml");
     std::fs::write(&next, second_yaml()).unwrap();
-    let ops = tool(&c.node, "diff", &next, &[]);
+    let ops = tool(&c, "diff", &next, &[]);
     let script: String = ops
         .lines()
         .filter(|l| l.starts_with("add ") || l.starts_with("flush ") || l.starts_with("delete "))
@@ -203,7 +188,7 @@ fn diff_shows_exactly_what_the_next_sync_does() {
         only(&ours, &theirs),
         only(&theirs, &ours)
     );
-    assert!(tool(&c.node, "diff", &next, &[]).contains("no changes"));
+    assert!(tool(&c, "diff", &next, &[]).contains("no changes"));
 }
 
 #[test]
@@ -212,26 +197,14 @@ fn a_table_loaded_by_nft_from_our_dry_run_is_in_sync() {
     // status compares what rules do, not how they were compiled.
     let c = Cluster::new();
     let m = c.write_manifests(&second_yaml());
-    let out = c.node.output(
-        proxy_bin().to_str().unwrap(),
-        &[
-            "--manifests",
-            m.to_str().unwrap(),
-            "--hostname-override",
-            "node1",
-            "--cluster-cidr",
-            CLUSTER_CIDR,
-            "--dry-run",
-        ],
-    );
-    assert!(out.status.success());
-    std::fs::write(c.dir.join("plan.nft"), &out.stdout).unwrap();
+    let plan = c.proxy_stdout(&["--manifests", m.to_str().unwrap(), "--dry-run"]);
+    std::fs::write(c.dir.join("plan.nft"), plan).unwrap();
     c.node
         .sh(&format!("nft -f {}", c.dir.join("plan.nft").display()));
-    let s = tool(&c.node, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[]);
     assert!(s.contains("drift: none"), "{s}");
     // …and a rule nft changed is still seen.
     c.node.sh("nft flush chain ip kube-nlproxy nat-output");
-    let s = tool(&c.node, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[]);
     assert!(s.contains("chain nat-output: 0 rules, planned 1"), "{s}");
 }

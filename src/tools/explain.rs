@@ -987,10 +987,13 @@ mod tests {
         }
     }
 
-    fn text(a: &[&str]) -> Result<String, ToolError> {
+    fn report(a: &[&str]) -> Result<Report, ToolError> {
         let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-        let args = args::parse("explain", USAGE, FLAGS, &a)?;
-        explain(&mut FakeView, &args).map(|r| render_text(&r))
+        explain(&mut FakeView, &args::parse("explain", USAGE, FLAGS, &a)?)
+    }
+
+    fn text(a: &[&str]) -> Result<String, ToolError> {
+        report(a).map(|r| render_text(&r))
     }
 
     /// Compares with `src/tools/testdata/NAME`; `UPDATE_GOLDEN=1` rewrites it instead.
@@ -1019,15 +1022,7 @@ mod tests {
 
     #[test]
     fn pod_to_cluster_ip_reaches_both_endpoints_with_the_client_address() {
-        let a: Vec<String> = ["--from", "10.244.1.3", "--to", "10.96.0.10:80"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let r = explain(
-            &mut FakeView,
-            &args::parse("explain", USAGE, FLAGS, &a).unwrap(),
-        )
-        .unwrap();
+        let r = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:80"]).unwrap();
         let o = &r.tables[0].outcomes;
         let dests: Vec<_> = o.iter().map(|o| o.destination.clone().unwrap()).collect();
         assert_eq!(dests, ["10.244.1.2:8080", "10.244.2.2:8080"]);
@@ -1061,15 +1056,7 @@ mod tests {
 
     #[test]
     fn a_pod_name_stands_for_its_address() {
-        let a: Vec<String> = ["--from", "client-0", "--to", "10.96.0.10:80"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let r = explain(
-            &mut FakeView,
-            &args::parse("explain", USAGE, FLAGS, &a).unwrap(),
-        )
-        .unwrap();
+        let r = report(&["--from", "client-0", "--to", "10.96.0.10:80"]).unwrap();
         assert_eq!(r.source, "10.244.1.3:40000");
         assert!(
             r.notes
