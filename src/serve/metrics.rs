@@ -91,6 +91,10 @@ pub struct Metrics {
     pub nftables_sync_failures: MetricFamily<FamilyLabel, Counter>,
     pub nftables_cleanup_failures: MetricFamily<FamilyLabel, Counter>,
     pub nftables_restores: Counter,
+    /// Ours (not upstream's): the last sync's duration and result (1 ok, 0 failed), for
+    /// `kube-nlproxy status`.
+    pub last_sync_duration: FloatGauge,
+    pub last_sync_ok: Gauge,
     pub conntrack_deleted: MetricFamily<FamilyLabel, Counter>,
     pub conntrack_duration: Hist,
     pub build_info: MetricFamily<BuildInfoLabel, Gauge>,
@@ -133,6 +137,8 @@ impl Metrics {
             healthz_total: Default::default(),
             livez_total: Default::default(),
             nftables_sync_failures: Default::default(),
+            last_sync_duration: Default::default(),
+            last_sync_ok: Default::default(),
             nftables_cleanup_failures: Default::default(),
             nftables_restores: Default::default(),
             conntrack_deleted: Default::default(),
@@ -168,6 +174,17 @@ impl Metrics {
             "rest_client_request_duration_seconds",
             "Request latency in seconds. Broken down by verb, and host.",
             crate::source::rest_client::DURATION.clone(),
+        );
+        let own = root.sub_registry_with_prefix("kube_nlproxy");
+        own.register(
+            "sync_last_duration_seconds",
+            "How long the last sync of proxy rules took, whether it succeeded or not",
+            m.last_sync_duration.clone(),
+        );
+        own.register(
+            "sync_last_result",
+            "Whether the last sync of proxy rules succeeded (1) or failed (0)",
+            m.last_sync_ok.clone(),
         );
         // Upstream's metrics go under kubeproxy_; the build info stays unprefixed.
         let r = root.sub_registry_with_prefix("kubeproxy");
@@ -275,6 +292,8 @@ impl Metrics {
     /// Records a sync that took `d`, for both families (one sync programs both).
     pub fn observe_sync(&self, full: bool, d: Duration, ok: bool) {
         let s = d.as_secs_f64();
+        self.last_sync_duration.set(s);
+        self.last_sync_ok.set(i64::from(ok));
         for f in FamilyLabel::both() {
             self.sync_duration.get_or_create(&f).observe(s);
             if full {

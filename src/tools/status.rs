@@ -98,6 +98,9 @@ pub struct Daemon {
     pub metrics_url: String,
     /// Unix time of the last successful sync.
     pub last_sync: Option<f64>,
+    /// The last sync's duration (seconds) and whether it succeeded.
+    pub last_sync_seconds: Option<f64>,
+    pub last_sync_ok: Option<bool>,
     /// Mean sync duration so far, seconds, and how many syncs.
     pub mean_sync_seconds: Option<f64>,
     pub syncs: u64,
@@ -134,6 +137,11 @@ pub fn daemon_from_metrics(url: String, text: &str) -> Daemon {
         metrics_url: url,
         last_sync: sample_max(text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
             .filter(|t| *t > 0.0),
+        last_sync_seconds: sample(text, "kube_nlproxy_sync_last_duration_seconds")
+            .filter(|_| count > 0.0),
+        last_sync_ok: sample(text, "kube_nlproxy_sync_last_result")
+            .filter(|_| count > 0.0)
+            .map(|v| v == 1.0),
         mean_sync_seconds: (count > 0.0).then(|| sum / count),
         syncs: count as u64,
         sync_failures: sample(
@@ -326,13 +334,21 @@ pub fn render_text(r: &Report, diff: bool) -> String {
                     }
                     None => "no sync yet".into(),
                 };
+                let latest = match (d.last_sync_seconds, d.last_sync_ok) {
+                    (Some(t), Some(ok)) => format!(
+                        "; the latest took {:.1} ms and {}",
+                        t * 1000.0,
+                        if ok { "succeeded" } else { "FAILED" }
+                    ),
+                    _ => String::new(),
+                };
                 let mean = d
                     .mean_sync_seconds
-                    .map(|m| format!(", {:.1} ms per sync on average", m * 1000.0))
+                    .map(|m| format!(", {:.1} ms on average", m * 1000.0))
                     .unwrap_or_default();
                 let _ = writeln!(
                     s,
-                    "daemon ({}): {last}, {} syncs{mean}, {} failed; pending: {} service and {} endpoint changes",
+                    "daemon ({}): {last}{latest}; {} syncs{mean}, {} failed; pending: {} service and {} endpoint changes",
                     d.metrics_url, d.syncs, d.sync_failures, d.pending_service_changes, d.pending_endpoint_changes
                 );
             }
@@ -563,7 +579,9 @@ kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"} 0.3\n\
 kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv6\"} 0.1\n\
 kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 3\n\
 kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"} 1\n\
-kubeproxy_sync_proxy_rules_endpoint_changes_pending 2\n";
+kubeproxy_sync_proxy_rules_endpoint_changes_pending 2\n\
+kube_nlproxy_sync_last_duration_seconds 0.05\n\
+kube_nlproxy_sync_last_result 0\n";
         let d = daemon_from_metrics("u".into(), page);
         assert_eq!(
             d.last_sync,
@@ -574,6 +592,10 @@ kubeproxy_sync_proxy_rules_endpoint_changes_pending 2\n";
         assert!((d.mean_sync_seconds.unwrap() - 0.1).abs() < 1e-9);
         assert_eq!(d.pending_endpoint_changes, 2.0);
         assert_eq!(d.pending_service_changes, 0.0);
+        assert_eq!(
+            (d.last_sync_seconds, d.last_sync_ok),
+            (Some(0.05), Some(false))
+        );
     }
 
     #[test]
