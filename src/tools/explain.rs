@@ -996,28 +996,16 @@ mod tests {
         report(a).map(|r| render_text(&r))
     }
 
-    /// Compares with `src/tools/testdata/NAME`; `UPDATE_GOLDEN=1` rewrites it instead.
-    fn golden(name: &str, got: &str) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("src/tools/testdata")
-            .join(name);
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, got).unwrap();
-        }
-        let want = std::fs::read_to_string(&path).unwrap_or_default();
-        assert_eq!(got, want, "{name}; got:\n{got}");
-    }
-
     #[test]
     fn golden_text_for_a_node_port_from_outside() {
         let got = text(&["--from", "external", "--to", "192.168.0.2:30080"]).unwrap();
-        golden("explain-nodeport-external.txt", &got);
+        super::super::golden("explain-nodeport-external.txt", &got);
     }
 
     #[test]
     fn golden_text_for_an_unused_cluster_ip_port_from_a_pod() {
         let got = text(&["--from", "10.244.1.3", "--to", "10.96.0.10:81/tcp"]).unwrap();
-        golden("explain-unused-port.txt", &got);
+        super::super::golden("explain-unused-port.txt", &got);
     }
 
     #[test]

@@ -100,3 +100,16 @@ pub(crate) fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String,
         None => Err("no HTTP reply".into()),
     }
 }
+
+/// Compares `got` with `src/tools/testdata/NAME`; `UPDATE_GOLDEN=1` rewrites it instead.
+#[cfg(test)]
+pub(crate) fn golden(name: &str, got: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/tools/testdata")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, got).unwrap();
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(got, want, "{name}; got:\n{got}");
+}

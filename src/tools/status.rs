@@ -598,6 +598,129 @@ kube_nlproxy_sync_last_result 0\n";
         );
     }
 
+    /// A report on `examples/cluster.yaml`'s node, as `run` builds it: the drift comes from
+    /// comparing a live table with one element removed against the plan.
+    fn report(diff: bool) -> Report {
+        use crate::model::{
+            Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
+        };
+        let name = ServicePortName {
+            namespace: "default".into(),
+            name: "web".into(),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        let mut st = ProxyState {
+            node: NodeInfo {
+                name: "node1".into(),
+                addresses: vec!["192.168.0.2".parse().unwrap()],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        st.endpoints.insert(
+            name.clone(),
+            vec![
+                Endpoint::ready("10.244.1.2".parse().unwrap(), 8080, true),
+                Endpoint::ready("10.244.2.2".parse().unwrap(), 8080, false),
+            ],
+        );
+        st.services.insert(
+            name.clone(),
+            ServicePort::new(name, "10.96.0.10".parse().unwrap(), 80),
+        );
+        let cfg = crate::proxy::ProxierConfig::default();
+        let plan = crate::modes::nftables::plan::build_ruleset(&st, &cfg, Family::Ip);
+        let mut live = plan.as_live();
+        let ips = live.sets.get_mut("service-ips").unwrap();
+        let k = ips.elements.keys().next().unwrap().clone();
+        ips.elements.remove(&k);
+        let d = drift(&plan, &live);
+        Report {
+            mode: "nftables",
+            source: "--manifests examples/cluster.yaml".into(),
+            families: vec![FamilyReport {
+                family: "ip",
+                table: "kube-nlproxy".into(),
+                generation: 12,
+                counts: counts(&live),
+                operations: if diff {
+                    d.tx.ops
+                        .iter()
+                        .map(|o| render::op(o, Family::Ip, &d.tx.table))
+                        .collect()
+                } else {
+                    Vec::new()
+                },
+                differences: d.differences,
+            }],
+            ipvs: None,
+            daemon: Err("Connection refused (os error 111)".into()),
+            in_sync: false,
+        }
+    }
+
+    #[test]
+    fn golden_text_for_status_with_drift_and_diff() {
+        super::super::golden("status-drift.txt", &render_text(&report(false), false));
+        super::super::golden("diff-drift.txt", &render_text(&report(true), true));
+    }
+
+    #[test]
+    fn ipvs_drift_names_each_difference_and_its_ipvsadm_change() {
+        use crate::modes::ipvs::plan::{DesiredVs, VsKind};
+        let vs = |port| VirtualServer {
+            addr: "10.96.0.10".parse().unwrap(),
+            port,
+            protocol: 6,
+            scheduler: "rr".into(),
+            persistence: 0,
+        };
+        let rs = |a: &str, w| RealServer {
+            weight: w,
+            ..RealServer::masq(a.parse().unwrap(), 8080)
+        };
+        let mut plan = IpvsPlan::default();
+        plan.services.insert(
+            vs(80).key(),
+            DesiredVs {
+                vs: vs(80),
+                kind: VsKind::ClusterIp,
+                service: crate::model::ServicePortName {
+                    namespace: "default".into(),
+                    name: "web".into(),
+                    port: "http".into(),
+                    protocol: crate::model::Protocol::Tcp,
+                },
+                dests: [("10.244.1.2", 1), ("10.244.2.2", 1)]
+                    .iter()
+                    .map(|(a, w)| ((a.parse().unwrap(), 8080), rs(a, *w)))
+                    .collect(),
+            },
+        );
+        plan.vips.insert("10.96.0.10".parse().unwrap());
+        let live = vec![(vs(80), vec![rs("10.244.1.2", 0)]), (vs(81), vec![])];
+        let (diffs, ops) = ipvs_drift(&plan, &live, &BTreeSet::new(), "kube-ipvs0");
+        assert_eq!(
+            diffs,
+            [
+                "virtual server tcp 10.96.0.10:80: real server 10.244.1.2:8080 weight 0, planned 1",
+                "virtual server tcp 10.96.0.10:80: real server 10.244.2.2:8080 missing",
+                "virtual server tcp 10.96.0.10:81: not in the plan",
+                "address 10.96.0.10 on kube-ipvs0: missing",
+            ]
+        );
+        assert_eq!(
+            ops,
+            [
+                "-e -t 10.96.0.10:80 -r 10.244.1.2:8080 -m -w 1",
+                "-a -t 10.96.0.10:80 -r 10.244.2.2:8080 -m -w 1",
+                "-D -t 10.96.0.10:81",
+                "address add 10.96.0.10 dev kube-ipvs0",
+            ]
+        );
+    }
+
     #[test]
     fn tool_flags_are_split_from_the_daemons() {
         let a: Vec<String> = ["--json", "--manifests", "m.yaml", "--json=false"]
