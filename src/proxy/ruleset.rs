@@ -15,8 +15,10 @@ use crate::proxy::fxhash::FxHashMap;
 pub struct Fragment {
     pub chains: BTreeMap<String, (Chain, Vec<Rule>)>,
     pub sets: BTreeMap<String, Set>,
-    /// Elements of shared sets and maps (several fragments may add the same key).
-    pub elements: Vec<Element>,
+    /// Elements of shared sets and maps (several fragments may add the same key). Shared
+    /// (`Arc`) with the ruleset's index, so each element is held once: at 10k Services
+    /// × 10 endpoints that is ~250k elements, which the index used to copy.
+    pub elements: Vec<Arc<Element>>,
     /// The owning Service's creation time (Unix seconds): of two service ports that add the
     /// same key with different data, the older one's element is in force.
     pub created: Option<i64>,
@@ -31,11 +33,42 @@ impl Fragment {
         self.sets.insert(set.name.clone(), set);
     }
     pub fn element(&mut self, e: Element) {
-        self.elements.push(e);
+        self.elements.push(Arc::new(e));
     }
 }
 
-type ElemKey = (String, Vec<KeyValue>);
+/// An element by its set and key: the element itself, compared and hashed on those two
+/// (no copy of the set name and key per entry).
+#[derive(Debug, Clone)]
+struct ElemKey(Arc<Element>);
+
+impl ElemKey {
+    fn parts(&self) -> (&str, &[KeyValue]) {
+        (&self.0.set, &self.0.key)
+    }
+}
+
+impl PartialEq for ElemKey {
+    fn eq(&self, o: &Self) -> bool {
+        self.parts() == o.parts()
+    }
+}
+impl Eq for ElemKey {}
+impl std::hash::Hash for ElemKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.parts().hash(h)
+    }
+}
+impl PartialOrd for ElemKey {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for ElemKey {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.parts().cmp(&o.parts())
+    }
+}
 
 /// The full desired content of one table.
 #[derive(Debug, Clone)]
@@ -58,8 +91,8 @@ fn rules_in(f: &Fragment) -> usize {
     f.chains.values().map(|(_, r)| r.len()).sum()
 }
 
-fn key_of(e: &Element) -> ElemKey {
-    (e.set.clone(), e.key.clone())
+fn key_of(e: &Arc<Element>) -> ElemKey {
+    ElemKey(e.clone())
 }
 
 /// What the fragments say about one element key: how many add it, the element in force,
@@ -67,7 +100,7 @@ fn key_of(e: &Element) -> ElemKey {
 #[derive(Debug, Clone)]
 struct Slot {
     count: usize,
-    el: Element,
+    el: Arc<Element>,
     mixed: bool,
 }
 
@@ -87,11 +120,11 @@ fn owner_of<'a>(
     services: &'a BTreeMap<ServicePortName, Arc<Fragment>>,
     overrides: &BTreeMap<&'a ServicePortName, Option<&'a Fragment>>,
     k: &ElemKey,
-) -> (Option<&'a Element>, bool) {
+) -> (Option<&'a Arc<Element>>, bool) {
     let matches = |f: &'a Fragment| {
         f.elements
             .iter()
-            .filter(move |e| e.set == k.0 && e.key == k.1)
+            .filter(move |e| (e.set.as_str(), e.key.as_slice()) == k.parts())
     };
     let mut names: BTreeSet<&ServicePortName> = services.keys().collect();
     names.extend(overrides.keys().copied());
@@ -231,7 +264,7 @@ impl Ruleset {
     }
     /// Every element, once.
     pub fn elements(&self) -> impl Iterator<Item = &Element> {
-        self.refs.values().map(|s| &s.el)
+        self.refs.values().map(|s| &*s.el)
     }
     pub fn has_chain(&self, name: &str) -> bool {
         self.chains().any(|(c, _)| c.name == name)
@@ -405,7 +438,7 @@ pub fn plan_changes(
         overrides.insert(&c.name, c.new.as_deref());
     }
     // (contributions removed, contributions added) per key.
-    let mut delta: BTreeMap<ElemKey, (usize, Vec<&Element>)> = BTreeMap::new();
+    let mut delta: BTreeMap<ElemKey, (usize, Vec<&Arc<Element>>)> = BTreeMap::new();
     for (old, new) in &pairs {
         for e in &old.elements {
             delta.entry(key_of(e)).or_default().0 += 1;
@@ -419,8 +452,8 @@ pub fn plan_changes(
         let before = last.refs.get(k);
         let before_el = before.map(|s| &s.el);
         let remaining = before.map_or(0, |s| s.count).saturating_sub(*removed);
-        let agree = |e: &&Element, with: &Element| same_data(e, with);
-        let after_el: Option<&Element> = match (before, added.first()) {
+        let agree = |e: &&Arc<Element>, with: &Element| same_data(e, with);
+        let after_el: Option<&Arc<Element>> = match (before, added.first()) {
             (Some(s), _) if s.mixed => owner_of(new_base, &last.services, &overrides, k).0,
             (_, None) if remaining > 0 => before_el,
             (_, None) => None,
@@ -440,11 +473,11 @@ pub fn plan_changes(
             }
         };
         match (before_el, after_el) {
-            (Some(b), None) => tx.delete(b.clone()),
-            (None, Some(a)) => adds.push(a.clone()),
+            (Some(b), None) => tx.delete((**b).clone()),
+            (None, Some(a)) => adds.push((**a).clone()),
             (Some(b), Some(a)) if !same_data(a, b) => {
-                tx.delete(b.clone());
-                adds.push(a.clone());
+                tx.delete((**b).clone());
+                adds.push((**a).clone());
             }
             _ => {}
         }
@@ -560,6 +593,21 @@ pub(crate) mod tests {
             rs.set_service(&spn(n), Some(service(n, a)));
         }
         rs
+    }
+
+    #[test]
+    fn the_index_shares_each_element_with_its_fragment() {
+        // Memory: an element lives once, in its fragment; the index points at it.
+        let rs = ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.2")]);
+        for (name, f) in &rs.services {
+            let e = &f.elements[0];
+            let slot = rs.refs.get(&key_of(e)).expect("indexed");
+            assert!(
+                Arc::ptr_eq(&slot.el, e),
+                "{name}: a copy, not the fragment's element"
+            );
+        }
+        assert_eq!(rs.element_count(), 2);
     }
 
     fn verbs(tx: &Transaction) -> Vec<String> {

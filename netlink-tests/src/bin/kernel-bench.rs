@@ -1148,6 +1148,8 @@ fn main() {
         // 1k: upstream's IPVS mode needs about 2 min for it under the VM's emulated CPU.
         ipvs_side_by_side_rows(&mut rows, 1000, 5);
         ipvs_rows(&mut rows, if quick { &[1000] } else { &[1000, 10_000] });
+    } else if args.iter().any(|a| a == "--daemon-only") {
+        daemon_rows(&mut rows, &[10_000], 10);
     } else if args.iter().any(|a| a == "--partial-only") {
         partial_row(&mut rows, 10_000);
     } else if args.iter().any(|a| a == "--latency-only") {
