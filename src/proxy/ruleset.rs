@@ -294,8 +294,8 @@ pub struct Plan {
     pub stale_chains: Vec<String>,
 }
 
-fn sorted_elements(rs: &Ruleset) -> Vec<&Element> {
-    let mut v: Vec<&Element> = rs.elements().collect();
+fn sorted_elements(rs: &Ruleset) -> Vec<&Arc<Element>> {
+    let mut v: Vec<&Arc<Element>> = rs.refs.values().map(|s| &s.el).collect();
     v.sort_by(|a, b| (&a.set, &a.key).cmp(&(&b.set, &b.key)));
     v
 }
@@ -473,11 +473,11 @@ pub fn plan_changes(
             }
         };
         match (before_el, after_el) {
-            (Some(b), None) => tx.delete((**b).clone()),
-            (None, Some(a)) => adds.push((**a).clone()),
+            (Some(b), None) => tx.delete(b.clone()),
+            (None, Some(a)) => adds.push(a.clone()),
             (Some(b), Some(a)) if !same_data(a, b) => {
-                tx.delete((**b).clone());
-                adds.push((**a).clone());
+                tx.delete(b.clone());
+                adds.push(a.clone());
             }
             _ => {}
         }

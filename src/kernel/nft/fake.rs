@@ -222,7 +222,7 @@ impl FakeNftables {
                         return Err(reject(op, EEXIST, "element exists with other data"))
                     }
                     _ => {
-                        fs.elements.insert(e.key.clone(), e.clone());
+                        fs.elements.insert(e.key.clone(), (**e).clone());
                     }
                 }
             }

@@ -11,7 +11,8 @@ pub enum Object {
     Chain(Chain),
     Rule(Rule),
     Set(Set),
-    Element(Element),
+    /// Shared with the ruleset that planned it: a full sync of 250k elements copies none.
+    Element(std::sync::Arc<Element>),
 }
 
 impl Object {
@@ -113,6 +114,11 @@ impl From<Set> for Object {
 }
 impl From<Element> for Object {
     fn from(v: Element) -> Object {
+        Object::Element(std::sync::Arc::new(v))
+    }
+}
+impl From<std::sync::Arc<Element>> for Object {
+    fn from(v: std::sync::Arc<Element>) -> Object {
         Object::Element(v)
     }
 }
