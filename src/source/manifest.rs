@@ -398,6 +398,15 @@ impl ManifestCache {
         self.files.retain(|f, _| keep.contains(f));
         let mut out = Snapshot::default();
         let mut warnings = problems;
+        if single {
+            // One file: any change re-reads it whole, so keeping its parsed objects would
+            // buy nothing and hold them all (~62 MiB at 10k Services): hand them over.
+            for (_, (_, s, w)) in std::mem::take(&mut self.files) {
+                out = s;
+                warnings.extend(w);
+            }
+            return Ok((out, warnings));
+        }
         for (_, s, w) in self.files.values() {
             out.services.extend(s.services.iter().cloned());
             out.endpoint_slices
