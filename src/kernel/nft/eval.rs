@@ -138,6 +138,9 @@ enum RuleEnd {
 }
 
 const MAX_DEPTH: usize = 16;
+/// Most `numgen` values followed (a Service's endpoints; upstream has no limit, 64k is far
+/// past any real one).
+const MAX_BRANCHES: u32 = 65_536;
 
 struct Eval<'a> {
     table: &'a LiveTable,
@@ -342,11 +345,12 @@ impl Eval<'_> {
                     offset,
                     dreg,
                 } => {
-                    if *modulus == 0 {
-                        return vec![(
-                            st,
-                            RuleEnd::Final(Self::unknown(chain, rule, "numgen mod 0")),
-                        )];
+                    if *modulus == 0 || *modulus > MAX_BRANCHES {
+                        // A foreign rule could ask for any modulus; each value is a branch.
+                        let why = format!(
+                            "numgen mod {modulus}: 1 to {MAX_BRANCHES} branches are followed"
+                        );
+                        return vec![(st, RuleEnd::Final(Self::unknown(chain, rule, why)))];
                     }
                     let mut out = Vec::new();
                     for v in 0..*modulus {
@@ -750,4 +754,135 @@ pub fn outcomes(paths: &[Path]) -> Vec<Path> {
             .or_insert_with(|| p.clone());
     }
     by.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::live::{LiveChain, LiveRule};
+    use crate::kernel::nft::{BaseChain, ChainType};
+
+    fn table(rules: Vec<(&str, Vec<KExpr>)>) -> LiveTable {
+        let mut t = LiveTable::empty(Family::Ip, "t");
+        t.chains.insert(
+            "pre".into(),
+            LiveChain {
+                base: Some(BaseChain {
+                    kind: ChainType::Nat,
+                    hook: Hook::Prerouting,
+                    priority: -100,
+                }),
+                rules: Vec::new(),
+            },
+        );
+        for (i, (chain, exprs)) in rules.into_iter().enumerate() {
+            t.chains
+                .entry(chain.into())
+                .or_default()
+                .rules
+                .push(LiveRule {
+                    handle: i as u64 + 1,
+                    exprs: Ok(exprs),
+                    comment: None,
+                });
+        }
+        t
+    }
+
+    fn ends(t: &LiveTable) -> Vec<End> {
+        let pkt = Packet {
+            saddr: "10.0.0.1".parse().unwrap(),
+            daddr: "10.96.0.1".parse().unwrap(),
+            proto: 6,
+            sport: 1,
+            dport: 80,
+            iif: Some("eth0".into()),
+            mark: 0,
+        };
+        evaluate(t, &Host::default(), &pkt)
+            .into_iter()
+            .map(|p| p.end)
+            .collect()
+    }
+
+    #[test]
+    fn hostile_rules_end_as_unknown_and_never_hang() {
+        let unknown = |e: &End| matches!(e, End::Unknown { .. });
+        // Four billion numgen branches.
+        let t = table(vec![(
+            "pre",
+            vec![KExpr::Numgen {
+                modulus: u32::MAX,
+                offset: 0,
+                dreg: 8,
+            }],
+        )]);
+        assert!(ends(&t).iter().all(unknown), "{:?}", ends(&t));
+        // A jump loop.
+        let t = table(vec![
+            ("pre", vec![KExpr::ImmVerdict(Verdict::Jump("a".into()))]),
+            ("a", vec![KExpr::ImmVerdict(Verdict::Jump("a".into()))]),
+        ]);
+        assert!(ends(&t).iter().all(unknown));
+        // A lookup in a set that is not there, a register past the end, a payload past the
+        // header.
+        for e in [
+            KExpr::Lookup {
+                set: "nope".into(),
+                sreg: 8,
+                dreg: None,
+                flags: 0,
+            },
+            KExpr::Cmp {
+                sreg: 99,
+                op: 0,
+                data: vec![1],
+            },
+            KExpr::Payload {
+                base: 1,
+                offset: u32::MAX,
+                len: 4,
+                dreg: 8,
+            },
+        ] {
+            let t = table(vec![("pre", vec![e.clone()])]);
+            assert!(ends(&t).iter().all(unknown), "{e:?}: {:?}", ends(&t));
+        }
+    }
+
+    #[test]
+    fn numgen_branches_carry_their_probability() {
+        let t = table(vec![(
+            "pre",
+            vec![
+                KExpr::Numgen {
+                    modulus: 4,
+                    offset: 0,
+                    dreg: 8,
+                },
+                KExpr::Cmp {
+                    sreg: 8,
+                    op: 0,
+                    data: 0u32.to_ne_bytes().to_vec(),
+                },
+                KExpr::ImmVerdict(Verdict::Drop),
+            ],
+        )]);
+        let pkt = Packet {
+            saddr: "10.0.0.1".parse().unwrap(),
+            daddr: "10.96.0.1".parse().unwrap(),
+            proto: 6,
+            sport: 1,
+            dport: 80,
+            iif: Some("eth0".into()),
+            mark: 0,
+        };
+        let o = outcomes(&evaluate(&t, &Host::default(), &pkt));
+        let drop: f64 = o
+            .iter()
+            .filter(|p| matches!(p.end, End::Drop { .. }))
+            .map(|p| p.probability)
+            .sum();
+        assert!((drop - 0.25).abs() < 1e-9, "{o:?}");
+    }
 }
