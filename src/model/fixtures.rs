@@ -43,3 +43,33 @@ pub fn synthetic_state(services: usize, eps: usize) -> ProxyState {
     }
     st
 }
+
+/// Node `node1` (192.168.0.2) with `default/web:http` on ClusterIP 10.96.0.10:80 (and
+/// NodePort `node_port`, if any): endpoints 10.244.1.2:8080 (local) and 10.244.2.2:8080.
+pub fn web_state(node_port: Option<u16>) -> ProxyState {
+    let name = ServicePortName {
+        namespace: "default".into(),
+        name: "web".into(),
+        port: "http".into(),
+        protocol: Protocol::Tcp,
+    };
+    let mut sp = ServicePort::new(name.clone(), Ipv4Addr::new(10, 96, 0, 10).into(), 80);
+    sp.node_port = node_port;
+    let mut st = ProxyState {
+        node: NodeInfo {
+            name: "node1".into(),
+            addresses: vec![Ipv4Addr::new(192, 168, 0, 2).into()],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    st.endpoints.insert(
+        name.clone(),
+        vec![
+            Endpoint::ready(Ipv4Addr::new(10, 244, 1, 2).into(), 8080, true),
+            Endpoint::ready(Ipv4Addr::new(10, 244, 2, 2).into(), 8080, false),
+        ],
+    );
+    st.services.insert(name, sp);
+    st
+}

@@ -900,7 +900,6 @@ pub fn run(args: &[String]) -> Result<String, ToolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
     use crate::proxy::{LocalDetector, ProxierConfig};
 
     /// Node 192.168.0.2 with `default/web` (ClusterIP 10.96.0.10:80, NodePort 30080): one
@@ -908,30 +907,7 @@ mod tests {
     struct FakeView;
 
     fn planned(family: Family) -> LiveTable {
-        let name = ServicePortName {
-            namespace: "default".into(),
-            name: "web".into(),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        };
-        let mut sp = ServicePort::new(name.clone(), "10.96.0.10".parse().unwrap(), 80);
-        sp.node_port = Some(30080);
-        let mut st = ProxyState {
-            node: NodeInfo {
-                name: "node1".into(),
-                addresses: vec!["192.168.0.2".parse().unwrap()],
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        st.endpoints.insert(
-            name.clone(),
-            vec![
-                Endpoint::ready("10.244.1.2".parse().unwrap(), 8080, true),
-                Endpoint::ready("10.244.2.2".parse().unwrap(), 8080, false),
-            ],
-        );
-        st.services.insert(name, sp);
+        let st = crate::model::fixtures::web_state(Some(30080));
         let cfg = ProxierConfig {
             local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
             ..Default::default()

@@ -601,34 +601,7 @@ kube_nlproxy_sync_last_result 0\n";
     /// A report on `examples/cluster.yaml`'s node, as `run` builds it: the drift comes from
     /// comparing a live table with one element removed against the plan.
     fn report(diff: bool) -> Report {
-        use crate::model::{
-            Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName,
-        };
-        let name = ServicePortName {
-            namespace: "default".into(),
-            name: "web".into(),
-            port: "http".into(),
-            protocol: Protocol::Tcp,
-        };
-        let mut st = ProxyState {
-            node: NodeInfo {
-                name: "node1".into(),
-                addresses: vec!["192.168.0.2".parse().unwrap()],
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        st.endpoints.insert(
-            name.clone(),
-            vec![
-                Endpoint::ready("10.244.1.2".parse().unwrap(), 8080, true),
-                Endpoint::ready("10.244.2.2".parse().unwrap(), 8080, false),
-            ],
-        );
-        st.services.insert(
-            name.clone(),
-            ServicePort::new(name, "10.96.0.10".parse().unwrap(), 80),
-        );
+        let st = crate::model::fixtures::web_state(None);
         let cfg = crate::proxy::ProxierConfig::default();
         let plan = crate::modes::nftables::plan::build_ruleset(&st, &cfg, Family::Ip);
         let mut live = plan.as_live();

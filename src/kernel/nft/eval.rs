@@ -789,8 +789,9 @@ mod tests {
         t
     }
 
-    fn ends(t: &LiveTable) -> Vec<End> {
-        let pkt = Packet {
+    /// 10.0.0.1 → 10.96.0.1:80/tcp, in on eth0.
+    fn packet() -> Packet {
+        Packet {
             saddr: "10.0.0.1".parse().unwrap(),
             daddr: "10.96.0.1".parse().unwrap(),
             proto: 6,
@@ -798,7 +799,11 @@ mod tests {
             dport: 80,
             iif: Some("eth0".into()),
             mark: 0,
-        };
+        }
+    }
+
+    fn ends(t: &LiveTable) -> Vec<End> {
+        let pkt = packet();
         evaluate(t, &Host::default(), &pkt)
             .into_iter()
             .map(|p| p.end)
@@ -868,15 +873,7 @@ mod tests {
                 KExpr::ImmVerdict(Verdict::Drop),
             ],
         )]);
-        let pkt = Packet {
-            saddr: "10.0.0.1".parse().unwrap(),
-            daddr: "10.96.0.1".parse().unwrap(),
-            proto: 6,
-            sport: 1,
-            dport: 80,
-            iif: Some("eth0".into()),
-            mark: 0,
-        };
+        let pkt = packet();
         let o = outcomes(&evaluate(&t, &Host::default(), &pkt));
         let drop: f64 = o
             .iter()
