@@ -249,20 +249,15 @@ fn outcome(p: &Path) -> Outcome {
 }
 
 /// What one table does to `pkt`.
-pub fn explain_table(
-    table: &LiveTable,
-    generation: Option<u32>,
-    host: &Host,
-    pkt: &Packet,
-) -> TableReport {
-    let paths = eval::evaluate(table, host, pkt);
+/// What one table does to a packet, from its evaluated `paths`.
+pub fn explain_table(table: &LiveTable, generation: Option<u32>, paths: &[Path]) -> TableReport {
     TableReport {
         family: table.family.name(),
         table: table.name.clone(),
         generation,
         rules: table.rule_count(),
         elements: table.element_count(),
-        outcomes: eval::outcomes(&paths).iter().map(outcome).collect(),
+        outcomes: eval::outcomes(paths).iter().map(outcome).collect(),
     }
 }
 
@@ -602,11 +597,13 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
     };
     let main = a.get("table").unwrap_or(crate::proxy::names::DEFAULT_TABLE);
     let mut tables = Vec::new();
-    let mut live_tables = Vec::new();
+    // Each table with its evaluated paths (the IPVS stage continues from them).
+    let mut evaluated = Vec::new();
     for name in [main, crate::modes::ipvs::table::DEFAULT_TABLE] {
         if let Some((t, g)) = kv.table(family, name)? {
-            tables.push(explain_table(&t, Some(g), &host, &pkt));
-            live_tables.push(t);
+            let paths = eval::evaluate(&t, &host, &pkt);
+            tables.push(explain_table(&t, Some(g), &paths));
+            evaluated.push((t, paths));
         }
     }
     // A redirect reaches one of userspace mode's listeners: the daemon knows its endpoints.
@@ -644,11 +641,11 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
     let mut ipvs = None;
     if let Some((vs, rs)) = kv.ipvs(daddr, dport, protocol)? {
         let mut report = virtual_server(&vs, &rs);
-        let delivered: Vec<(LiveTable, Path)> = live_tables
+        let delivered: Vec<(&LiveTable, &Path)> = evaluated
             .iter()
-            .flat_map(|t| {
-                eval::evaluate(t, &host, &pkt)
-                    .into_iter()
+            .flat_map(|(t, paths)| {
+                paths
+                    .iter()
                     .filter(|p| {
                         matches!(
                             p.end,
@@ -657,7 +654,7 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
                             }
                         )
                     })
-                    .map(move |p| (t.clone(), p))
+                    .map(move |p| (t, p))
             })
             .collect();
         for (r, d) in report.real_servers.iter_mut().zip(&rs) {
