@@ -311,37 +311,59 @@ pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
     Some(std::time::UNIX_EPOCH + std::time::Duration::new(secs, nanos))
 }
 
-/// Converts one slice to (service port name, endpoint) pairs.
-fn convert_slice(
+/// One EndpointSlice converted to what the state needs of it. The API source keeps this per
+/// slice instead of the object, so a change converts one slice, not every slice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SliceEndpoints {
+    /// The slice's namespace and `kubernetes.io/service-name` label, when it has one (the
+    /// trigger time applies to that Service even when the slice itself is skipped).
+    pub service: Option<(String, String)>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`.
+    pub trigger_time: Option<std::time::SystemTime>,
+    /// The endpoints of each of the slice's ports, in the slice's order.
+    pub ports: Vec<(ServicePortName, Vec<Endpoint>)>,
+}
+
+/// Converts one slice.
+pub fn convert_slice(
     slice: &EndpointSlice,
     node_name: &str,
     warnings: &mut Vec<String>,
-) -> Vec<(ServicePortName, Endpoint)> {
+) -> SliceEndpoints {
     let meta = &slice.metadata;
     let id = obj_name(&meta.namespace, &meta.name);
-    let labels = meta.labels.clone().unwrap_or_default();
-    if labels.contains_key(LABEL_SERVICE_PROXY_NAME) || labels.contains_key(LABEL_HEADLESS) {
-        return vec![];
+    let ns = meta.namespace.as_deref().unwrap_or("default");
+    let labels = meta.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k));
+    let mut out = SliceEndpoints {
+        service: label(LABEL_SERVICE_NAME).map(|s| (ns.to_string(), s.clone())),
+        trigger_time: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
+            .and_then(|v| parse_rfc3339(v)),
+        ports: Vec::new(),
+    };
+    if label(LABEL_SERVICE_PROXY_NAME).is_some() || label(LABEL_HEADLESS).is_some() {
+        return out;
     }
-    let Some(svc_name) = labels.get(LABEL_SERVICE_NAME) else {
+    let Some(svc_name) = label(LABEL_SERVICE_NAME) else {
         warnings.push(format!(
             "EndpointSlice {id}: no {LABEL_SERVICE_NAME} label; skipped"
         ));
-        return vec![];
+        return out;
     };
     let want_v4 = match slice.address_type.as_str() {
         "IPv4" => true,
         "IPv6" => false,
-        "FQDN" => return vec![],
+        "FQDN" => return out,
         other => {
             warnings.push(format!(
                 "EndpointSlice {id}: unknown addressType {other:?}; skipped"
             ));
-            return vec![];
+            return out;
         }
     };
-    let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
-    let mut out = Vec::new();
     for port in slice.ports.iter().flatten() {
         let Some(num) = port.port else { continue };
         if !(1..=65535).contains(&num) {
@@ -358,11 +380,12 @@ fn convert_slice(
             continue;
         };
         let spn = ServicePortName {
-            namespace: ns.clone(),
+            namespace: ns.to_string(),
             name: svc_name.clone(),
             port: port.name.clone().unwrap_or_default(),
             protocol,
         };
+        let mut eps = Vec::with_capacity(slice.endpoints.len());
         for ep in &slice.endpoints {
             // Upstream uses only the first address of an endpoint.
             let Some(addr) = ep.addresses.first() else {
@@ -391,29 +414,27 @@ fn convert_slice(
                     continue;
                 }
             };
-            let cond = ep.conditions.clone().unwrap_or_default();
-            let ready = cond.ready.unwrap_or(true);
+            let cond = ep.conditions.as_ref();
+            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
             let hints = ep.hints.as_ref();
-            out.push((
-                spn.clone(),
-                Endpoint {
-                    ip,
-                    port: num as u16,
-                    is_local: ep.node_name.as_deref() == Some(node_name),
-                    ready,
-                    serving: cond.serving.unwrap_or(ready),
-                    terminating: cond.terminating.unwrap_or(false),
-                    zone_hints: hints
-                        .and_then(|h| h.for_zones.as_ref())
-                        .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                        .unwrap_or_default(),
-                    node_hints: hints
-                        .and_then(|h| h.for_nodes.as_ref())
-                        .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                        .unwrap_or_default(),
-                },
-            ));
+            eps.push(Endpoint {
+                ip,
+                port: num as u16,
+                is_local: ep.node_name.as_deref() == Some(node_name),
+                ready,
+                serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+                terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+                zone_hints: hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
+                    .unwrap_or_default(),
+                node_hints: hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
+                    .unwrap_or_default(),
+            });
         }
+        out.ports.push((spn, eps));
     }
     out
 }
@@ -421,67 +442,85 @@ fn convert_slice(
 /// Builds the whole model from a snapshot. Returns the state and the warnings to log.
 pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>) {
     let mut warnings = Vec::new();
-    let mut state = ProxyState {
-        node: convert_node(snap.node.as_ref(), node_name, &mut warnings),
-        ..Default::default()
-    };
+    let node = convert_node(snap.node.as_ref(), node_name, &mut warnings);
     let mut seen = std::collections::BTreeSet::new();
+    let mut ports = Vec::with_capacity(snap.services.len());
     for svc in &snap.services {
         let m = &svc.metadata;
-        let id = (
-            m.namespace.clone().unwrap_or_default(),
-            m.name.clone().unwrap_or_default(),
-        );
-        if !seen.insert(id.clone()) {
+        let id = (m.namespace.as_deref(), m.name.as_deref());
+        if !seen.insert(id) {
             warnings.push(format!(
                 "Service {}/{} is defined more than once; the last definition is used",
-                id.0, id.1
+                id.0.unwrap_or_default(),
+                id.1.unwrap_or_default()
             ));
         }
-        for sp in convert_service(svc, &mut warnings) {
-            state.services.insert(sp.name.clone(), sp);
-        }
+        ports.extend(convert_service(svc, &mut warnings));
+    }
+    let cidrs: Vec<Cidr> = snap
+        .service_cidrs
+        .iter()
+        .flat_map(|o| convert_service_cidr(o, &mut warnings))
+        .collect();
+    let slices: Vec<SliceEndpoints> = snap
+        .endpoint_slices
+        .iter()
+        .map(|s| convert_slice(s, node_name, &mut warnings))
+        .collect();
+    let state = assemble(node, ports.iter(), slices.iter(), cidrs, &mut warnings);
+    (state, warnings)
+}
+
+/// Puts converted objects together into the whole model: service ports (a later one of the
+/// same name replaces an earlier one), their endpoints from every slice (one copy of an
+/// endpoint that two slices list, the ready one when they disagree), trigger times, and the
+/// union of the service CIDRs. Collisions between service ports are added to `warnings`.
+pub fn assemble<'a>(
+    node: NodeInfo,
+    services: impl IntoIterator<Item = &'a ServicePort>,
+    slices: impl IntoIterator<Item = &'a SliceEndpoints> + Clone,
+    mut service_cidrs: Vec<Cidr>,
+    warnings: &mut Vec<String>,
+) -> ProxyState {
+    let mut state = ProxyState {
+        node,
+        ..Default::default()
+    };
+    for sp in services {
+        state.services.insert(sp.name.clone(), sp.clone());
     }
     warnings.extend(collisions(&state));
-    state.service_cidrs = convert_service_cidrs(&snap.service_cidrs, &mut warnings);
+    service_cidrs.sort();
+    service_cidrs.dedup();
+    state.service_cidrs = service_cidrs;
     // The same endpoint may appear in two slices while a slice is being rebalanced: keep one.
-    let mut eps: BTreeMap<ServicePortName, BTreeMap<(IpAddr, u16), Endpoint>> = BTreeMap::new();
-    for slice in &snap.endpoint_slices {
-        for (spn, ep) in convert_slice(slice, node_name, &mut warnings) {
-            let slot = eps.entry(spn).or_default();
-            match slot.get(&(ep.ip, ep.port)) {
-                // Prefer the ready copy when duplicates disagree.
-                Some(old) if old.ready && !ep.ready => {}
-                _ => {
-                    slot.insert((ep.ip, ep.port), ep);
-                }
+    let mut eps: BTreeMap<&ServicePortName, Vec<&Endpoint>> = BTreeMap::new();
+    for slice in slices.clone() {
+        for (spn, list) in &slice.ports {
+            if state.services.contains_key(spn) {
+                eps.entry(spn).or_default().extend(list);
             }
         }
     }
-    for (spn, m) in eps {
-        if state.services.contains_key(&spn) {
-            state.endpoints.insert(spn, m.into_values().collect());
-        }
+    for (spn, mut list) in eps {
+        // Sorted by address and port; among duplicates the last ready copy, else the last
+        // (reversed, then a stable sort puts the later copy first).
+        list.reverse();
+        list.sort_by_key(|e| (e.ip, e.port, !e.ready));
+        list.dedup_by(|later, first| (later.ip, later.port) == (first.ip, first.port));
+        state
+            .endpoints
+            .insert(spn.clone(), list.into_iter().cloned().collect());
     }
-    for slice in &snap.endpoint_slices {
-        let meta = &slice.metadata;
-        let Some(t) = meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_TRIGGER_TIME))
-            .and_then(|v| parse_rfc3339(v))
-        else {
+    for slice in slices {
+        let (Some(t), Some((ns, svc))) = (slice.trigger_time, &slice.service) else {
             continue;
         };
-        let Some(svc) = meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
-            continue;
-        };
-        let ns = meta.namespace.as_deref().unwrap_or("default");
         // The Service's ports are adjacent in the map (ordered by namespace, name, port):
         // a range, not a scan of every port (the EndpointSlice controller stamps every
         // slice, and a scan per slice made 10k Services take 1.9 s instead of ~0.1 s).
         let first = ServicePortName {
-            namespace: ns.to_string(),
+            namespace: ns.clone(),
             name: svc.clone(),
             port: String::new(),
             protocol: Protocol::Tcp,
@@ -490,7 +529,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
             .services
             .range(first..)
             .map(|(k, _)| k)
-            .take_while(|k| k.namespace == ns && &k.name == svc)
+            .take_while(|k| &k.namespace == ns && &k.name == svc)
             .cloned()
             .collect();
         for spn in ports {
@@ -498,33 +537,29 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
             *slot = (*slot).max(t);
         }
     }
-    (state, warnings)
+    state
 }
 
-/// The union of the ServiceCIDR objects' `spec.cidrs`, sorted and without duplicates; a CIDR
-/// that does not parse is named in a warning and skipped. Pure.
-pub fn convert_service_cidrs(objs: &[ServiceCIDR], warnings: &mut Vec<String>) -> Vec<Cidr> {
-    let mut out = std::collections::BTreeSet::new();
-    for o in objs {
-        let name = o.metadata.name.as_deref().unwrap_or("");
-        for c in o
-            .spec
-            .as_ref()
-            .and_then(|s| s.cidrs.as_ref())
-            .into_iter()
-            .flatten()
-        {
-            match c.parse::<Cidr>() {
-                Ok(c) => {
-                    out.insert(c);
-                }
-                Err(e) => warnings.push(format!(
-                    "ServiceCIDR {name}: field spec.cidrs: {c:?}: {e}; skipped"
-                )),
-            }
+/// One ServiceCIDR object's `spec.cidrs`; a CIDR that does not parse is named in a warning
+/// and skipped. [`assemble`] takes the union. Pure.
+pub fn convert_service_cidr(o: &ServiceCIDR, warnings: &mut Vec<String>) -> Vec<Cidr> {
+    let name = o.metadata.name.as_deref().unwrap_or("");
+    let mut out = Vec::new();
+    for c in o
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        match c.parse::<Cidr>() {
+            Ok(c) => out.push(c),
+            Err(e) => warnings.push(format!(
+                "ServiceCIDR {name}: field spec.cidrs: {c:?}: {e}; skipped"
+            )),
         }
     }
-    out.into_iter().collect()
+    out
 }
 
 /// Two service ports claiming one key: the owner (older Service, then namespace/name, the

@@ -19,8 +19,11 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 
-use crate::model::convert::{build_state, Snapshot};
-use crate::model::ProxyState;
+use crate::model::convert::{
+    assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
+};
+use crate::model::net::Cidr;
+use crate::model::{NodeInfo, ProxyState, ServicePort};
 
 /// Upstream's selector for Services and EndpointSlices: not handed to another proxy, not
 /// headless.
@@ -37,27 +40,28 @@ fn key_of<K: Resource>(o: &K) -> Key {
     )
 }
 
-/// One watcher event after decoding, per object: what a [`Store`] applies.
+/// One watcher event after decoding and converting, per object: what a [`Store`] applies.
 #[derive(Debug)]
-pub enum Change<K> {
+pub enum Change<V> {
     /// A (re)list starts.
     Init,
-    InitApply(K),
+    InitApply(Key, V),
     /// A listed object that could not be decoded: keep what the store had under this key.
     InitKeep(Key),
     InitDone,
-    Apply(K),
+    Apply(Key, V),
     /// Deleted: known by key alone, so even an undecodable object is removed.
     Delete(Key),
 }
 
-impl<K: Resource> From<Event<K>> for Change<K> {
-    fn from(e: Event<K>) -> Self {
+impl<V> Change<V> {
+    /// A typed watcher event, each object converted by `convert`.
+    pub fn of<K: Resource>(e: Event<K>, convert: impl Fn(&K) -> V) -> Self {
         match e {
             Event::Init => Change::Init,
-            Event::InitApply(o) => Change::InitApply(o),
+            Event::InitApply(o) => Change::InitApply(key_of(&o), convert(&o)),
             Event::InitDone => Change::InitDone,
-            Event::Apply(o) => Change::Apply(o),
+            Event::Apply(o) => Change::Apply(key_of(&o), convert(&o)),
             Event::Delete(o) => Change::Delete(key_of(&o)),
         }
     }
@@ -68,18 +72,27 @@ impl<K: Resource> From<Event<K>> for Change<K> {
 pub static UNDECODABLE_OBJECTS: std::sync::LazyLock<prometheus_client::metrics::counter::Counter> =
     std::sync::LazyLock::new(Default::default);
 
-/// Decodes one watcher event of untyped objects into `K`, object by object: a Service with
-/// `port: "eighty"` (schema skew with a newer API server, or a broken object) is named in a
-/// warning, counted, and skipped; every other object of its list still applies. Pure but for
-/// the log line and the counter.
-pub fn decode_event<K>(kind: &str, ev: Event<DynamicObject>) -> Option<Change<K>>
+/// Decodes one watcher event of untyped objects into `K` and converts each object with
+/// `convert`, object by object: a Service with `port: "eighty"` (schema skew with a newer
+/// API server, or a broken object) is named in a warning, counted, and skipped; every other
+/// object of its list still applies. The decoded object is dropped after conversion: the
+/// stores keep what the model needs, not the object. Pure but for the log line and the
+/// counter.
+pub fn decode_event<K, V>(
+    kind: &str,
+    ev: Event<DynamicObject>,
+    convert: impl Fn(&K) -> V,
+) -> Option<Change<V>>
 where
     K: Resource + for<'a> serde::Deserialize<'a>,
 {
     let key = |o: &DynamicObject| key_of(o);
-    let parse = |o: DynamicObject| -> Result<K, (Key, String)> {
+    let parse = |o: DynamicObject| -> Result<(Key, V), (Key, String)> {
         let k = key(&o);
-        o.try_parse::<K>().map_err(|e| (k, e.to_string()))
+        match o.try_parse::<K>() {
+            Ok(obj) => Ok((k, convert(&obj))),
+            Err(e) => Err((k, e.to_string())),
+        }
     };
     let skipped = |(k, e): (Key, String), what: &str| {
         UNDECODABLE_OBJECTS.inc();
@@ -90,11 +103,11 @@ where
         Event::Init => Change::Init,
         Event::InitDone => Change::InitDone,
         Event::InitApply(o) => match parse(o) {
-            Ok(k) => Change::InitApply(k),
+            Ok((k, v)) => Change::InitApply(k, v),
             Err(e) => Change::InitKeep(skipped(e, "keeping its last known version")),
         },
         Event::Apply(o) => match parse(o) {
-            Ok(k) => Change::Apply(k),
+            Ok((k, v)) => Change::Apply(k, v),
             Err(e) => {
                 skipped(e, "keeping its last known version");
                 return None;
@@ -104,15 +117,16 @@ where
     })
 }
 
-/// The objects of one kind, fed by watcher events. Pure.
+/// What the stores keep of each object, by kind, fed by watcher events: its conversion into
+/// the model, never the object. Pure.
 #[derive(Debug)]
-pub struct Store<K> {
-    objects: BTreeMap<Key, K>,
-    relist: Option<BTreeMap<Key, K>>,
+pub struct Store<V> {
+    objects: BTreeMap<Key, V>,
+    relist: Option<BTreeMap<Key, V>>,
     synced: bool,
 }
 
-impl<K> Default for Store<K> {
+impl<V> Default for Store<V> {
     fn default() -> Self {
         Store {
             objects: BTreeMap::new(),
@@ -122,17 +136,17 @@ impl<K> Default for Store<K> {
     }
 }
 
-impl<K: Resource + Clone> Store<K> {
+impl<V: Clone> Store<V> {
     /// Applies one event; returns whether the visible contents changed.
-    pub fn apply(&mut self, ev: impl Into<Change<K>>) -> bool {
-        match ev.into() {
+    pub fn apply(&mut self, ev: Change<V>) -> bool {
+        match ev {
             Change::Init => {
                 self.relist = Some(BTreeMap::new());
                 false
             }
-            Change::InitApply(o) => {
+            Change::InitApply(k, v) => {
                 if let Some(b) = self.relist.as_mut() {
-                    b.insert(key_of(&o), o);
+                    b.insert(k, v);
                 }
                 false
             }
@@ -150,8 +164,8 @@ impl<K: Resource + Clone> Store<K> {
                 self.synced = true;
                 true
             }
-            Change::Apply(o) => {
-                self.objects.insert(key_of(&o), o);
+            Change::Apply(k, v) => {
+                self.objects.insert(k, v);
                 true
             }
             Change::Delete(k) => self.objects.remove(&k).is_some(),
@@ -161,7 +175,7 @@ impl<K: Resource + Clone> Store<K> {
     pub fn synced(&self) -> bool {
         self.synced
     }
-    pub fn values(&self) -> impl Iterator<Item = &K> {
+    pub fn values(&self) -> impl Iterator<Item = &V> + Clone {
         self.objects.values()
     }
     pub fn len(&self) -> usize {
@@ -172,31 +186,34 @@ impl<K: Resource + Clone> Store<K> {
     }
 }
 
-/// The stores together.
+/// The stores together: each Service's ports, each slice's endpoints, this Node's facts and
+/// each ServiceCIDR's CIDRs, converted on arrival (at 10k Services × 10 endpoints the
+/// objects themselves took ~165 MiB, and copying and converting all of them per change
+/// ~0.25 s).
 #[derive(Debug, Default)]
 pub struct Stores {
-    pub services: Store<Service>,
-    pub slices: Store<EndpointSlice>,
-    pub nodes: Store<Node>,
+    pub services: Store<Vec<ServicePort>>,
+    pub slices: Store<SliceEndpoints>,
+    pub nodes: Store<NodeInfo>,
     /// ServiceCIDRs (Kubernetes 1.33+; an older API server has none to list).
-    pub service_cidrs: Store<ServiceCIDR>,
+    pub service_cidrs: Store<Vec<Cidr>>,
 }
 
-/// One decoded event of any kind (boxed: Node objects are large).
+/// One decoded event of any kind.
 pub enum Update {
-    Service(Box<Change<Service>>),
-    Slice(Box<Change<EndpointSlice>>),
-    Node(Box<Change<Node>>),
-    ServiceCidr(Box<Change<ServiceCIDR>>),
+    Service(Change<Vec<ServicePort>>),
+    Slice(Change<SliceEndpoints>),
+    Node(Change<NodeInfo>),
+    ServiceCidr(Change<Vec<Cidr>>),
 }
 
 impl Stores {
     pub fn apply(&mut self, u: Update) -> bool {
         match u {
-            Update::Service(e) => self.services.apply(*e),
-            Update::Slice(e) => self.slices.apply(*e),
-            Update::Node(e) => self.nodes.apply(*e),
-            Update::ServiceCidr(e) => self.service_cidrs.apply(*e),
+            Update::Service(e) => self.services.apply(e),
+            Update::Slice(e) => self.slices.apply(e),
+            Update::Node(e) => self.nodes.apply(e),
+            Update::ServiceCidr(e) => self.service_cidrs.apply(e),
         }
     }
     /// Services, EndpointSlices and the Node have been listed: the first sync may happen.
@@ -205,18 +222,36 @@ impl Stores {
     pub fn synced(&self) -> bool {
         self.services.synced() && self.slices.synced() && self.nodes.synced()
     }
-    pub fn snapshot(&self, node_name: &str) -> Snapshot {
-        Snapshot {
-            services: self.services.values().cloned().collect(),
-            endpoint_slices: self.slices.values().cloned().collect(),
-            node: self
-                .nodes
-                .values()
-                .find(|n| n.metadata.name.as_deref() == Some(node_name))
-                .cloned(),
-            service_cidrs: self.service_cidrs.values().cloned().collect(),
-        }
+    /// Whether this node's Node object is known.
+    pub fn has_node(&self, node_name: &str) -> bool {
+        self.nodes.values().any(|n| n.name == node_name)
     }
+    /// The whole model from what the stores hold; collisions go to `warnings`.
+    pub fn state(&self, node_name: &str, warnings: &mut Vec<String>) -> ProxyState {
+        let node = self
+            .nodes
+            .values()
+            .find(|n| n.name == node_name)
+            .cloned()
+            .unwrap_or_else(|| convert_node(None, node_name, warnings));
+        assemble(
+            node,
+            self.services.values().flatten(),
+            self.slices.values(),
+            self.service_cidrs.values().flatten().copied().collect(),
+            warnings,
+        )
+    }
+}
+
+/// Converts as the stores need, logging each object's warnings once, when it arrives.
+fn logged<T>(f: impl FnOnce(&mut Vec<String>) -> T) -> T {
+    let mut warnings = Vec::new();
+    let out = f(&mut warnings);
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    out
 }
 
 /// A warning event for the API server (upstream emits these on the Node or Service), with
@@ -404,7 +439,10 @@ pub async fn run(
     .default_backoff()
     .filter_map(|r| async move {
         match r {
-            Ok(e) => decode_event("Service", e).map(|c| Ok(Update::Service(Box::new(c)))),
+            Ok(e) => decode_event("Service", e, |o: &Service| {
+                logged(|w| convert_service(o, w))
+            })
+            .map(|c| Ok(Update::Service(c))),
             Err(e) => Some(Err(e)),
         }
     })
@@ -415,10 +453,20 @@ pub async fn run(
         cfg,
     )
     .default_backoff()
-    .filter_map(|r| async move {
-        match r {
-            Ok(e) => decode_event("EndpointSlice", e).map(|c| Ok(Update::Slice(Box::new(c)))),
-            Err(e) => Some(Err(e)),
+    .filter_map({
+        // Endpoints on this node are marked local as they arrive.
+        let node: Arc<str> = node.as_str().into();
+        move |r| {
+            let node = node.clone();
+            async move {
+                match r {
+                    Ok(e) => decode_event("EndpointSlice", e, |o: &EndpointSlice| {
+                        logged(|w| convert_slice(o, &node, w))
+                    })
+                    .map(|c| Ok(Update::Slice(c))),
+                    Err(e) => Some(Err(e)),
+                }
+            }
         }
     })
     .boxed();
@@ -430,7 +478,11 @@ pub async fn run(
     .default_backoff()
     .filter_map(|r| async move {
         match r {
-            Ok(e) => decode_event("Node", e).map(|c| Ok(Update::Node(Box::new(c)))),
+            Ok(e) => decode_event("Node", e, |o: &Node| {
+                let name = o.metadata.name.as_deref().unwrap_or_default();
+                logged(|w| convert_node(Some(o), name, w))
+            })
+            .map(|c| Ok(Update::Node(c))),
             Err(e) => Some(Err(e)),
         }
     })
@@ -445,7 +497,10 @@ pub async fn run(
     .default_backoff()
     .scan(false, |told, r| {
         let item = match r {
-            Ok(e) => decode_event("ServiceCIDR", e).map(|c| Ok(Update::ServiceCidr(Box::new(c)))),
+            Ok(e) => decode_event("ServiceCIDR", e, |o: &ServiceCIDR| {
+                logged(|w| convert_service_cidr(o, w))
+            })
+            .map(|c| Ok(Update::ServiceCidr(c))),
             Err(e) => {
                 let refused = matches!(
                     e,
@@ -502,10 +557,7 @@ pub async fn run(
         // Upstream's NodeManager exits when its Node is deleted (exit code 1, rules left
         // in place), so that the DaemonSet restarts it and it waits for the new Node: end
         // the source with the reason; the binary exits.
-        let has_node = stores
-            .nodes
-            .values()
-            .any(|n| n.metadata.name.as_deref() == Some(node.as_str()));
+        let has_node = stores.has_node(&node);
         if had_node && !has_node {
             tracing::warn!(node = %node, "Node is being deleted; exiting (rules stay in place), as upstream kube-proxy does");
             return super::SourceEnd::NodeDeleted(node);
@@ -520,10 +572,9 @@ pub async fn run(
             announced = true;
         }
         let t0 = std::time::Instant::now();
-        let snapshot = stores.snapshot(&node);
-        let copied = t0.elapsed();
-        let (state, warnings) = build_state(&snapshot, &node);
-        tracing::debug!(copied = ?copied, built = ?t0.elapsed(), "new state from the API");
+        let mut warnings = Vec::new();
+        let state = stores.state(&node, &mut warnings);
+        tracing::debug!(built = ?t0.elapsed(), "new state from the API");
         for w in warnings {
             tracing::warn!("{w}");
         }
@@ -586,36 +637,38 @@ mod tests {
         s
     }
 
+    /// What a test store keeps of a Service: its name.
+    fn named(e: Event<Service>) -> Change<String> {
+        Change::of(e, |s: &Service| s.metadata.name.clone().unwrap_or_default())
+    }
+
     #[test]
     fn relist_replaces_and_drops_objects_deleted_meanwhile() {
         let mut st = Store::default();
-        st.apply(Event::Init);
-        st.apply(Event::InitApply(svc("a")));
-        st.apply(Event::InitApply(svc("b")));
+        st.apply(named(Event::Init));
+        st.apply(named(Event::InitApply(svc("a"))));
+        st.apply(named(Event::InitApply(svc("b"))));
         assert!(!st.synced(), "not synced before InitDone");
-        assert!(st.apply(Event::InitDone));
+        assert!(st.apply(named(Event::InitDone)));
         assert_eq!(st.len(), 2);
         // A 410 relist in which "a" no longer exists.
-        st.apply(Event::Init);
-        st.apply(Event::InitApply(svc("b")));
+        st.apply(named(Event::Init));
+        st.apply(named(Event::InitApply(svc("b"))));
         assert_eq!(st.len(), 2, "the old view stays until the relist completes");
-        st.apply(Event::InitDone);
-        let names: Vec<_> = st
-            .values()
-            .map(|s| s.metadata.name.clone().unwrap())
-            .collect();
+        st.apply(named(Event::InitDone));
+        let names: Vec<_> = st.values().cloned().collect();
         assert_eq!(names, ["b"]);
     }
 
     #[test]
     fn apply_and_delete() {
         let mut st = Store::default();
-        st.apply(Event::Init);
-        st.apply(Event::InitDone);
-        assert!(st.apply(Event::Apply(svc("a"))));
-        assert!(st.apply(Event::Delete(svc("a"))));
+        st.apply(named(Event::Init));
+        st.apply(named(Event::InitDone));
+        assert!(st.apply(named(Event::Apply(svc("a")))));
+        assert!(st.apply(named(Event::Delete(svc("a")))));
         assert!(
-            !st.apply(Event::Delete(svc("a"))),
+            !st.apply(named(Event::Delete(svc("a")))),
             "deleting an unknown object changes nothing"
         );
         assert!(st.is_empty());
@@ -624,14 +677,146 @@ mod tests {
     #[test]
     fn first_sync_waits_for_all_three_kinds() {
         let mut s = Stores::default();
-        s.apply(Update::Service(Box::new(Change::Init)));
-        s.apply(Update::Service(Box::new(Change::InitDone)));
-        s.apply(Update::Slice(Box::new(Change::Init)));
-        s.apply(Update::Slice(Box::new(Change::InitDone)));
+        s.apply(Update::Service(Change::Init));
+        s.apply(Update::Service(Change::InitDone));
+        s.apply(Update::Slice(Change::Init));
+        s.apply(Update::Slice(Change::InitDone));
         assert!(!s.synced());
-        s.apply(Update::Node(Box::new(Change::Init)));
-        s.apply(Update::Node(Box::new(Change::InitDone)));
+        s.apply(Update::Node(Change::Init));
+        s.apply(Update::Node(Change::InitDone));
         assert!(s.synced());
+    }
+
+    /// Two Services (one with two ports), their slices (one endpoint listed twice, one on
+    /// this node, a trigger time) and a headless Service's slice.
+    fn objects() -> crate::model::convert::Snapshot {
+        fn v<T: serde::de::DeserializeOwned>(j: serde_json::Value) -> T {
+            serde_json::from_value(j).unwrap()
+        }
+        let slice =
+            |name: &str, svc: &str, ips: &[&str], extra: serde_json::Value| -> EndpointSlice {
+                let mut j = serde_json::json!({
+                    "metadata": {"name": name, "namespace": "ns",
+                                 "labels": {"kubernetes.io/service-name": svc}},
+                    "addressType": "IPv4",
+                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                    "endpoints": ips.iter().map(|ip| serde_json::json!(
+                        {"addresses": [ip], "conditions": {"ready": true}, "nodeName": "node-b"}
+                    )).collect::<Vec<_>>(),
+                });
+                if let (Some(m), Some(e)) = (j.as_object_mut(), extra.as_object()) {
+                    for (k, val) in e {
+                        m.insert(k.clone(), val.clone());
+                    }
+                }
+                v(j)
+            };
+        crate::model::convert::Snapshot {
+            services: vec![
+                v(
+                    serde_json::json!({"metadata": {"name": "web", "namespace": "ns"},
+                    "spec": {"clusterIP": "10.96.0.10", "ports": [
+                        {"name": "http", "port": 80, "targetPort": 8080},
+                        {"name": "dns", "port": 53, "protocol": "UDP"}]}}),
+                ),
+                v(
+                    serde_json::json!({"metadata": {"name": "api", "namespace": "ns"},
+                    "spec": {"clusterIP": "10.96.0.11", "ports": [{"name": "http", "port": 443}]}}),
+                ),
+            ],
+            endpoint_slices: vec![
+                slice(
+                    "web-1",
+                    "web",
+                    &["10.244.0.1", "10.244.0.2"],
+                    serde_json::json!({}),
+                ),
+                slice(
+                    "web-2",
+                    "web",
+                    &["10.244.0.2", "10.244.0.3"],
+                    serde_json::json!({
+                    "metadata": {"name": "web-2", "namespace": "ns",
+                        "labels": {"kubernetes.io/service-name": "web"},
+                        "annotations": {"endpoints.kubernetes.io/last-change-trigger-time":
+                                        "2026-12-01T10:00:00Z"}}}),
+                ),
+                slice(
+                    "api-1",
+                    "api",
+                    &["10.244.1.1"],
+                    serde_json::json!({"endpoints": [
+                    {"addresses": ["10.244.1.1"], "nodeName": "node-a"}]}),
+                ),
+                slice(
+                    "hl-1",
+                    "hl",
+                    &["10.244.2.1"],
+                    serde_json::json!({
+                    "metadata": {"name": "hl-1", "namespace": "ns", "labels": {
+                        "kubernetes.io/service-name": "hl",
+                        "service.kubernetes.io/headless": ""}}}),
+                ),
+            ],
+            ..Default::default()
+        }
+    }
+
+    /// The stores convert on arrival; the state they assemble is the one `build_state`
+    /// makes of the same objects, and a change of one slice changes only its endpoints.
+    #[test]
+    fn stores_assemble_the_state_build_state_makes_of_the_same_objects() {
+        let fx = objects();
+        let mut s = Stores::default();
+        let node = "node-a";
+        for u in [
+            Update::Service(Change::Init),
+            Update::Slice(Change::Init),
+            Update::Node(Change::Init),
+        ] {
+            s.apply(u);
+        }
+        for o in &fx.services {
+            s.apply(Update::Service(Change::InitApply(
+                key_of(o),
+                logged(|w| convert_service(o, w)),
+            )));
+        }
+        for o in &fx.endpoint_slices {
+            s.apply(Update::Slice(Change::InitApply(
+                key_of(o),
+                logged(|w| convert_slice(o, node, w)),
+            )));
+        }
+        for u in [
+            Update::Service(Change::InitDone),
+            Update::Slice(Change::InitDone),
+            Update::Node(Change::InitDone),
+        ] {
+            s.apply(u);
+        }
+        let mut w = Vec::new();
+        let from_stores = s.state(node, &mut w);
+        let (built, _) = crate::model::convert::build_state(&fx, node);
+        assert_eq!(from_stores, built);
+        let web: Vec<String> = built
+            .endpoints
+            .iter()
+            .find(|(k, _)| k.name == "web" && k.port == "http")
+            .map(|(_, e)| e.iter().map(|e| e.to_string()).collect())
+            .unwrap();
+        assert_eq!(
+            web,
+            ["10.244.0.1:8080", "10.244.0.2:8080", "10.244.0.3:8080"]
+        );
+        assert_eq!(built.trigger_times.len(), 2, "both of web's ports");
+        assert!(built.endpoints.values().flatten().any(|e| e.is_local));
+        // One slice deleted: its Service's endpoints go, nothing else changes.
+        let gone = &fx.endpoint_slices[2];
+        assert!(s.apply(Update::Slice(Change::Delete(key_of(gone)))));
+        let after = s.state(node, &mut w);
+        let (svcs, eps) = crate::model::count_changes(&built, &after);
+        assert_eq!((svcs, eps), (0, 1));
     }
 
     fn dynamic(json: serde_json::Value) -> DynamicObject {
@@ -649,13 +834,14 @@ mod tests {
     #[test]
     fn an_undecodable_object_is_skipped_and_its_list_still_applies() {
         let before = UNDECODABLE_OBJECTS.get();
-        let mut st: Store<Service> = Store::default();
+        let mut st: Store<Vec<ServicePort>> = Store::default();
+        let ports = |s: &Service| logged(|w| convert_service(s, w));
         for ev in [
             Event::Init,
             Event::InitApply(web(serde_json::json!(80))),
             Event::InitDone,
         ] {
-            st.apply(decode_event::<Service>("Service", ev).unwrap());
+            st.apply(decode_event("Service", ev, ports).unwrap());
         }
         assert_eq!(st.len(), 1);
         // A relist where web has become undecodable and another Service appeared: web keeps
@@ -668,18 +854,15 @@ mod tests {
             Event::InitApply(other),
             Event::InitDone,
         ] {
-            st.apply(decode_event::<Service>("Service", ev).unwrap());
+            st.apply(decode_event("Service", ev, ports).unwrap());
         }
-        let ports: Vec<_> = st
-            .values()
-            .map(|s| s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port)
-            .collect();
-        assert_eq!(ports, [53, 80], "dns added, web kept at 80");
+        let got: Vec<_> = st.values().map(|p| p[0].port).collect();
+        assert_eq!(got, [53, 80], "dns added, web kept at 80");
         // A watch event with a bad object is skipped; a delete of it still deletes.
         assert!(
-            decode_event::<Service>("Service", Event::Apply(web(serde_json::json!("x")))).is_none()
+            decode_event("Service", Event::Apply(web(serde_json::json!("x"))), ports).is_none()
         );
-        let del = decode_event::<Service>("Service", Event::Delete(web(serde_json::json!("x"))));
+        let del = decode_event("Service", Event::Delete(web(serde_json::json!("x"))), ports);
         assert!(st.apply(del.unwrap()));
         assert_eq!(st.len(), 1);
         assert!(UNDECODABLE_OBJECTS.get() >= before + 2);

@@ -989,6 +989,7 @@ fn side_by_side_rows(
             })
         });
     });
+    eprintln!("side by side: ours: one-endpoint change, median of {changes}: {:?} s", lat[0]);
     // Latencies of the upstreams that synced, in `cold`'s order (n/a for one that did not).
     let mut it = lat[1..].iter();
     let mut lats = vec![lat[0]];
@@ -1007,6 +1008,24 @@ fn side_by_side_rows(
         &lats,
         changes,
     );
+    // Ours alone, by source (issue #18): RSS after the first sync and after the changes,
+    // against the 64 MiB goal at 10k × 10 and peak ≤ 1.5× steady.
+    let (rss_now, peak, _) = proc_usage(ours.id());
+    if let Some(t) = t_ours {
+        let mib = |kb: u64| kb as f64 / 1024.0;
+        let goal = n == 10_000 && eps == EPS;
+        rows.push(row(
+            format!(
+                "daemon RSS, API source (real apiserver), {}k services × {eps}: after the first sync / after {changes} changes (peak)",
+                n / 1000
+            ),
+            format!("{:.0} / {:.0} MiB (peak {:.0})", t.rss, mib(rss_now), mib(peak)),
+            "",
+            format!("peak {:.1}× steady", mib(peak) / t.rss),
+            if goal { "≤ 64 MiB, peak ≤ 1.5×" } else { "" },
+            goal.then_some(t.rss <= 64.0 && mib(peak) <= 1.5 * t.rss),
+        ));
+    }
     // SAFETY: signalling our own child.
     unsafe { libc::kill(ours.id() as i32, libc::SIGTERM) };
     let _ = netlink_tests::bounded::wait_within(&mut ours, Duration::from_secs(30), "our daemon");
@@ -1166,7 +1185,13 @@ fn main() {
             .split_once('x')
             .and_then(|(n, e)| Some((n.parse().ok()?, e.parse().ok()?)))
             .expect("--side-by-side-shape SERVICESxENDPOINTS");
-        side_by_side_rows(&mut rows, n, e, &["nftables"], 3);
+        // `--ours-only`: no upstream (ours' own rows by source, in a few minutes).
+        let modes: &[&str] = if args.iter().any(|a| a == "--ours-only") {
+            &[]
+        } else {
+            &["nftables"]
+        };
+        side_by_side_rows(&mut rows, n, e, modes, 3);
     } else if args.iter().any(|a| a == "--side-by-side-only") {
         side_by_side_all(&mut rows, quick);
     } else {
