@@ -8,7 +8,9 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use kube_nlproxy::kernel::conntrack::Flow;
 use kube_nlproxy::kernel::nft::encode::encode_transaction;
 use kube_nlproxy::kernel::nft::Family;
-use kube_nlproxy::model::convert::{build_state, Snapshot};
+use kube_nlproxy::model::convert::{
+    assemble, build_state, convert_service, convert_slice, Snapshot,
+};
 use kube_nlproxy::model::fixtures::synthetic_state;
 use kube_nlproxy::model::{Protocol, ProxyState};
 use kube_nlproxy::modes::nftables::plan::{build_service, release_service_slots};
@@ -126,6 +128,30 @@ fn benches(c: &mut Criterion) {
     g.bench_function("model from 10k Services and 10k EndpointSlices", |b| {
         b.iter(|| build_state(&snap, "node1").0.services.len())
     });
+    // What the API source does per change: assemble the state from each object's
+    // conversion, kept since it arrived.
+    let mut w = Vec::new();
+    let ports: Vec<_> = snap
+        .services
+        .iter()
+        .flat_map(|s| convert_service(s, &mut w))
+        .collect();
+    let slices: Vec<_> = snap
+        .endpoint_slices
+        .iter()
+        .map(|s| convert_slice(s, "node1", &mut w))
+        .collect();
+    let node = build_state(&snap, "node1").0.node;
+    g.bench_function(
+        "state assembled from 10k converted Services and slices",
+        |b| {
+            b.iter(|| {
+                assemble(node.clone(), ports.iter(), slices.iter(), vec![], &mut w)
+                    .services
+                    .len()
+            })
+        },
+    );
     g.finish();
 
     let mut g = c.benchmark_group("conntrack");

@@ -589,7 +589,7 @@ pub fn collisions_of(state: &ProxyState) -> Vec<Collision> {
     let mut out = Vec::new();
     // The rulesets' order: older first (ports without a creation time last), then name.
     let mut ports: Vec<(&ServicePortName, &ServicePort)> = state.services.iter().collect();
-    ports.sort_by_key(|(n, sp)| (sp.created.is_none(), sp.created, (*n).clone()));
+    ports.sort_by_key(|&(n, sp)| (sp.created.is_none(), sp.created, n));
     let mut addrs: BTreeMap<(IpAddr, u8, u16), &ServicePortName> = BTreeMap::new();
     let mut node_ports: BTreeMap<(u8, u16), &ServicePortName> = BTreeMap::new();
     for (spn, sp) in ports {

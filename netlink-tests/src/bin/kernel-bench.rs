@@ -862,7 +862,11 @@ fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::process:
         .arg(proxy_bin())
         .args(["--hostname-override", "node1"])
         .args(args)
-        .env("RUST_LOG", "info")
+        // KBENCH_OURS_LOG=kube_nlproxy=debug says where a change's time goes.
+        .env(
+            "RUST_LOG",
+            std::env::var("KBENCH_OURS_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("ours.log")).unwrap())
         .spawn()
@@ -989,7 +993,10 @@ fn side_by_side_rows(
             })
         });
     });
-    eprintln!("side by side: ours: one-endpoint change, median of {changes}: {:?} s", lat[0]);
+    eprintln!(
+        "side by side: ours: one-endpoint change, median of {changes}: {:?} s",
+        lat[0]
+    );
     // Latencies of the upstreams that synced, in `cold`'s order (n/a for one that did not).
     let mut it = lat[1..].iter();
     let mut lats = vec![lat[0]];
@@ -1029,6 +1036,9 @@ fn side_by_side_rows(
     // SAFETY: signalling our own child.
     unsafe { libc::kill(ours.id() as i32, libc::SIGTERM) };
     let _ = netlink_tests::bounded::wait_within(&mut ours, Duration::from_secs(30), "our daemon");
+    if std::env::var_os("KBENCH_OURS_LOG").is_some() {
+        let _ = std::fs::copy(cp.dir.join("ours.log"), "/tmp/kbench-ours.log");
+    }
     drop(upstreams);
     eprintln!("side by side: done");
     cold.iter()
