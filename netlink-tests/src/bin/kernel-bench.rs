@@ -183,6 +183,101 @@ fn full_sync_rows(rows: &mut Vec<Row>, sizes: &[usize], upstream_sizes: &[usize]
     }
 }
 
+/// CPU time the calling thread spent in the kernel so far: nf_tables handles a batch in
+/// the sender's `sendmsg`, so this is the kernel's share of a sync.
+fn thread_kernel_time() -> Duration {
+    // SAFETY: getrusage(2) fills the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    Duration::new(ru.ru_stime.tv_sec as u64, ru.ru_stime.tv_usec as u32 * 1000)
+}
+
+/// Issue #18's shapes, in process: 5k × 50 (kubernetes/kubernetes#135639), 45k × 1
+/// (#139513), 100k × 10. Per shape: the full sync (with the kernel's share), `nft -f` of
+/// the same ruleset, and the median one-endpoint change with the shape present.
+fn scale_rows(rows: &mut Vec<Row>, shapes: &[(usize, usize, Duration, Duration)]) {
+    for &(n, eps, full_goal, change_goal) in shapes {
+        let label = if n % 1000 == 0 {
+            format!("{}k services × {eps}", n / 1000)
+        } else {
+            format!("{n} services × {eps}")
+        };
+        let base = std::sync::Arc::new(synthetic_state(n, eps));
+        let with_ep = |ip: &str| {
+            let mut st = (*base).clone();
+            let k = st.endpoints.keys().nth(n / 2).unwrap().clone();
+            st.endpoints.get_mut(&k).unwrap()[0].ip = ip.parse().unwrap();
+            std::sync::Arc::new(st)
+        };
+        let (x, y) = (with_ep("10.250.0.1"), with_ep("10.250.0.2"));
+        let ns = NetNs::new("kbs");
+        let st = base.clone();
+        let (full, kernel, mut changes) = ns.run(move || {
+            let mut s = NftablesProxier::new(
+                NetlinkNftables::open().unwrap(),
+                cfg(),
+                DetectLocal::ClusterCidr(vec![]),
+            );
+            let (t0, k0) = (Instant::now(), thread_kernel_time());
+            s.sync_shared(&st).unwrap();
+            let (full, kernel) = (t0.elapsed(), thread_kernel_time() - k0);
+            let mut v = Vec::new();
+            for round in 0..20 {
+                let st = if round % 2 == 0 { &x } else { &y };
+                let t0 = Instant::now();
+                let stats = s.sync_shared(st).unwrap();
+                v.push(t0.elapsed());
+                assert!(!stats.full);
+            }
+            (full, kernel, v)
+        });
+        drop(ns);
+        changes.sort();
+        let change = changes[changes.len() / 2];
+        let text = render::transaction(
+            &plan_full(
+                &build_ruleset(&base, &cfg(), kube_nlproxy::kernel::nft::Family::Ip),
+                None,
+                &[],
+            )
+            .tx,
+        );
+        let nft = timed(&NetNs::new("kbs"), &["nft", "-f", "-"], &text);
+        drop(text);
+        rows.push(row(
+            format!(
+                "full sync {label}: ours (kernel's share: {}) vs `nft -f` of our ruleset",
+                secs(kernel)
+            ),
+            secs(full),
+            secs(nft),
+            format!("{:.1}×", nft.as_secs_f64() / full.as_secs_f64()),
+            format!("≤ {}", secs(full_goal)),
+            Some(full <= full_goal),
+        ));
+        if (n, eps) == (5000, 50) {
+            let up = timed(&NetNs::new("kbs"), &["nft", "-f", "-"], &upstream_nft(n, eps));
+            rows.push(row(
+                format!("full sync {label}: ours vs `nft -f` of upstream's (older) nftables layout"),
+                secs(full),
+                secs(up),
+                format!("{:.0}×", up.as_secs_f64() / full.as_secs_f64()),
+                "(comparison; #135639 reports 13 min)",
+                None,
+            ));
+        }
+        rows.push(row(
+            format!("one-endpoint change with {label} present (median of 20)"),
+            secs(change),
+            "",
+            "",
+            format!("≤ {}", secs(change_goal)),
+            Some(change <= change_goal),
+        ));
+        eprintln!("scale {label}: full {full:?} (kernel {kernel:?}), change {change:?}");
+    }
+}
+
 fn partial_row(rows: &mut Vec<Row>, n: usize) {
     let with_ep = |ip: &str| {
         let mut st = state(n);
@@ -564,9 +659,10 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
                 writeln!(text, "-a -t {vs} -r {r} -m -w 1").unwrap();
             }
         }
+        // One acknowledged request at a time (what the IPVS mode did before #18).
         let ns = NetNs::new("kbipvs");
         let p = plan.clone();
-        let ours = ns.run(move || {
+        let one_by_one = ns.run(move || {
             let mut ipvs = NetlinkIpvs::open().unwrap();
             let t0 = Instant::now();
             for d in p.services.values() {
@@ -578,17 +674,52 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
             t0.elapsed()
         });
         drop(ns);
+        // Pipelined, as the IPVS mode sends them: the virtual servers, then the real ones.
+        let ns = NetNs::new("kbipvsp");
+        let p = plan.clone();
+        let ours = ns.run(move || {
+            use kube_nlproxy::kernel::ipvs::IpvsOp;
+            let mut ipvs = NetlinkIpvs::open().unwrap();
+            let t0 = Instant::now();
+            let vss: Vec<IpvsOp> = p
+                .services
+                .values()
+                .map(|d| IpvsOp::AddService(d.vs.clone()))
+                .collect();
+            let rss: Vec<IpvsOp> = p
+                .services
+                .values()
+                .flat_map(|d| {
+                    d.dests
+                        .values()
+                        .map(|rs| IpvsOp::AddDest(d.vs.clone(), rs.clone()))
+                })
+                .collect();
+            for r in ipvs.apply(&vss).into_iter().chain(ipvs.apply(&rss)) {
+                r.unwrap();
+            }
+            t0.elapsed()
+        });
+        drop(ns);
         let ns = NetNs::new("kbipvsadm");
         let base = timed(&ns, &["ipvsadm", "-R"], &text);
         drop(ns);
         let ratio = base.as_secs_f64() / ours.as_secs_f64();
         rows.push(row(
-            format!("IPVS full sync {n}×{EPS}: virtual + real servers"),
+            format!("IPVS full sync {n}×{EPS}: virtual + real servers, pipelined"),
             secs(ours),
             format!("{} (`ipvsadm -R`)", secs(base)),
             format!("{ratio:.1}× faster"),
             "faster than ipvsadm -R",
             Some(ratio > 1.0),
+        ));
+        rows.push(row(
+            format!("IPVS full sync {n}×{EPS}: pipelined vs one acknowledged request at a time"),
+            secs(ours),
+            secs(one_by_one),
+            format!("{:.1}×", one_by_one.as_secs_f64() / ours.as_secs_f64()),
+            "(issue #18)",
+            None,
         ));
         let ns = NetNs::new("kbipvsfull");
         let st2 = st.clone();
@@ -609,13 +740,14 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
             t0.elapsed()
         });
         drop(ns);
+        let ratio = base.as_secs_f64() / whole.as_secs_f64();
         rows.push(row(
             format!("IPVS-mode full sync {n}×{EPS}: + VIPs on kube-ipvs0 + nftables table"),
             secs(whole),
             format!("{} (`ipvsadm -R`, servers only)", secs(base)),
-            format!("{:.1}×", base.as_secs_f64() / whole.as_secs_f64()),
-            "(reported)",
-            None,
+            format!("{ratio:.1}×"),
+            if n >= 10_000 { "≥ 4×" } else { "(reported)" },
+            (n >= 10_000).then_some(ratio >= 4.0),
         ));
         eprintln!("ipvs {n}: done");
     }
@@ -1140,6 +1272,13 @@ fn side_by_side_all(rows: &mut Vec<Row>, quick: bool) {
     }
 }
 
+/// Issue #18's shapes and goals: (services, endpoints each, full sync, one-endpoint change).
+const SCALE_SHAPES: &[(usize, usize, Duration, Duration)] = &[
+    (5000, 50, Duration::from_secs(2), Duration::from_millis(10)),
+    (45_000, 1, Duration::from_secs(5), Duration::from_millis(5)),
+    (100_000, 10, Duration::from_secs(15), Duration::from_millis(10)),
+];
+
 fn main() {
     require_root();
     // One side-by-side run keeps its namespaces for up to ~13 minutes (FIRST_SYNC_LIMIT).
@@ -1179,6 +1318,8 @@ fn main() {
         ipvs_rows(&mut rows, if quick { &[1000] } else { &[1000, 10_000] });
     } else if args.iter().any(|a| a == "--daemon-only") {
         daemon_rows(&mut rows, &[10_000], 10);
+    } else if args.iter().any(|a| a == "--scale-only") {
+        scale_rows(&mut rows, SCALE_SHAPES);
     } else if args.iter().any(|a| a == "--partial-only") {
         partial_row(&mut rows, 10_000);
     } else if args.iter().any(|a| a == "--latency-only") {
@@ -1209,6 +1350,7 @@ fn main() {
         side_by_side_all(&mut rows, quick);
         full_sync_rows(&mut rows, &sizes, &upstream);
         partial_row(&mut rows, 10_000);
+        scale_rows(&mut rows, SCALE_SHAPES);
         latency_rows(&mut rows, &lat, connects);
         conntrack_row(&mut rows);
         daemon_rows(&mut rows, &daemon, churn);

@@ -118,8 +118,33 @@ impl Error {
     }
 }
 
+/// One change of IPVS state, for [`Ipvs::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IpvsOp {
+    AddService(VirtualServer),
+    UpdateService(VirtualServer),
+    DeleteService(VirtualServer),
+    AddDest(VirtualServer, RealServer),
+    UpdateDest(VirtualServer, RealServer),
+    DeleteDest(VirtualServer, RealServer),
+}
+
 /// What the IPVS mode needs from the kernel's IPVS.
 pub trait Ipvs {
+    /// Applies `ops` in order and returns one result per op, in order: a failed op does not
+    /// stop the others. The kernel client sends them pipelined, many per `sendmsg`.
+    fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), Error>> {
+        ops.iter()
+            .map(|op| match op {
+                IpvsOp::AddService(vs) => self.add_service(vs),
+                IpvsOp::UpdateService(vs) => self.update_service(vs),
+                IpvsOp::DeleteService(vs) => self.delete_service(vs),
+                IpvsOp::AddDest(vs, rs) => self.add_dest(vs, rs),
+                IpvsOp::UpdateDest(vs, rs) => self.update_dest(vs, rs),
+                IpvsOp::DeleteDest(vs, rs) => self.delete_dest(vs, rs),
+            })
+            .collect()
+    }
     fn services(&mut self) -> Result<Vec<VirtualServer>, Error>;
     fn dests(&mut self, vs: &VirtualServer) -> Result<Vec<RealServer>, Error>;
     fn add_service(&mut self, vs: &VirtualServer) -> Result<(), Error>;

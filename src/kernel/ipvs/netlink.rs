@@ -1,8 +1,9 @@
 //! [`Ipvs`] over a generic netlink socket: resolves the `IPVS` family once, then sends one
-//! acknowledged request per change (IPVS has no batches; each change is atomic on its own).
+//! acknowledged request per change (IPVS has no batches; each change is atomic on its own),
+//! pipelined when many are applied at once ([`Ipvs::apply`]).
 
 use super::codec::{self, *};
-use super::{Error, Ipvs, RealServer, Timeouts, VirtualServer};
+use super::{Error, Ipvs, IpvsOp, RealServer, Timeouts, VirtualServer};
 use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_GENERIC};
 
 pub struct NetlinkIpvs {
@@ -79,7 +80,51 @@ impl NetlinkIpvs {
     }
 }
 
+/// The request for one op.
+fn encode_op(family: u16, op: &IpvsOp, seq: u32) -> Vec<u8> {
+    match op {
+        IpvsOp::AddService(vs) => encode_service(family, CMD_NEW_SERVICE, vs, seq),
+        IpvsOp::UpdateService(vs) => encode_service(family, CMD_SET_SERVICE, vs, seq),
+        IpvsOp::DeleteService(vs) => encode_service(family, CMD_DEL_SERVICE, vs, seq),
+        IpvsOp::AddDest(vs, rs) => encode_dest(family, CMD_NEW_DEST, vs, rs, seq),
+        IpvsOp::UpdateDest(vs, rs) => encode_dest(family, CMD_SET_DEST, vs, rs, seq),
+        IpvsOp::DeleteDest(vs, rs) => encode_dest(family, CMD_DEL_DEST, vs, rs, seq),
+    }
+}
+
+/// What an op did, in the words of its error: `add virtual server TCP 10.96.0.1:80`.
+pub fn describe(op: &IpvsOp) -> String {
+    let rs_of = |rs: &RealServer| std::net::SocketAddr::new(rs.addr, rs.port);
+    match op {
+        IpvsOp::AddService(vs) => format!("add virtual server {}", vs.key()),
+        IpvsOp::UpdateService(vs) => format!("update virtual server {}", vs.key()),
+        IpvsOp::DeleteService(vs) => format!("delete virtual server {}", vs.key()),
+        IpvsOp::AddDest(vs, rs) => format!("add real server {} of {}", rs_of(rs), vs.key()),
+        IpvsOp::UpdateDest(vs, rs) => format!("update real server {} of {}", rs_of(rs), vs.key()),
+        IpvsOp::DeleteDest(vs, rs) => format!("delete real server {} of {}", rs_of(rs), vs.key()),
+    }
+}
+
 impl Ipvs for NetlinkIpvs {
+    fn apply(&mut self, ops: &[IpvsOp]) -> Vec<Result<(), Error>> {
+        let family = self.family;
+        self.sock
+            .pipelined(
+                ops.len(),
+                |i, seq| encode_op(family, &ops[i], seq),
+                |i| describe(&ops[i]),
+            )
+            .into_iter()
+            .zip(ops)
+            .map(|(r, op)| {
+                r.map_err(|source| Error::Netlink {
+                    op: describe(op),
+                    source,
+                })
+            })
+            .collect()
+    }
+
     fn services(&mut self) -> Result<Vec<VirtualServer>, Error> {
         let seq = self.sock.next_seq();
         let op = "list virtual servers".to_string();

@@ -68,6 +68,11 @@ impl GroupSwitch {
     }
 }
 
+/// Requests per `sendmsg` in [`NetlinkSocket::pipelined`]: 512 IPVS requests are ~60 KiB,
+/// their acknowledgements (36 bytes each, 4 KiB more with extended error text) well inside
+/// the 8 MiB receive buffer.
+pub const PIPELINE_DEPTH: usize = 512;
+
 /// A bound netlink socket with its own sequence counter.
 pub struct NetlinkSocket {
     sock: Socket,
@@ -226,6 +231,77 @@ impl NetlinkSocket {
         let (buf, _) = self.sock.recv_from_full().map_err(io_err("recv"))?;
         let msgs = parse_msgs(&buf).map_err(Error::Malformed)?;
         Ok(msgs.iter().map(OwnedMsg::from_raw).collect())
+    }
+
+    /// Sends `n` acknowledged requests pipelined: up to [`PIPELINE_DEPTH`] of them per
+    /// `sendmsg`, then reads their acknowledgements. `encode(i, seq)` encodes request `i`
+    /// with sequence number `seq` (and `NLM_F_ACK`); `what(i)` names it in its error. The
+    /// kernel handles the messages of one datagram in order and acknowledges each, a
+    /// failed one included, so one result per request comes back, in order. For protocols
+    /// without batches (IPVS, addresses), where one round trip per request was the cost:
+    /// about 120k of them for an IPVS-mode full sync of 10k Services × 10 endpoints.
+    pub fn pipelined(
+        &mut self,
+        n: usize,
+        mut encode: impl FnMut(usize, u32) -> Vec<u8>,
+        what: impl Fn(usize) -> String,
+    ) -> Vec<Result<()>> {
+        let mut out: Vec<Result<()>> = Vec::with_capacity(n);
+        let mut start = 0;
+        while start < n {
+            let len = (n - start).min(PIPELINE_DEPTH);
+            let first = self.reserve_seqs(len as u32);
+            let mut buf = Vec::new();
+            for j in 0..len {
+                buf.extend_from_slice(&encode(start + j, first.wrapping_add(j as u32)));
+            }
+            let mut got: Vec<Option<Result<()>>> = (0..len).map(|_| None).collect();
+            let sent = self.send(&buf);
+            let mut pending = if sent.is_ok() { len } else { 0 };
+            let mut failure = sent.err();
+            while pending > 0 {
+                let msgs = match self.recv() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                };
+                for m in msgs {
+                    let j = m.seq.wrapping_sub(first) as usize;
+                    if j >= len || m.ty != msg::NLMSG_ERROR || got[j].is_some() {
+                        continue;
+                    }
+                    got[j] = Some(match msg::parse_error(&m.as_raw()) {
+                        Ok(e) if e.errno == 0 => Ok(()),
+                        Ok(e) => Err(Error::Kernel {
+                            errno: e.errno,
+                            what: what(start + j),
+                            ext_msg: e.ext_msg,
+                        }),
+                        Err(e) => Err(Error::Malformed(e)),
+                    });
+                    pending -= 1;
+                }
+            }
+            for g in got {
+                out.push(g.unwrap_or_else(|| {
+                    // Not sent, or no answer read: the socket's own error, per request.
+                    Err(match &failure {
+                        Some(Error::Io { op, source }) => Error::Io {
+                            op,
+                            source: source
+                                .raw_os_error()
+                                .map_or_else(|| io::Error::from(source.kind()), io::Error::from_raw_os_error),
+                        },
+                        Some(e) => Error::Malformed(e.to_string()),
+                        None => Error::Malformed("no acknowledgement".into()),
+                    })
+                }));
+            }
+            start += len;
+        }
+        out
     }
 
     /// Sends a dump request and collects every reply message until `NLMSG_DONE`.

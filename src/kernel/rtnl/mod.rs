@@ -31,6 +31,25 @@ pub trait Links {
     fn addresses(&mut self) -> Result<Vec<IfAddr>, Error>;
     fn add_address(&mut self, a: &IfAddr) -> Result<(), Error>;
     fn delete_address(&mut self, a: &IfAddr) -> Result<(), Error>;
+    /// Adds (`add`) or deletes each of `addrs`; one result per address, in order, a failed
+    /// one not stopping the others. The kernel client sends them pipelined.
+    fn change_addresses(&mut self, add: bool, addrs: &[IfAddr]) -> Vec<Result<(), Error>> {
+        addrs
+            .iter()
+            .map(|a| {
+                if add {
+                    self.add_address(a)
+                } else {
+                    self.delete_address(a)
+                }
+            })
+            .collect()
+    }
+}
+
+fn address_op(add: bool, a: &IfAddr) -> String {
+    let verb = if add { "add" } else { "delete" };
+    format!("{verb} address {}/{}", a.addr, a.prefix_len)
 }
 
 /// [`Links`] over an rtnetlink socket.
@@ -137,17 +156,29 @@ impl Links for NetlinkLinks {
     }
 
     fn add_address(&mut self, a: &IfAddr) -> Result<(), Error> {
-        self.request(
-            |seq| codec::encode_addr(true, a, seq),
-            format!("add address {}/{}", a.addr, a.prefix_len),
-        )
+        self.request(|seq| codec::encode_addr(true, a, seq), address_op(true, a))
     }
 
     fn delete_address(&mut self, a: &IfAddr) -> Result<(), Error> {
-        self.request(
-            |seq| codec::encode_addr(false, a, seq),
-            format!("delete address {}/{}", a.addr, a.prefix_len),
-        )
+        self.request(|seq| codec::encode_addr(false, a, seq), address_op(false, a))
+    }
+
+    fn change_addresses(&mut self, add: bool, addrs: &[IfAddr]) -> Vec<Result<(), Error>> {
+        self.sock
+            .pipelined(
+                addrs.len(),
+                |i, seq| codec::encode_addr(add, &addrs[i], seq),
+                |i| address_op(add, &addrs[i]),
+            )
+            .into_iter()
+            .zip(addrs)
+            .map(|(r, a)| {
+                r.map_err(|source| Error {
+                    op: address_op(add, a),
+                    source,
+                })
+            })
+            .collect()
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::kernel::conntrack::Conntrack;
-use crate::kernel::ipvs::{Error, Ipvs, RealServer, Timeouts, VirtualServer, VsKey};
+use crate::kernel::ipvs::{Error, Ipvs, IpvsOp, RealServer, Timeouts, VirtualServer, VsKey};
 use crate::kernel::nft::{render, Family, Nftables};
 use crate::kernel::rtnl::{host_prefix, IfAddr, Links};
 use crate::model::ProxyState;
@@ -214,13 +214,17 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
         }
         self.table.count(stats);
         // 2. New VIPs, so virtual servers are reachable the moment they exist.
-        for vip in plan.vips.difference(&bound) {
-            let a = IfAddr {
+        let on_link = |vips: &mut dyn Iterator<Item = &IpAddr>| -> Vec<IfAddr> {
+            vips.map(|vip| IfAddr {
                 index: link.index,
                 addr: *vip,
                 prefix_len: host_prefix(vip),
-            };
-            match self.links.add_address(&a) {
+            })
+            .collect()
+        };
+        let new_vips = on_link(&mut plan.vips.difference(&bound));
+        for r in self.links.change_addresses(true, &new_vips) {
+            match r {
                 Ok(()) => stats.ipvs_changes += 1,
                 Err(e) if e.source.errno() == Some(libc::EEXIST) => {}
                 Err(e) => {
@@ -233,13 +237,9 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             first_err.get_or_insert(e);
         }
         // 4. VIPs of services that are gone.
-        for vip in bound.difference(&plan.vips) {
-            let a = IfAddr {
-                index: link.index,
-                addr: *vip,
-                prefix_len: host_prefix(vip),
-            };
-            match self.links.delete_address(&a) {
+        let gone_vips = on_link(&mut bound.difference(&plan.vips));
+        for r in self.links.change_addresses(false, &gone_vips) {
+            match r {
                 Ok(()) => stats.ipvs_changes += 1,
                 Err(e) => {
                     first_err.get_or_insert(e.into());
@@ -333,38 +333,60 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             }
         };
         let now = Instant::now();
+        // Two pipelined rounds: virtual servers first, then their real servers (a real
+        // server of a virtual server that could not be added is not attempted).
+        let mut round: Vec<IpvsOp> = Vec::new();
+        let mut round_keys: Vec<VsKey> = Vec::new();
+        for (key, d) in &plan.services {
+            match current.get(key) {
+                None => round.push(IpvsOp::AddService(d.vs.clone())),
+                Some(c)
+                    if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence =>
+                {
+                    round.push(IpvsOp::UpdateService(d.vs.clone()))
+                }
+                Some(_) => continue,
+            }
+            round_keys.push(*key);
+        }
+        let mut not_added: BTreeSet<VsKey> = BTreeSet::new();
+        for ((op, key), r) in round.iter().zip(&round_keys).zip(self.ipvs.apply(&round)) {
+            if !note(r, stats) && matches!(op, IpvsOp::AddService(_)) {
+                not_added.insert(*key);
+            }
+        }
+        // What each real-server op records once it succeeded.
+        enum Then {
+            Weight(VsKey, (IpAddr, u16), u32),
+            Drain(VsKey, (IpAddr, u16)),
+            Nothing,
+        }
+        let mut round: Vec<IpvsOp> = Vec::new();
+        let mut then: Vec<Then> = Vec::new();
         let mut next: BTreeMap<VsKey, Applied> = BTreeMap::new();
         for (key, d) in &plan.services {
+            if not_added.contains(key) {
+                continue;
+            }
             let mut applied = Applied {
                 vs: d.vs.clone(),
                 dests: BTreeMap::new(),
             };
-            let cur = current.get(key);
-            match cur {
-                None => {
-                    if !note(self.ipvs.add_service(&d.vs), stats) {
+            let empty = BTreeMap::new();
+            let cur_dests = current.get(key).map(|c| &c.dests).unwrap_or(&empty);
+            for (k, rs) in &d.dests {
+                self.draining.remove(&(*key, k.0, k.1));
+                match cur_dests.get(k) {
+                    None => round.push(IpvsOp::AddDest(d.vs.clone(), rs.clone())),
+                    Some(&w) if w != rs.weight => {
+                        round.push(IpvsOp::UpdateDest(d.vs.clone(), rs.clone()))
+                    }
+                    Some(_) => {
+                        applied.dests.insert(*k, rs.weight);
                         continue;
                     }
                 }
-                Some(c)
-                    if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence =>
-                {
-                    note(self.ipvs.update_service(&d.vs), stats);
-                }
-                Some(_) => {}
-            }
-            let empty = BTreeMap::new();
-            let cur_dests = cur.map(|c| &c.dests).unwrap_or(&empty);
-            for (k, rs) in &d.dests {
-                let ok = match cur_dests.get(k) {
-                    None => note(self.ipvs.add_dest(&d.vs, rs), stats),
-                    Some(&w) if w != rs.weight => note(self.ipvs.update_dest(&d.vs, rs), stats),
-                    Some(_) => true,
-                };
-                self.draining.remove(&(*key, k.0, k.1));
-                if ok {
-                    applied.dests.insert(*k, rs.weight);
-                }
+                then.push(Then::Weight(*key, *k, rs.weight));
             }
             for (k, &w) in cur_dests {
                 if d.dests.contains_key(k) {
@@ -376,28 +398,48 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
                 };
                 if key.protocol == crate::model::net::proto::UDP {
                     // Nothing to drain; expire_nodest_conn drops its flows on the next packet.
-                    note(self.ipvs.delete_dest(&d.vs, &rs), stats);
-                    continue;
+                    round.push(IpvsOp::DeleteDest(d.vs.clone(), rs));
+                    then.push(Then::Nothing);
+                } else if w != 0 {
+                    round.push(IpvsOp::UpdateDest(d.vs.clone(), rs));
+                    then.push(Then::Drain(*key, *k));
+                } else {
+                    self.draining
+                        .entry((*key, k.0, k.1))
+                        .or_insert(now + self.cfg.graceful_termination);
+                    applied.dests.insert(*k, 0);
                 }
-                if w != 0 && !note(self.ipvs.update_dest(&d.vs, &rs), stats) {
-                    continue;
-                }
-                self.draining
-                    .entry((*key, k.0, k.1))
-                    .or_insert(now + self.cfg.graceful_termination);
-                applied.dests.insert(*k, 0);
             }
             next.insert(*key, applied);
         }
         for (key, c) in &current {
-            if plan.services.contains_key(key) {
+            if plan.services.contains_key(key) || self.excluded(&key.addr) {
                 continue;
             }
-            if self.excluded(&key.addr) {
-                continue;
-            }
-            note(self.ipvs.delete_service(&c.vs), stats);
+            round.push(IpvsOp::DeleteService(c.vs.clone()));
+            then.push(Then::Nothing);
             self.draining.retain(|(k, _, _), _| k != key);
+        }
+        for (t, r) in then.into_iter().zip(self.ipvs.apply(&round)) {
+            if !note(r, stats) {
+                continue;
+            }
+            match t {
+                Then::Weight(key, k, w) => {
+                    if let Some(a) = next.get_mut(&key) {
+                        a.dests.insert(k, w);
+                    }
+                }
+                Then::Drain(key, k) => {
+                    self.draining
+                        .entry((key, k.0, k.1))
+                        .or_insert(now + self.cfg.graceful_termination);
+                    if let Some(a) = next.get_mut(&key) {
+                        a.dests.insert(k, 0);
+                    }
+                }
+                Then::Nothing => {}
+            }
         }
         self.applied = next;
         // Draining real servers: delete those with no connections left or out of time.
