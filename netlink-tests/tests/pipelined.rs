@@ -64,7 +64,10 @@ fn pipelined_address_changes_answer_each_request_in_order() {
     assert_eq!(removed.len(), n);
     assert_eq!(removed[10], Some(libc::EADDRNOTAVAIL), "the unknown one");
     assert!(
-        removed.iter().enumerate().all(|(i, e)| i == 10 || e.is_none()),
+        removed
+            .iter()
+            .enumerate()
+            .all(|(i, e)| i == 10 || e.is_none()),
         "{removed:?}"
     );
     assert_eq!(on_lo(&ns), 0, "all removed");

@@ -5,7 +5,8 @@
 use std::net::IpAddr;
 
 use crate::kernel::nft::{
-    Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Verdict,
+    shared_name, Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Name,
+    Rule, Verdict,
 };
 use crate::model::{NodeInfo, ServicePort};
 
@@ -200,13 +201,13 @@ pub fn reject_chain(f: &mut Fragment) {
     );
 }
 
-pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &str) -> Element {
+pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &Name) -> Element {
     Element {
-        set: set.into(),
+        set: shared_name(set),
         key,
         verdict,
         target: None,
-        comment: Some(c.into()),
+        comment: Some(c.clone()),
     }
 }
 
@@ -218,7 +219,7 @@ pub fn source_range_firewall(
     sp: &ServicePort,
     family: Family,
     addr_k: Vec<KeyValue>,
-    comment: &str,
+    comment: &Name,
 ) {
     if sp.load_balancer_source_ranges.is_empty() {
         return;
@@ -250,7 +251,7 @@ pub fn source_range_firewall(
     f.element(element(
         FIREWALL_IPS,
         addr_k,
-        Some(Verdict::Jump(chain)),
+        Some(Verdict::Jump(chain.as_str().into())),
         comment,
     ));
 }

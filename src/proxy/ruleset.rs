@@ -124,7 +124,7 @@ fn owner_of<'a>(
     let matches = |f: &'a Fragment| {
         f.elements
             .iter()
-            .filter(move |e| (e.set.as_str(), e.key.as_slice()) == k.parts())
+            .filter(move |e| (&*e.set, e.key.as_slice()) == k.parts())
     };
     let mut names: BTreeSet<&ServicePortName> = services.keys().collect();
     names.extend(overrides.keys().copied());
@@ -701,7 +701,7 @@ pub(crate) mod tests {
         f.element(Element {
             set: "vm".into(),
             key: vec![KeyValue::Addr(addr.parse().unwrap())],
-            verdict: Some(Verdict::Goto(format!("svc-{name}"))),
+            verdict: Some(Verdict::Goto(format!("svc-{name}").into())),
             target: None,
             comment: Some(name.into()),
         });
@@ -709,7 +709,7 @@ pub(crate) mod tests {
     }
 
     fn in_force<'a>(rs: &'a Ruleset, set: &str) -> Vec<&'a Element> {
-        rs.elements().filter(|e| e.set == set).collect()
+        rs.elements().filter(|e| &*e.set == set).collect()
     }
 
     #[test]
@@ -744,7 +744,7 @@ pub(crate) mod tests {
             p.tx.ops
                 .iter()
                 .filter_map(|o| match o {
-                    Op::Add(crate::kernel::nft::Object::Element(e)) if e.set == "vm" => {
+                    Op::Add(crate::kernel::nft::Object::Element(e)) if &*e.set == "vm" => {
                         Some(e.verdict.clone())
                     }
                     _ => None,

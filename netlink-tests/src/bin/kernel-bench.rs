@@ -256,9 +256,15 @@ fn scale_rows(rows: &mut Vec<Row>, shapes: &[(usize, usize, Duration, Duration)]
             Some(full <= full_goal),
         ));
         if (n, eps) == (5000, 50) {
-            let up = timed(&NetNs::new("kbs"), &["nft", "-f", "-"], &upstream_nft(n, eps));
+            let up = timed(
+                &NetNs::new("kbs"),
+                &["nft", "-f", "-"],
+                &upstream_nft(n, eps),
+            );
             rows.push(row(
-                format!("full sync {label}: ours vs `nft -f` of upstream's (older) nftables layout"),
+                format!(
+                    "full sync {label}: ours vs `nft -f` of upstream's (older) nftables layout"
+                ),
                 secs(full),
                 secs(up),
                 format!("{:.0}×", up.as_secs_f64() / full.as_secs_f64()),
@@ -1276,7 +1282,12 @@ fn side_by_side_all(rows: &mut Vec<Row>, quick: bool) {
 const SCALE_SHAPES: &[(usize, usize, Duration, Duration)] = &[
     (5000, 50, Duration::from_secs(2), Duration::from_millis(10)),
     (45_000, 1, Duration::from_secs(5), Duration::from_millis(5)),
-    (100_000, 10, Duration::from_secs(15), Duration::from_millis(10)),
+    (
+        100_000,
+        10,
+        Duration::from_secs(15),
+        Duration::from_millis(10),
+    ),
 ];
 
 fn main() {

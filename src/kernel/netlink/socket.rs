@@ -290,9 +290,10 @@ impl NetlinkSocket {
                     Err(match &failure {
                         Some(Error::Io { op, source }) => Error::Io {
                             op,
-                            source: source
-                                .raw_os_error()
-                                .map_or_else(|| io::Error::from(source.kind()), io::Error::from_raw_os_error),
+                            source: source.raw_os_error().map_or_else(
+                                || io::Error::from(source.kind()),
+                                io::Error::from_raw_os_error,
+                            ),
                         },
                         Some(e) => Error::Malformed(e.to_string()),
                         None => Error::Malformed("no acknowledgement".into()),

@@ -174,7 +174,7 @@ fn decode_verdict(a: Attr<'_>) -> Result<Verdict, DecodeError> {
     let chain = || {
         v.get(NFTA_VERDICT_CHAIN)
             .and_then(|x| x.str())
-            .map(str::to_owned)
+            .map(super::Name::from)
             .ok_or_else(|| err("verdict", "jump without chain"))
     };
     Ok(match code {

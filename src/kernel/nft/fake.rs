@@ -204,7 +204,7 @@ impl FakeNftables {
                 }
                 let fs = t
                     .sets
-                    .get_mut(&e.set)
+                    .get_mut(&*e.set)
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
                 let key_fits = if fs.set.endpoints {
                     matches!(e.key[..], [KeyValue::Slot(_)])
@@ -229,7 +229,7 @@ impl FakeNftables {
             (Op::Delete(_), Object::Element(e)) => {
                 let fs = t
                     .sets
-                    .get_mut(&e.set)
+                    .get_mut(&*e.set)
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
                 if fs.elements.remove(&e.key).is_none() {
                     return Err(reject(op, ENOENT, "no such element"));
@@ -237,7 +237,7 @@ impl FakeNftables {
             }
             (Op::Flush(_), Object::Element(e)) => {
                 t.sets
-                    .get_mut(&e.set)
+                    .get_mut(&*e.set)
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?
                     .elements
                     .clear();

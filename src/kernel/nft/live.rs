@@ -177,7 +177,7 @@ impl LiveTable {
             t.sets.insert(s.name.clone(), planned_set(s, family));
         }
         for e in elements {
-            if let Some(s) = t.sets.get_mut(&e.set) {
+            if let Some(s) = t.sets.get_mut(&*e.set) {
                 let (k, d) = planned_element(e, s.key_len as usize);
                 if let Some(c) = e.comment.as_deref().and_then(stored_comment) {
                     s.comments.insert(k.clone(), c);

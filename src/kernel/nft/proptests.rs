@@ -90,7 +90,7 @@ fn expr(family: Family) -> impl Strategy<Value = Expr> {
             set,
             key: Field::Saddr
         }),
-        "[a-z/0-9-]{1,60}".prop_map(|c| Expr::Verdict(Verdict::Goto(c))),
+        "[a-z/0-9-]{1,60}".prop_map(|c| Expr::Verdict(Verdict::Goto(c.into()))),
         Just(Expr::Verdict(Verdict::Return)),
     ]
 }

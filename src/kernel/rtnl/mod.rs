@@ -160,7 +160,10 @@ impl Links for NetlinkLinks {
     }
 
     fn delete_address(&mut self, a: &IfAddr) -> Result<(), Error> {
-        self.request(|seq| codec::encode_addr(false, a, seq), address_op(false, a))
+        self.request(
+            |seq| codec::encode_addr(false, a, seq),
+            address_op(false, a),
+        )
     }
 
     fn change_addresses(&mut self, add: bool, addrs: &[IfAddr]) -> Vec<Result<(), Error>> {

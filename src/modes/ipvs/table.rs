@@ -129,7 +129,7 @@ pub fn build_services(
             created: sp.created,
             ..Fragment::default()
         });
-        let comment = d.service.to_string();
+        let comment: crate::kernel::nft::Name = d.service.to_string().into();
         let proto = KeyValue::Proto(d.vs.protocol);
         let addr_k = vec![KeyValue::Addr(d.vs.addr), proto, KeyValue::Port(d.vs.port)];
         match d.kind {

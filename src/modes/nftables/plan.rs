@@ -16,8 +16,8 @@ use crate::model::topology::categorize_family;
 use std::sync::Arc;
 
 use crate::kernel::nft::{
-    Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Rule, Set, Table,
-    Verdict,
+    shared_name, Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Name,
+    Rule, Set, Table, Verdict,
 };
 use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
 
@@ -238,7 +238,7 @@ fn balance_rules(
                 Expr::DnatMap {
                     modulus: n,
                     offset,
-                    map,
+                    map: map.to_string(),
                 },
             ],
         ));
@@ -306,13 +306,13 @@ fn key(addr: IpAddr, proto: u8, port: u16) -> Vec<KeyValue> {
     ]
 }
 
-fn elem(set: &str, key: Vec<KeyValue>, v: Verdict, comment: &str) -> Element {
+fn elem(set: &str, key: Vec<KeyValue>, v: Verdict, comment: &Name) -> Element {
     Element {
-        set: set.into(),
+        set: shared_name(set),
         key,
         verdict: Some(v),
         target: None,
-        comment: Some(comment.into()),
+        comment: Some(comment.clone()),
     }
 }
 
@@ -356,7 +356,8 @@ fn service_port_rules(
     };
     let cat = categorize_family(endpoints, sp, node, family == Family::Ip);
     let spn = &sp.name;
-    let comment = spn.to_string();
+    // One copy for every element of this service port.
+    let comment: Name = spn.to_string().into();
     let proto = spn.protocol.number();
     let ServiceChains {
         service: svc_chain,
@@ -369,7 +370,7 @@ fn service_port_rules(
 
     for ep in &cat.all_reachable {
         rs.element(Element {
-            set: HAIRPIN.into(),
+            set: shared_name(HAIRPIN),
             key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
             verdict: None,
             target: None,
@@ -377,7 +378,7 @@ fn service_port_rules(
         });
     }
     rs.element(Element {
-        set: CLUSTER_IPS.into(),
+        set: shared_name(CLUSTER_IPS),
         key: vec![KeyValue::Addr(cluster_ip)],
         verdict: None,
         target: None,
@@ -447,7 +448,7 @@ fn service_port_rules(
         rs.element(elem(
             SERVICE_IPS,
             key(cluster_ip, proto, sp.port),
-            Verdict::Goto(internal_chain.clone()),
+            Verdict::Goto(internal_chain.as_str().into()),
             &comment,
         ));
     } else {
@@ -516,7 +517,7 @@ fn service_port_rules(
             rs.element(elem(
                 SERVICE_IPS,
                 k.clone(),
-                Verdict::Goto(ext_chain.clone()),
+                Verdict::Goto(ext_chain.as_str().into()),
                 &comment,
             ));
         }
@@ -530,7 +531,7 @@ fn service_port_rules(
             rs.element(elem(
                 SERVICE_NODEPORTS,
                 k.clone(),
-                Verdict::Goto(ext_chain.clone()),
+                Verdict::Goto(ext_chain.as_str().into()),
                 &comment,
             ));
         }
@@ -571,7 +572,7 @@ fn service_port_rules(
             rs.element(elem(
                 FIREWALL_IPS,
                 key(*ip, proto, sp.port),
-                Verdict::Goto(fw.clone()),
+                Verdict::Goto(fw.as_str().into()),
                 &comment,
             ));
         }

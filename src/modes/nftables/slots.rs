@@ -55,8 +55,10 @@ impl SlotAllocator {
     }
 
     /// The endpoint map of `chain`.
-    pub fn map_for(&self, chain: &str) -> String {
-        super::names::endpoint_map_name(super::names::endpoint_map_index(chain, self.maps()))
+    pub fn map_for(&self, chain: &str) -> crate::kernel::nft::Name {
+        crate::kernel::nft::shared_name(&super::names::endpoint_map_name(
+            super::names::endpoint_map_index(chain, self.maps()),
+        ))
     }
 
     /// The first slot of `owner`'s block for `n` endpoints: its current block when the

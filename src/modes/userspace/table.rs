@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::kernel::nft::{Chain, Expr, Family, Hook, KeyValue, Rule, Set, Verdict};
+use crate::kernel::nft::{Chain, Expr, Family, Hook, KeyValue, Name, Rule, Set, Verdict};
 use crate::model::{NodeInfo, ProxyState, ServicePortName};
 use crate::proxy::names::{
     userspace_chain, FILTER_OUTPUT, FILTER_PREROUTING, FIREWALL_IPS, NO_ENDPOINT_NODEPORTS,
@@ -67,7 +67,7 @@ pub fn build_service(
         created: sp.created,
         ..Fragment::default()
     };
-    let comment = spn.to_string();
+    let comment: Name = spn.to_string().into();
     let proto = KeyValue::Proto(spn.protocol.number());
     let of_family = |a: &&IpAddr| a.is_ipv4() == v4;
     let any_usable = state.endpoints.get(spn).is_some_and(|eps| {
@@ -94,7 +94,11 @@ pub fn build_service(
                 Chain::regular(&chain),
                 vec![Rule::new(&chain, vec![Expr::Redirect { port }])],
             );
-            (SERVICE_IPS, SERVICE_NODEPORTS, Verdict::Goto(chain))
+            (
+                SERVICE_IPS,
+                SERVICE_NODEPORTS,
+                Verdict::Goto(chain.as_str().into()),
+            )
         } else {
             (NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS, no_ep.clone())
         };

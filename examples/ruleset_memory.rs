@@ -1,0 +1,63 @@
+//! Where the nftables mode's memory goes at 10k Services × 10 endpoints (issue #18): the
+//! model, and what the proxier keeps after a full sync, as bytes in use by the allocator
+//! (glibc `mallinfo2`, after `malloc_trim`), with RSS and peak RSS beside them. Runs in a
+//! fresh network namespace of its own (root).
+//! `cargo run --release --example ruleset_memory --features testing [SERVICES ENDPOINTS]`
+#![allow(unsafe_code, clippy::disallowed_methods)] // a probe: unshare(2), mallinfo2(3)
+
+use std::sync::Arc;
+
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::model::fixtures::synthetic_state;
+use kube_nlproxy::modes::nftables::NftablesProxier;
+use kube_nlproxy::proxy::{DetectLocal, ProxierConfig};
+
+fn in_use_mib() -> f64 {
+    // SAFETY: both only read or trim the allocator's own state.
+    unsafe {
+        libc::malloc_trim(0);
+        libc::mallinfo2().uordblks as f64 / 1048576.0
+    }
+}
+
+fn rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("VmRSS") || l.starts_with("VmHWM"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn main() {
+    let arg = |i: usize, d: usize| {
+        std::env::args()
+            .nth(i)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, eps) = (arg(1, 10_000), arg(2, 10));
+    // SAFETY: unshare(2) of the network namespace, before any socket is opened.
+    assert_eq!(
+        unsafe { libc::unshare(libc::CLONE_NEWNET) },
+        0,
+        "needs root"
+    );
+    let start = in_use_mib();
+    let state = Arc::new(synthetic_state(n, eps));
+    let model = in_use_mib();
+    println!("model ({n} × {eps}): {:.1} MiB ({})", model - start, rss());
+    let mut p = NftablesProxier::new(
+        NetlinkNftables::open().expect("nftables socket"),
+        ProxierConfig::default(),
+        DetectLocal::ClusterCidr(vec![]),
+    );
+    p.sync_shared(&state).expect("full sync");
+    let kept = in_use_mib();
+    println!(
+        "proxier after the full sync (committed ruleset, element index, slots): {:.1} MiB ({})",
+        kept - model,
+        rss()
+    );
+}
