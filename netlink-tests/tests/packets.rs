@@ -294,8 +294,8 @@ fn established_connection_survives_endpoint_removal_and_resync() {
     let y = web_yaml("").replace("- {addresses: [\"10.244.1.2\"], nodeName: node1, conditions: {ready: true, serving: true, terminating: false}}\n", "");
     c.write_manifests(&y);
     c.wait_ruleset("ip", "the local endpoint removed", |r| {
-        // Two endpoints are endpoint-map elements, one is a plain dnat.
-        !r.contains("10.244.1.2 . 8080") && r.contains("dnat to 10.244.2.2:8080")
+        // The one endpoint left is an endpoint-map element too.
+        !r.contains("10.244.1.2 . 8080") && r.contains("10.244.2.2 . 8080")
     });
     assert_eq!(
         conn.echo("two").unwrap(),

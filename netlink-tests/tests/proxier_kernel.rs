@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use kube_nlproxy::config::DetectLocal;
-use kube_nlproxy::kernel::nft::lower::{key_bytes, lower};
+use kube_nlproxy::kernel::nft::lower::{key_bytes, lower, target_bytes, KExpr};
 use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
 use kube_nlproxy::kernel::nft::{FakeNftables, Family, Nftables};
 use kube_nlproxy::model::convert::build_state;
@@ -78,6 +78,122 @@ fn compare(kernel: &mut NetlinkNftables, fake: &mut FakeNftables, when: &str) {
             assert_eq!(&k.1[c], rules, "{when}: rules of {c} differ ({family})");
         }
         assert_eq!(k.2, f.2, "{when}: set elements differ ({family})");
+    }
+}
+
+/// Endpoint-map contents per map: slot → the endpoint's bytes as the kernel stores them.
+type Slots = BTreeMap<String, BTreeMap<u32, Vec<u8>>>;
+
+/// Chains, rules (endpoint-map offsets zeroed), the endpoints behind each endpoint-map
+/// rule, and the other sets' elements.
+type Routing = (
+    Vec<String>,
+    BTreeMap<String, Vec<Vec<KExpr>>>,
+    Vec<(String, Vec<Vec<u8>>)>,
+    BTreeMap<String, Vec<(Vec<u8>, Option<kube_nlproxy::kernel::nft::Verdict>)>>,
+);
+
+/// What a listing routes, wherever its endpoint slots were allocated: each rule with the
+/// offset of its `numgen` lookup zeroed and the endpoints of its slots beside it, and every
+/// set other than the endpoint maps, element by element (slot offsets depend on the order
+/// Services came and went, which a fresh sync does not repeat).
+fn routing(l: Listing, slots: &Slots) -> Routing {
+    let (chains, rules, elems) = l;
+    let mut targets = Vec::new();
+    let mut out = BTreeMap::new();
+    for (c, rs) in rules {
+        let mut v = Vec::new();
+        for mut r in rs {
+            let mut at = None;
+            for e in r.iter_mut() {
+                if let KExpr::Numgen {
+                    modulus, offset, ..
+                } = e
+                {
+                    at = Some((*modulus, *offset));
+                    *offset = 0;
+                }
+                if let (Some((m, o)), KExpr::Lookup { set, .. }) = (at, &*e) {
+                    let map = slots.get(set).cloned().unwrap_or_default();
+                    let eps = (o..o + m)
+                        .map(|k| map.get(&k).cloned().unwrap_or_default())
+                        .collect();
+                    targets.push((c.clone(), eps));
+                    at = None;
+                }
+            }
+            v.push(r);
+        }
+        out.insert(c, v);
+    }
+    let others = elems
+        .into_iter()
+        .filter(|(s, _)| !s.starts_with("endpoints-"))
+        .collect();
+    (chains, out, targets, others)
+}
+
+fn kernel_slots(n: &mut NetlinkNftables, family: Family) -> Slots {
+    let t = names::DEFAULT_TABLE;
+    let mut out = Slots::new();
+    for s in n.list_sets(family, t).unwrap() {
+        if s.starts_with("endpoints-") {
+            let m = n
+                .list_elements(family, t, &s)
+                .unwrap()
+                .into_iter()
+                .map(|e| {
+                    let k = u32::from_ne_bytes(e.key[..4].try_into().unwrap());
+                    (k, e.value.unwrap_or_default())
+                });
+            out.insert(s, m.collect());
+        }
+    }
+    out
+}
+
+fn fake_slots(f: &mut FakeNftables, family: Family) -> Slots {
+    use kube_nlproxy::kernel::nft::KeyValue;
+    let t = names::DEFAULT_TABLE;
+    let mut out = Slots::new();
+    for s in f.list_sets(family, t).unwrap() {
+        if s.starts_with("endpoints-") {
+            let m = f
+                .elements(family, t, &s)
+                .unwrap()
+                .into_iter()
+                .filter_map(|e| {
+                    let KeyValue::Slot(k) = e.key[0] else {
+                        return None;
+                    };
+                    Some((k, e.target.map(|t| target_bytes(&t)).unwrap_or_default()))
+                });
+            out.insert(s, m.collect());
+        }
+    }
+    out
+}
+
+/// [`compare`] up to where endpoint slots were allocated: the same chains, rules, set
+/// elements, and the same endpoints behind every endpoint-map rule.
+fn compare_routing(kernel: &mut NetlinkNftables, fake: &mut FakeNftables, when: &str) {
+    for family in Family::all() {
+        let (ks, fs) = (kernel_slots(kernel, family), fake_slots(fake, family));
+        let k = routing(kernel_listing(kernel, family), &ks);
+        let f = routing(fake_listing(fake, family), &fs);
+        assert_eq!(k.0, f.0, "{when}: chains differ ({family})");
+        assert_eq!(k.1, f.1, "{when}: rules differ ({family})");
+        assert_eq!(
+            k.2, f.2,
+            "{when}: endpoints behind the rules differ ({family})"
+        );
+        assert_eq!(k.3, f.3, "{when}: set elements differ ({family})");
+        let count = |s: &Slots| s.values().map(|m| m.len()).sum::<usize>();
+        assert_eq!(
+            count(&ks),
+            count(&fs),
+            "{when}: endpoint-map elements ({family})"
+        );
     }
 }
 
@@ -288,7 +404,7 @@ fn colliding_sequences_never_wedge_the_kernel_table() {
             let mut fresh =
                 NftablesProxier::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
             fresh.sync(&claims_state(seq.last().unwrap())).unwrap();
-            compare(
+            compare_routing(
                 k.nft(),
                 fresh.nft(),
                 &format!("sequence {i}: kernel vs a fresh sync"),

@@ -1330,7 +1330,19 @@ fn main() {
     } else if args.iter().any(|a| a == "--daemon-only") {
         daemon_rows(&mut rows, &[10_000], 10);
     } else if args.iter().any(|a| a == "--scale-only") {
-        scale_rows(&mut rows, SCALE_SHAPES);
+        // `--scale-only [SERVICESxENDPOINTS]`: one of the shapes, or all.
+        let pick = args
+            .iter()
+            .position(|a| a == "--scale-only")
+            .and_then(|i| args.get(i + 1))
+            .and_then(|s| s.split_once('x'))
+            .and_then(|(n, e)| Some((n.parse::<usize>().ok()?, e.parse::<usize>().ok()?)));
+        let shapes: Vec<_> = SCALE_SHAPES
+            .iter()
+            .copied()
+            .filter(|&(n, e, _, _)| pick.is_none_or(|p| p == (n, e)))
+            .collect();
+        scale_rows(&mut rows, &shapes);
     } else if args.iter().any(|a| a == "--partial-only") {
         partial_row(&mut rows, 10_000);
     } else if args.iter().any(|a| a == "--latency-only") {

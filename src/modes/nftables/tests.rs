@@ -537,7 +537,7 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
     s.sync(&state(vec![(svc(), eps(5)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(5));
-    // Down to one endpoint: a plain dnat, its slots gone from the map.
+    // Down to one endpoint: one slot of a new 2-slot block, the 8-slot block's gone.
     s.sync(&state(vec![(svc(), eps(1)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(1));
@@ -548,12 +548,37 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
                 .map_or(0, |v| v.len())
         })
         .sum();
-    assert_eq!(slots, 2, "only the other service's two endpoints remain");
+    assert_eq!(
+        slots, 3,
+        "web's one endpoint and the other service's two remain"
+    );
     // A full sync from scratch produces the same behaviour.
     s.force_full_sync();
     s.sync(&state(vec![(svc(), eps(6)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(6));
+}
+
+#[test]
+fn replacing_the_only_endpoint_changes_elements_not_rules() {
+    let mut s = syncer();
+    let svc = || service("web", "172.30.0.10", |_| {});
+    s.sync(&state(vec![(svc(), vec![ep("10.180.1.1", false)])]))
+        .unwrap();
+    s.sync(&state(vec![(svc(), vec![ep("10.180.1.2", false)])]))
+        .unwrap();
+    let text = crate::kernel::nft::render::transaction(&s.nft().last_transaction.clone().unwrap());
+    assert!(text.contains("10.180.1.2 . 8080"), "{text}");
+    assert!(!text.contains(" rule "), "no rule touched: {text}");
+    let p = pkt("10.180.9.9", "172.30.0.10", 80);
+    let got: Vec<String> = nat(&mut s, &p)
+        .into_iter()
+        .map(|o| match o {
+            Outcome::Dnat { addr, .. } => addr.to_string(),
+            o => format!("{o:?}"),
+        })
+        .collect();
+    assert_eq!(got, ["10.180.1.2"]);
 }
 
 #[test]
