@@ -296,7 +296,8 @@ pub struct Plan {
 
 fn sorted_elements(rs: &Ruleset) -> Vec<&Arc<Element>> {
     let mut v: Vec<&Arc<Element>> = rs.refs.values().map(|s| &s.el).collect();
-    v.sort_by(|a, b| (&a.set, &a.key).cmp(&(&b.set, &b.key)));
+    // Keys are unique per set: an unstable sort orders them the same, faster.
+    v.sort_unstable_by(|a, b| (&a.set, &a.key).cmp(&(&b.set, &b.key)));
     v
 }
 
