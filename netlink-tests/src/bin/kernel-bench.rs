@@ -474,6 +474,51 @@ fn proc_stat(pid: u32) -> (u64, f64) {
     (rss_kb, cpu)
 }
 
+/// Starts our daemon in `ns` on the manifest `file` (its log in `dir`) and waits for its
+/// first sync (at most 120 s): the child and its start to first sync.
+fn manifest_daemon_first_sync(
+    ns: &NetNs,
+    file: &std::path::Path,
+    dir: &std::path::Path,
+) -> (std::process::Child, Duration) {
+    let log = dir.join("log");
+    let t0 = Instant::now();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(proxy_bin())
+        .args([
+            "--manifests",
+            file.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+        ])
+        .args([
+            "--healthz-bind-address",
+            "127.0.0.1:10256",
+            "--min-sync-period",
+            "1s",
+        ])
+        .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let synced = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(" synced")
+    };
+    while !synced() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "daemon never synced"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (child, t0.elapsed())
+}
+
 fn daemon_rows(rows: &mut Vec<Row>, sizes: &[usize], churn_secs: u64) {
     for &n in sizes {
         let ns = NetNs::new("kd");
@@ -481,42 +526,7 @@ fn daemon_rows(rows: &mut Vec<Row>, sizes: &[usize], churn_secs: u64) {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("cluster.yaml");
         std::fs::write(&file, manifests(n, 0)).unwrap();
-        let log = dir.join("log");
-        let t0 = Instant::now();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .arg(proxy_bin())
-            .args([
-                "--manifests",
-                file.to_str().unwrap(),
-                "--hostname-override",
-                "node1",
-                "--healthz-bind-address",
-                "127.0.0.1:10256",
-                "--min-sync-period",
-                "1s",
-            ])
-            .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let synced = |k: usize| {
-            std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .matches(" synced")
-                .count()
-                >= k
-        };
-        while !synced(1) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "daemon never synced"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let cold = t0.elapsed();
+        let (mut child, cold) = manifest_daemon_first_sync(&ns, &file, &dir);
         std::thread::sleep(Duration::from_millis(300));
         let (rss, cpu) = proc_stat(child.id());
         rows.push(row(
@@ -627,37 +637,7 @@ fn realistic_cold_rows(rows: &mut Vec<Row>, n: usize) {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join(name);
         std::fs::write(&file, &text).unwrap();
-        let log = dir.join("log");
-        let t0 = Instant::now();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.name])
-            .arg(proxy_bin())
-            .args([
-                "--manifests",
-                file.to_str().unwrap(),
-                "--hostname-override",
-                "node1",
-            ])
-            .args(["--healthz-bind-address", "127.0.0.1:10256"])
-            .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let synced = || {
-            std::fs::read_to_string(&log)
-                .unwrap_or_default()
-                .contains(" synced")
-        };
-        while !synced() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "daemon never synced"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let cold = t0.elapsed();
+        let (mut child, cold) = manifest_daemon_first_sync(&ns, &file, &dir);
         let (_, peak, _) = proc_usage(child.id());
         rows.push(row(
             format!(
