@@ -724,6 +724,37 @@ mod tests {
     }
 
     #[test]
+    fn real_servers_of_a_virtual_server_that_could_not_be_added_are_not_sent() {
+        let mut r = reconciler();
+        r.sync(&ProxyState {
+            node: state(&[], Protocol::Tcp).node,
+            ..Default::default()
+        })
+        .unwrap();
+        // Someone else adds the ClusterIP's virtual server between syncs: our partial sync's
+        // add fails with EEXIST, and its real servers are not sent (they would fail too).
+        let st = state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp);
+        let vs = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]).services
+            [&key("10.96.0.10", 80, 6)]
+            .vs
+            .clone();
+        r.ipvs().add_service(&vs).unwrap();
+        assert!(r.sync(&st).is_err(), "the failed add is reported");
+        assert!(dest_weights(&mut r, &key("10.96.0.10", 80, 6)).is_empty());
+        assert_eq!(
+            dest_weights(&mut r, &key("192.168.50.1", 30080, 6)).len(),
+            2,
+            "the other virtual server got its real servers"
+        );
+        // The failure makes the next sync a full one, which takes the server over.
+        r.sync(&st).unwrap();
+        assert_eq!(
+            dest_weights(&mut r, &key("10.96.0.10", 80, 6)),
+            [("10.244.1.2".into(), 1), ("10.244.1.3".into(), 1)]
+        );
+    }
+
+    #[test]
     fn removed_tcp_endpoint_drains_then_goes() {
         let mut r = reconciler();
         r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Tcp))
