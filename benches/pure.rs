@@ -24,14 +24,15 @@ fn state(services: usize, eps: usize, proto: Protocol) -> ProxyState {
     let mut out = st.clone();
     out.services.clear();
     out.endpoints.clear();
-    for (i, (mut name, mut sp)) in std::mem::take(&mut st.services).into_iter().enumerate() {
+    for (i, (mut name, sp)) in std::mem::take(&mut st.services).into_iter().enumerate() {
         let e = st.endpoints.remove(&name).unwrap_or_default();
+        let mut sp = std::sync::Arc::unwrap_or_clone(sp);
         name.protocol = proto;
         sp.name = name.clone();
         let idx: usize = name.name.trim_start_matches("svc-").parse().unwrap_or(i);
         sp.node_port = (idx < 2000).then_some(30000 + idx as u16);
         out.endpoints.insert(name.clone(), e);
-        out.services.insert(name, sp);
+        out.services.insert(name, sp.into());
     }
     out
 }
@@ -84,7 +85,8 @@ fn benches(c: &mut Criterion) {
     let full = plan_transaction(None, &prev, None, &[]).tx;
     let mut changed = big.clone();
     let k = changed.endpoints.keys().nth(5000).unwrap().clone();
-    changed.endpoints.get_mut(&k).unwrap()[3].ip = "10.99.99.99".parse().unwrap();
+    std::sync::Arc::make_mut(changed.endpoints.get_mut(&k).unwrap())[3].ip =
+        "10.99.99.99".parse().unwrap();
     // What the syncer does on a partial sync: detect the changed service port by comparing
     // inputs, rebuild its fragment, plan the difference.
     let node = changed.node.clone();
@@ -135,6 +137,7 @@ fn benches(c: &mut Criterion) {
         .services
         .iter()
         .flat_map(|s| convert_service(s, &mut w))
+        .map(std::sync::Arc::new)
         .collect();
     let slices: Vec<_> = snap
         .endpoint_slices

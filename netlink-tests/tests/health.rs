@@ -76,12 +76,12 @@ fn state(n_eps: usize, being_deleted: bool) -> ProxyState {
     };
     st.services.insert(
         spn.clone(),
-        ServicePort::new(spn.clone(), "10.96.0.1".parse().unwrap(), 80),
+        ServicePort::new(spn.clone(), "10.96.0.1".parse().unwrap(), 80).into(),
     );
-    let eps = (0..n_eps)
+    let eps: Vec<Endpoint> = (0..n_eps)
         .map(|i| Endpoint::ready(format!("10.244.0.{}", i + 1).parse().unwrap(), 80, true))
         .collect();
-    st.endpoints.insert(spn, eps);
+    st.endpoints.insert(spn, eps.into());
     st
 }
 

@@ -220,7 +220,8 @@ fn kernel_and_fake_agree_through_full_and_partial_syncs() {
             .find(|s| s.name == "web")
             .unwrap()
             .clone();
-        st.endpoints.get_mut(&web).unwrap()[0].ip = "10.244.1.77".parse().unwrap();
+        std::sync::Arc::make_mut(st.endpoints.get_mut(&web).unwrap())[0].ip =
+            "10.244.1.77".parse().unwrap();
         let shop = st
             .services
             .keys()
@@ -314,12 +315,13 @@ fn claims_state(claims: &[Claim]) -> ProxyState {
         sp.external_ips = ext.iter().map(|e| e.parse().unwrap()).collect();
         sp.node_port = *np;
         sp.created = *created;
-        st.services.insert(spn.clone(), sp);
+        st.services.insert(spn.clone(), sp.into());
         st.endpoints.insert(
             spn,
             eps.iter()
                 .map(|e| Endpoint::ready(e.parse().unwrap(), 8080, false))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         );
     }
     st

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -320,8 +321,10 @@ pub struct SliceEndpoints {
     pub service: Option<(String, String)>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`.
     pub trigger_time: Option<std::time::SystemTime>,
-    /// The endpoints of each of the slice's ports, in the slice's order.
-    pub ports: Vec<(ServicePortName, Vec<Endpoint>)>,
+    /// The endpoints of each of the slice's ports, in [`merge_endpoints`]' order (by
+    /// address and port, one copy of each). A service port with one slice (the usual
+    /// case) gets this very list in every state assembled while the slice is unchanged.
+    pub ports: Vec<(ServicePortName, Arc<Vec<Endpoint>>)>,
 }
 
 /// Converts one slice.
@@ -434,9 +437,22 @@ pub fn convert_slice(
                     .unwrap_or_default(),
             });
         }
-        out.ports.push((spn, eps));
+        out.ports.push((spn, Arc::new(merge_endpoints(eps.iter()))));
     }
     out
+}
+
+/// One service port's endpoints from the lists that carry them, in order: sorted by address
+/// and port, and of the copies of one address and port (two slices list an endpoint while
+/// it is being moved between them) the last ready one, else the last. Merging lists that
+/// were merged this way gives what merging their originals gives.
+fn merge_endpoints<'a>(eps: impl Iterator<Item = &'a Endpoint>) -> Vec<Endpoint> {
+    let mut list: Vec<&Endpoint> = eps.collect();
+    // Reversed, then a stable sort puts the later copy first.
+    list.reverse();
+    list.sort_by_key(|e| (e.ip, e.port, !e.ready));
+    list.dedup_by(|later, first| (later.ip, later.port) == (first.ip, first.port));
+    list.into_iter().cloned().collect()
 }
 
 /// Builds the whole model from a snapshot. Returns the state and the warnings to log.
@@ -444,7 +460,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
     let mut warnings = Vec::new();
     let node = convert_node(snap.node.as_ref(), node_name, &mut warnings);
     let mut seen = std::collections::BTreeSet::new();
-    let mut ports = Vec::with_capacity(snap.services.len());
+    let mut ports: Vec<Arc<ServicePort>> = Vec::with_capacity(snap.services.len());
     for svc in &snap.services {
         let m = &svc.metadata;
         let id = (m.namespace.as_deref(), m.name.as_deref());
@@ -455,7 +471,11 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
                 id.1.unwrap_or_default()
             ));
         }
-        ports.extend(convert_service(svc, &mut warnings));
+        ports.extend(
+            convert_service(svc, &mut warnings)
+                .into_iter()
+                .map(Arc::new),
+        );
     }
     let cidrs: Vec<Cidr> = snap
         .service_cidrs
@@ -477,7 +497,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
 /// union of the service CIDRs. Collisions between service ports are added to `warnings`.
 pub fn assemble<'a>(
     node: NodeInfo,
-    services: impl IntoIterator<Item = &'a ServicePort>,
+    services: impl IntoIterator<Item = &'a Arc<ServicePort>>,
     slices: impl IntoIterator<Item = &'a SliceEndpoints> + Clone,
     mut service_cidrs: Vec<Cidr>,
     warnings: &mut Vec<String>,
@@ -494,23 +514,21 @@ pub fn assemble<'a>(
     service_cidrs.dedup();
     state.service_cidrs = service_cidrs;
     // The same endpoint may appear in two slices while a slice is being rebalanced: keep one.
-    let mut eps: BTreeMap<&ServicePortName, Vec<&Endpoint>> = BTreeMap::new();
+    let mut eps: BTreeMap<&ServicePortName, Vec<&Arc<Vec<Endpoint>>>> = BTreeMap::new();
     for slice in slices.clone() {
         for (spn, list) in &slice.ports {
             if state.services.contains_key(spn) {
-                eps.entry(spn).or_default().extend(list);
+                eps.entry(spn).or_default().push(list);
             }
         }
     }
-    for (spn, mut list) in eps {
-        // Sorted by address and port; among duplicates the last ready copy, else the last
-        // (reversed, then a stable sort puts the later copy first).
-        list.reverse();
-        list.sort_by_key(|e| (e.ip, e.port, !e.ready));
-        list.dedup_by(|later, first| (later.ip, later.port) == (first.ip, first.port));
-        state
-            .endpoints
-            .insert(spn.clone(), list.into_iter().cloned().collect());
+    for (spn, lists) in eps {
+        let merged = match lists.as_slice() {
+            // Already merged by `convert_slice`: shared, not copied.
+            [one] => Arc::clone(one),
+            _ => Arc::new(merge_endpoints(lists.iter().flat_map(|l| l.iter()))),
+        };
+        state.endpoints.insert(spn.clone(), merged);
     }
     for slice in slices {
         let (Some(t), Some((ns, svc))) = (slice.trigger_time, &slice.service) else {
@@ -588,7 +606,8 @@ impl std::fmt::Display for Collision {
 pub fn collisions_of(state: &ProxyState) -> Vec<Collision> {
     let mut out = Vec::new();
     // The rulesets' order: older first (ports without a creation time last), then name.
-    let mut ports: Vec<(&ServicePortName, &ServicePort)> = state.services.iter().collect();
+    let mut ports: Vec<(&ServicePortName, &ServicePort)> =
+        state.services.iter().map(|(n, sp)| (n, &**sp)).collect();
     ports.sort_by_key(|&(n, sp)| (sp.created.is_none(), sp.created, n));
     let mut addrs: BTreeMap<(IpAddr, u8, u16), &ServicePortName> = BTreeMap::new();
     let mut node_ports: BTreeMap<(u8, u16), &ServicePortName> = BTreeMap::new();

@@ -34,12 +34,12 @@ pub fn synthetic_state(services: usize, eps: usize) -> ProxyState {
         };
         st.services.insert(
             name.clone(),
-            ServicePort::new(name.clone(), cluster_ip(i).into(), 80),
+            ServicePort::new(name.clone(), cluster_ip(i).into(), 80).into(),
         );
-        let e = (0..eps)
+        let e: Vec<Endpoint> = (0..eps)
             .map(|j| Endpoint::ready(endpoint_ip(i, j, eps).into(), 8080, false))
             .collect();
-        st.endpoints.insert(name, e);
+        st.endpoints.insert(name, e.into());
     }
     st
 }
@@ -68,8 +68,9 @@ pub fn web_state(node_port: Option<u16>) -> ProxyState {
         vec![
             Endpoint::ready(Ipv4Addr::new(10, 244, 1, 2).into(), 8080, true),
             Endpoint::ready(Ipv4Addr::new(10, 244, 2, 2).into(), 8080, false),
-        ],
+        ]
+        .into(),
     );
-    st.services.insert(name, sp);
+    st.services.insert(name, sp.into());
     st
 }

@@ -166,9 +166,8 @@ fn count_no_local_endpoints_where(
     take: impl Fn(&super::ServicePort) -> bool,
 ) -> (usize, usize) {
     let (mut internal, mut external) = (0, 0);
-    let none = Vec::new();
     for (spn, sp) in state.services.iter().filter(|(_, sp)| take(sp)) {
-        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let eps = state.endpoints_of(spn);
         let cat = categorize_endpoints(eps, sp, &state.node.name, state.node.zone());
         if !cat.has_any || !cat.local.is_empty() {
             continue;

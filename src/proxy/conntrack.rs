@@ -41,12 +41,11 @@ pub fn service_destinations(
     proto: Protocol,
 ) -> ServiceDestinations {
     let mut d = ServiceDestinations::default();
-    let none = Vec::new();
     for (spn, sp) in &state.services {
         if spn.protocol != proto {
             continue;
         }
-        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let eps = state.endpoints_of(spn);
         let cat = categorize_family(eps, sp, &state.node, family == Family::Ip);
         let serving: Endpoints = cat.all_reachable.iter().map(|e| (e.ip, e.port)).collect();
         for ip in sp
@@ -150,13 +149,15 @@ mod tests {
             ServicePort {
                 node_port: Some(30053),
                 ..ServicePort::new(spn.clone(), "10.96.0.53".parse().unwrap(), 53)
-            },
+            }
+            .into(),
         );
         st.endpoints.insert(
             spn,
             eps.iter()
                 .map(|ip| Endpoint::ready(ip.parse().unwrap(), 5353, true))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         );
         st
     }
@@ -207,7 +208,7 @@ mod tests {
     fn a_service_port_equal_to_some_node_port_is_judged_by_its_own_service() {
         let mut st = state(&["10.244.2.2"]);
         // A second UDP service whose port happens to equal the first one's NodePort.
-        let mut other = st.services.values().next().unwrap().clone();
+        let mut other = (**st.services.values().next().unwrap()).clone();
         other.name.name = "other".into();
         other.cluster_ips = vec!["10.96.0.99".parse().unwrap()];
         other.port = 30053;
@@ -224,9 +225,10 @@ mod tests {
                     e.ip = "10.244.9.9".parse().unwrap();
                     e
                 })
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         );
-        st.services.insert(other.name.clone(), other);
+        st.services.insert(other.name.clone(), other.into());
         let d = service_destinations(&st, Family::Ip, Protocol::Udp);
         let live = flow("10.96.0.99", 30053, "10.244.9.9", 5353);
         assert!(stale_flows(&d, &[live]).is_empty());

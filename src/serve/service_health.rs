@@ -63,7 +63,7 @@ pub fn plan_health_checks(state: &ProxyState) -> BTreeMap<u16, HcService> {
                 BTreeSet::new(),
             )
         });
-        for e in state.endpoints.get(spn).into_iter().flatten() {
+        for e in state.endpoints_of(spn) {
             if e.is_local && e.ready {
                 entry.1.insert(e.ip);
             }
@@ -241,7 +241,8 @@ mod tests {
                     external_policy_local: local_policy,
                     health_check_node_port: Some(32000),
                     ..ServicePort::new(spn.clone(), "10.0.0.1".parse().unwrap(), 80)
-                },
+                }
+                .into(),
             );
             let ep = |ip: &str, local, ready| Endpoint {
                 ready,
@@ -254,7 +255,8 @@ mod tests {
                     ep("10.1.0.1", true, true),
                     ep("10.1.0.2", true, false),
                     ep("10.1.0.3", false, true),
-                ],
+                ]
+                .into(),
             );
         }
         let plan = plan_health_checks(&st);

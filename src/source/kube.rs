@@ -192,7 +192,7 @@ impl<V: Clone> Store<V> {
 /// ~0.25 s).
 #[derive(Debug, Default)]
 pub struct Stores {
-    pub services: Store<Vec<ServicePort>>,
+    pub services: Store<Vec<Arc<ServicePort>>>,
     pub slices: Store<SliceEndpoints>,
     pub nodes: Store<NodeInfo>,
     /// ServiceCIDRs (Kubernetes 1.33+; an older API server has none to list).
@@ -201,7 +201,7 @@ pub struct Stores {
 
 /// One decoded event of any kind.
 pub enum Update {
-    Service(Change<Vec<ServicePort>>),
+    Service(Change<Vec<Arc<ServicePort>>>),
     Slice(Change<SliceEndpoints>),
     Node(Change<NodeInfo>),
     ServiceCidr(Change<Vec<Cidr>>),
@@ -242,6 +242,14 @@ impl Stores {
             warnings,
         )
     }
+}
+
+/// A Service's ports as the stores keep them: shared with every state assembled from them.
+fn service_ports(o: &Service, warnings: &mut Vec<String>) -> Vec<Arc<ServicePort>> {
+    convert_service(o, warnings)
+        .into_iter()
+        .map(Arc::new)
+        .collect()
 }
 
 /// Converts as the stores need, logging each object's warnings once, when it arrives.
@@ -439,10 +447,8 @@ pub async fn run(
     .default_backoff()
     .filter_map(|r| async move {
         match r {
-            Ok(e) => decode_event("Service", e, |o: &Service| {
-                logged(|w| convert_service(o, w))
-            })
-            .map(|c| Ok(Update::Service(c))),
+            Ok(e) => decode_event("Service", e, |o: &Service| logged(|w| service_ports(o, w)))
+                .map(|c| Ok(Update::Service(c))),
             Err(e) => Some(Err(e)),
         }
     })
@@ -779,7 +785,7 @@ mod tests {
         for o in &fx.services {
             s.apply(Update::Service(Change::InitApply(
                 key_of(o),
-                logged(|w| convert_service(o, w)),
+                logged(|w| service_ports(o, w)),
             )));
         }
         for o in &fx.endpoint_slices {
@@ -810,7 +816,11 @@ mod tests {
             ["10.244.0.1:8080", "10.244.0.2:8080", "10.244.0.3:8080"]
         );
         assert_eq!(built.trigger_times.len(), 2, "both of web's ports");
-        assert!(built.endpoints.values().flatten().any(|e| e.is_local));
+        assert!(built
+            .endpoints
+            .values()
+            .flat_map(|e| e.iter())
+            .any(|e| e.is_local));
         // One slice deleted: its Service's endpoints go, nothing else changes.
         let gone = &fx.endpoint_slices[2];
         assert!(s.apply(Update::Slice(Change::Delete(key_of(gone)))));
@@ -834,8 +844,8 @@ mod tests {
     #[test]
     fn an_undecodable_object_is_skipped_and_its_list_still_applies() {
         let before = UNDECODABLE_OBJECTS.get();
-        let mut st: Store<Vec<ServicePort>> = Store::default();
-        let ports = |s: &Service| logged(|w| convert_service(s, w));
+        let mut st: Store<Vec<Arc<ServicePort>>> = Store::default();
+        let ports = |s: &Service| logged(|w| service_ports(s, w));
         for ev in [
             Event::Init,
             Event::InitApply(web(serde_json::json!(80))),

@@ -206,7 +206,7 @@ fn scale_rows(rows: &mut Vec<Row>, shapes: &[(usize, usize, Duration, Duration)]
         let with_ep = |ip: &str| {
             let mut st = (*base).clone();
             let k = st.endpoints.keys().nth(n / 2).unwrap().clone();
-            st.endpoints.get_mut(&k).unwrap()[0].ip = ip.parse().unwrap();
+            std::sync::Arc::make_mut(st.endpoints.get_mut(&k).unwrap())[0].ip = ip.parse().unwrap();
             std::sync::Arc::new(st)
         };
         let (x, y) = (with_ep("10.250.0.1"), with_ep("10.250.0.2"));
@@ -288,7 +288,7 @@ fn partial_row(rows: &mut Vec<Row>, n: usize) {
     let with_ep = |ip: &str| {
         let mut st = state(n);
         let k = st.endpoints.keys().nth(n / 2).unwrap().clone();
-        st.endpoints.get_mut(&k).unwrap()[3].ip = ip.parse().unwrap();
+        std::sync::Arc::make_mut(st.endpoints.get_mut(&k).unwrap())[3].ip = ip.parse().unwrap();
         st
     };
     let (x, y) = (with_ep("10.250.0.1"), with_ep("10.250.0.2"));
@@ -671,11 +671,11 @@ fn conntrack_row(rows: &mut Vec<Row>) {
     let mut st = state(1000);
     let keys: Vec<_> = st.services.keys().cloned().collect();
     for k in keys {
-        let mut sp = st.services.remove(&k).unwrap();
+        let mut sp = std::sync::Arc::unwrap_or_clone(st.services.remove(&k).unwrap());
         let eps = st.endpoints.remove(&k).unwrap();
         sp.name.protocol = Protocol::Udp;
         st.endpoints.insert(sp.name.clone(), eps);
-        st.services.insert(sp.name.clone(), sp);
+        st.services.insert(sp.name.clone(), sp.into());
     }
     let (ours, deleted) = ns.run(move || {
         let mut ct = NetlinkConntrack::open().unwrap();

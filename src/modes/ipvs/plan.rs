@@ -149,11 +149,10 @@ fn add(
 /// [`nodeport_addresses`].
 pub fn build_plan(state: &ProxyState, cfg: &IpvsConfig, node_addrs: &[IpAddr]) -> IpvsPlan {
     let mut plan = IpvsPlan::default();
-    let empty = Vec::new();
     let mut ordered: Vec<_> = state.services.iter().collect();
     ordered.sort_by_key(|(n, sp)| (sp.created.is_none(), sp.created, *n));
     for (spn, sp) in ordered {
-        let eps = state.endpoints.get(spn).unwrap_or(&empty);
+        let eps = state.endpoints_of(spn);
         for v4 in [true, false] {
             let cluster_ips: Vec<IpAddr> = sp
                 .cluster_ips
@@ -276,8 +275,8 @@ mod tests {
             ..Default::default()
         };
         for (sp, eps) in svcs {
-            st.endpoints.insert(sp.name.clone(), eps);
-            st.services.insert(sp.name.clone(), sp);
+            st.endpoints.insert(sp.name.clone(), eps.into());
+            st.services.insert(sp.name.clone(), sp.into());
         }
         st
     }

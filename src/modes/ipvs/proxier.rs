@@ -676,9 +676,10 @@ mod tests {
             sp.name.clone(),
             eps.iter()
                 .map(|e| Endpoint::ready(ip(e), 8080, true))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         );
-        st.services.insert(sp.name.clone(), sp);
+        st.services.insert(sp.name.clone(), sp.into());
         st
     }
 
@@ -843,7 +844,7 @@ mod tests {
         r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
         // An excluded VIP we bound earlier is ours, yet never deleted.
         let mut st = state(&["10.244.1.2"], Protocol::Tcp);
-        let sp = st.services.values_mut().next().unwrap();
+        let sp = std::sync::Arc::make_mut(st.services.values_mut().next().unwrap());
         sp.external_ips = vec![ip("10.200.0.5")];
         r.sync(&st).unwrap();
         assert!(r.ipvs().services.contains_key(&key("10.200.0.5", 80, 6)));
@@ -885,7 +886,8 @@ mod tests {
         let mut r = reconciler();
         r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
         let mut st = state(&["10.244.1.2"], Protocol::Tcp);
-        st.services.values_mut().next().unwrap().affinity_timeout = Some(10800);
+        std::sync::Arc::make_mut(st.services.values_mut().next().unwrap()).affinity_timeout =
+            Some(10800);
         r.sync(&st).unwrap();
         let (vs, dests) = &r.ipvs().services[&key("10.96.0.10", 80, 6)];
         assert_eq!(vs.persistence, 10800);
@@ -942,9 +944,9 @@ mod tests {
         let other = ServicePort::new(spn("other", Protocol::Tcp), ip("10.96.0.20"), 80);
         st.endpoints.insert(
             other.name.clone(),
-            vec![Endpoint::ready(ip("10.244.1.3"), 8080, true)],
+            vec![Endpoint::ready(ip("10.244.1.3"), 8080, true)].into(),
         );
-        st.services.insert(other.name.clone(), other);
+        st.services.insert(other.name.clone(), other.into());
         r.sync(&st).unwrap();
         let k = key("10.96.0.10", 80, 6);
         assert!(r.ipvs().services.contains_key(&key("10.96.0.20", 80, 6)));

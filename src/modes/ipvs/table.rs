@@ -250,11 +250,11 @@ mod tests {
         web.load_balancer_source_ranges = vec!["203.0.113.0/24".parse().unwrap()];
         st.endpoints.insert(
             web.name.clone(),
-            vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)],
+            vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)].into(),
         );
-        st.services.insert(web.name.clone(), web);
+        st.services.insert(web.name.clone(), web.into());
         let empty = ServicePort::new(spn("empty"), ip("10.96.0.11"), 53);
-        st.services.insert(empty.name.clone(), empty);
+        st.services.insert(empty.name.clone(), empty.into());
         st
     }
 
@@ -288,7 +288,7 @@ mod tests {
         let mut st2 = st.clone();
         st2.endpoints.insert(
             spn("empty"),
-            vec![Endpoint::ready(ip("10.244.1.3"), 5353, true)],
+            vec![Endpoint::ready(ip("10.244.1.3"), 5353, true)].into(),
         );
         let plan2 = build_plan(&st2, &IpvsConfig::default(), &[ip("192.168.50.1")]);
         let after = build_ruleset(&st2, &plan2, &cfg(), Family::Ip);

@@ -610,9 +610,8 @@ pub fn build_ruleset_with_slots(
         base.set(Set::endpoint_map(endpoint_map_name(i)));
     }
     let mut rs = Ruleset::new(table(cfg, family), base);
-    let none = Vec::new();
     for (spn, sp) in &state.services {
-        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let eps = state.endpoints_of(spn);
         let f = build_service(cfg, &state.node, sp, eps, family, slots);
         rs.set_service(spn, Some(Arc::new(f)));
     }
@@ -644,9 +643,10 @@ mod tests {
             name.clone(),
             eps.iter()
                 .map(|e| Endpoint::ready(ip(e), 8080, false))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         );
-        st.services.insert(name, sp);
+        st.services.insert(name, sp.into());
         st
     }
 

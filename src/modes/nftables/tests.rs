@@ -52,8 +52,8 @@ fn state(svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
         ..Default::default()
     };
     for (s, eps) in svcs {
-        st.endpoints.insert(s.name.clone(), eps);
-        st.services.insert(s.name.clone(), s);
+        st.endpoints.insert(s.name.clone(), eps.into());
+        st.services.insert(s.name.clone(), s.into());
     }
     st
 }

@@ -27,13 +27,12 @@ pub fn plan_listeners(
 ) -> (BTreeMap<ListenerKey, Forward>, Vec<ServicePortName>) {
     let mut out = BTreeMap::new();
     let mut sctp = Vec::new();
-    let none = Vec::new();
     for (spn, sp) in &state.services {
         if spn.protocol == Protocol::Sctp {
             sctp.push(spn.clone());
             continue;
         }
-        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let eps = state.endpoints_of(spn);
         for v4 in [true, false] {
             if !sp.cluster_ips.iter().any(|a| a.is_ipv4() == v4) {
                 continue;

@@ -19,13 +19,12 @@ use crate::modes::userspace::forward::{listen, Listener};
 /// refuses connections, as the kernel path rejects them.
 pub fn plan_localhost(state: &ProxyState) -> BTreeMap<(Protocol, u16), Forward> {
     let mut out = BTreeMap::new();
-    let none = Vec::new();
     for (spn, sp) in &state.services {
         let Some(np) = sp.node_port else { continue };
         if spn.protocol == Protocol::Sctp {
             continue;
         }
-        let eps = state.endpoints.get(spn).unwrap_or(&none);
+        let eps = state.endpoints_of(spn);
         let cat = categorize_family(eps, sp, &state.node, true);
         // Traffic to a NodePort is external traffic: the external policy decides.
         let chosen = if sp.external_policy_local {

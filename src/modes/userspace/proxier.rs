@@ -226,13 +226,14 @@ pub(crate) mod tests {
             vec![
                 Endpoint::ready(ip("10.244.1.2"), 8080, true),
                 Endpoint::ready(ip("10.244.2.2"), 8080, false),
-            ],
+            ]
+            .into(),
         );
-        st.services.insert(web.name.clone(), web);
+        st.services.insert(web.name.clone(), web.into());
         let empty = ServicePort::new(spn("empty", Protocol::Udp), ip("10.96.0.11"), 53);
-        st.services.insert(empty.name.clone(), empty);
+        st.services.insert(empty.name.clone(), empty.into());
         let sctp = ServicePort::new(spn("sctp", Protocol::Sctp), ip("10.96.0.12"), 9);
-        st.services.insert(sctp.name.clone(), sctp);
+        st.services.insert(sctp.name.clone(), sctp.into());
         st
     }
 
