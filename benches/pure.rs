@@ -149,7 +149,7 @@ fn benches(c: &mut Criterion) {
         "state assembled from 10k converted Services and slices",
         |b| {
             b.iter(|| {
-                assemble(node.clone(), ports.iter(), slices.iter(), vec![], &mut w)
+                assemble(node.clone(), ports.iter(), slices.iter(), vec![])
                     .services
                     .len()
             })

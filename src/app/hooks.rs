@@ -143,9 +143,11 @@ impl SyncHooks for Hooks {
                 drop(h);
                 // Network programming latency: from the EndpointSlice change to now, once per
                 // trigger time.
+                let mut observed = Vec::new();
                 for (spn, t) in &state.trigger_times {
                     if self.observed_triggers.get(spn) != Some(t) {
                         if let Ok(d) = now.duration_since(*t) {
+                            observed.push(d);
                             // Per family of the Service's ClusterIPs, as each upstream
                             // proxier observes its own.
                             let mut fams: Vec<Family> = state
@@ -163,6 +165,19 @@ impl SyncHooks for Hooks {
                         }
                         self.observed_triggers.insert(spn.clone(), *t);
                     }
+                }
+                // Each latency, not only the histogram's buckets (1 s apart around the
+                // 1.5 s churn goal of issue #18): `RUST_LOG=info,network_programming=debug`.
+                if !observed.is_empty() {
+                    tracing::debug!(
+                        target: "network_programming",
+                        latencies_ms = %observed
+                            .iter()
+                            .map(|d| d.as_millis().to_string())
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        "network programming latencies of this sync"
+                    );
                 }
                 self.observed_triggers
                     .retain(|k, _| state.trigger_times.contains_key(k));

@@ -158,6 +158,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 cfg.node_name.clone(),
                 tx,
                 cfg.config_sync_period,
+                cfg.min_sync_period,
             ))
         }
     };

@@ -487,20 +487,22 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
         .iter()
         .map(|s| convert_slice(s, node_name, &mut warnings))
         .collect();
-    let state = assemble(node, ports.iter(), slices.iter(), cidrs, &mut warnings);
+    let state = assemble(node, ports.iter(), slices.iter(), cidrs);
+    warnings.extend(collisions(&state));
     (state, warnings)
 }
 
 /// Puts converted objects together into the whole model: service ports (a later one of the
 /// same name replaces an earlier one), their endpoints from every slice (one copy of an
 /// endpoint that two slices list, the ready one when they disagree), trigger times, and the
-/// union of the service CIDRs. Collisions between service ports are added to `warnings`.
+/// union of the service CIDRs. Collisions between service ports are left to the caller
+/// ([`collisions_of`]): the API source assembles a state per change and names only new
+/// ones.
 pub fn assemble<'a>(
     node: NodeInfo,
     services: impl IntoIterator<Item = &'a Arc<ServicePort>>,
     slices: impl IntoIterator<Item = &'a SliceEndpoints> + Clone,
     mut service_cidrs: Vec<Cidr>,
-    warnings: &mut Vec<String>,
 ) -> ProxyState {
     let mut state = ProxyState {
         node,
@@ -509,7 +511,6 @@ pub fn assemble<'a>(
     for sp in services {
         state.services.insert(sp.name.clone(), sp.clone());
     }
-    warnings.extend(collisions(&state));
     service_cidrs.sort();
     service_cidrs.dedup();
     state.service_cidrs = service_cidrs;

@@ -226,7 +226,7 @@ impl Stores {
     pub fn has_node(&self, node_name: &str) -> bool {
         self.nodes.values().any(|n| n.name == node_name)
     }
-    /// The whole model from what the stores hold; collisions go to `warnings`.
+    /// The whole model from what the stores hold; a missing Node's warning goes to `warnings`.
     pub fn state(&self, node_name: &str, warnings: &mut Vec<String>) -> ProxyState {
         let node = self
             .nodes
@@ -239,7 +239,6 @@ impl Stores {
             self.services.values().flatten(),
             self.slices.values(),
             self.service_cidrs.values().flatten().copied().collect(),
-            warnings,
         )
     }
 }
@@ -425,15 +424,64 @@ fn list_and_watch(
     with_list_fallback(kind, streaming, move || watcher(api, cfg).boxed())
 }
 
+/// When the API source publishes a state: at once for the first change after a quiet
+/// spell, otherwise once `min_interval` has passed since the last one, with every change
+/// held back in between. Pure: the caller passes the time.
+#[derive(Debug)]
+struct Pacer {
+    min_interval: std::time::Duration,
+    last: Option<std::time::Instant>,
+    held: bool,
+}
+
+impl Pacer {
+    fn new(min_interval: std::time::Duration) -> Self {
+        Pacer {
+            min_interval,
+            last: None,
+            held: false,
+        }
+    }
+    /// A change is ready at `now`: whether to publish it now (and count it as published),
+    /// or hold it until [`Self::held_until`].
+    fn publish_now(&mut self, now: std::time::Instant) -> bool {
+        if self.last.is_some_and(|t| now < t + self.min_interval) {
+            self.held = true;
+            return false;
+        }
+        self.held = false;
+        self.last = Some(now);
+        true
+    }
+    /// When held changes fall due, if any are held.
+    fn held_until(&self) -> Option<std::time::Instant> {
+        self.held
+            .then(|| self.last.map(|t| t + self.min_interval))
+            .flatten()
+    }
+    /// The held changes fell due: whether there were any (the caller publishes them).
+    fn release(&mut self) -> bool {
+        std::mem::take(&mut self.held)
+    }
+}
+
 /// Watches the API and publishes states until the streams end (they do not, in practice:
 /// watchers retry forever with backoff).
 /// Every `resync`, the current state is published again (like an informer resync: the
 /// sync that follows finds nothing changed unless the kernel needs it).
+///
+/// Events are applied to the stores as they come, but a state is assembled at most once
+/// per `min_interval` (the sync loop's minimum sync period, which would not sync more often
+/// anyway): the first change after a quiet spell is published at once, later ones wait for
+/// the interval to pass and go out together. Assembling walks every service port (~10 ms at
+/// 10k), so assembling per event took a whole core under 100 endpoint changes a second
+/// (issue #18's churn row).
 pub async fn run(
     client: Client,
     node: String,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
+    min_interval: std::time::Duration,
 ) -> super::SourceEnd {
     // Untyped watchers, decoded object by object: one undecodable object must not fail its
     // whole list (and with it every sync).
@@ -534,12 +582,16 @@ pub async fn run(
     let mut had_node = false;
     let mut ticker = tokio::time::interval(resync.max(std::time::Duration::from_secs(1)));
     ticker.tick().await;
+    let mut pacer = Pacer::new(min_interval);
+    let mut collisions = std::collections::BTreeSet::new();
     loop {
+        let held = pacer.held_until();
         let batch = tokio::select! {
             b = all.next() => match b {
-                Some(b) => b,
+                Some(b) => Some(b),
                 None => return super::SourceEnd::Closed,
             },
+            _ = tokio::time::sleep_until(held.unwrap_or_else(std::time::Instant::now).into()), if held.is_some() => None,
             _ = ticker.tick() => {
                 if stores.synced() {
                     tx.send_modify(|_| {});
@@ -548,16 +600,25 @@ pub async fn run(
             }
         };
         let mut changed = false;
-        for item in batch {
-            match item {
-                Ok(u) => changed |= stores.apply(u),
-                Err(e) => tracing::warn!(
-                    "{}; retrying with backoff, rules stay as they are",
-                    describe_watch_error(&e)
-                ),
+        match batch {
+            Some(batch) => {
+                for item in batch {
+                    match item {
+                        Ok(u) => changed |= stores.apply(u),
+                        Err(e) => tracing::warn!(
+                            "{}; retrying with backoff, rules stay as they are",
+                            describe_watch_error(&e)
+                        ),
+                    }
+                }
             }
+            // The changes held back are due.
+            None => changed = pacer.release(),
         }
         if !changed || !stores.synced() {
+            continue;
+        }
+        if !pacer.publish_now(tokio::time::Instant::now().into()) {
             continue;
         }
         // Upstream's NodeManager exits when its Node is deleted (exit code 1, rules left
@@ -584,6 +645,14 @@ pub async fn run(
         for w in warnings {
             tracing::warn!("{w}");
         }
+        // Each collision once, when it appears (not on every change while it lasts).
+        let now: std::collections::BTreeSet<_> = crate::model::convert::collisions_of(&state)
+            .into_iter()
+            .collect();
+        for c in now.difference(&collisions) {
+            tracing::warn!("{c}");
+        }
+        collisions = now;
         if tx.send(Some(Arc::new(state))).is_err() {
             return super::SourceEnd::Closed;
         }
@@ -839,6 +908,31 @@ mod tests {
             "metadata": {"name": "web", "namespace": "ns"},
             "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]}
         }))
+    }
+
+    #[test]
+    fn the_pacer_publishes_a_lone_change_at_once_and_a_burst_once_per_interval() {
+        use std::time::{Duration, Instant};
+        let sec = Duration::from_secs(1);
+        let t0 = Instant::now();
+        let mut p = Pacer::new(sec);
+        assert!(p.publish_now(t0), "the first change goes out at once");
+        assert_eq!(p.held_until(), None);
+        // A burst within the interval is held until it has passed.
+        for ms in [10, 200, 900] {
+            assert!(!p.publish_now(t0 + Duration::from_millis(ms)));
+            assert_eq!(p.held_until(), Some(t0 + sec));
+        }
+        assert!(p.release(), "held changes fall due");
+        assert!(p.publish_now(t0 + sec));
+        assert!(!p.release(), "nothing more is held");
+        // After a quiet spell the next change goes out at once again.
+        assert!(p.publish_now(t0 + 5 * sec));
+        // No minimum interval: every change at once.
+        let mut p = Pacer::new(Duration::ZERO);
+        assert!(p.publish_now(t0));
+        assert!(p.publish_now(t0));
+        assert_eq!(p.held_until(), None);
     }
 
     #[test]
