@@ -508,29 +508,44 @@ pub fn assemble<'a>(
         node,
         ..Default::default()
     };
-    for sp in services {
-        state.services.insert(sp.name.clone(), sp.clone());
-    }
+    // Built in bulk from a sorted sequence (not entry by entry): this runs once per state
+    // the API source publishes, over every service port. Of equal names the later one
+    // stays.
+    state.services = services
+        .into_iter()
+        .map(|sp| (sp.name.clone(), sp.clone()))
+        .collect();
     service_cidrs.sort();
     service_cidrs.dedup();
     state.service_cidrs = service_cidrs;
-    // The same endpoint may appear in two slices while a slice is being rebalanced: keep one.
-    let mut eps: BTreeMap<&ServicePortName, Vec<&Arc<Vec<Endpoint>>>> = BTreeMap::new();
-    for slice in slices.clone() {
-        for (spn, list) in &slice.ports {
-            if state.services.contains_key(spn) {
-                eps.entry(spn).or_default().push(list);
-            }
+    // Every slice's lists by service port; the stable sort keeps the slices' order among
+    // lists of one service port, which merging relies on.
+    let mut lists: Vec<(&ServicePortName, &Arc<Vec<Endpoint>>)> = slices
+        .clone()
+        .into_iter()
+        .flat_map(|s| s.ports.iter().map(|(k, l)| (k, l)))
+        .collect();
+    lists.sort_by(|a, b| a.0.cmp(b.0));
+    let mut known = state.services.keys().peekable();
+    let mut merged = Vec::with_capacity(lists.len());
+    for group in lists.chunk_by(|a, b| a.0 == b.0) {
+        let spn = group[0].0;
+        // Only service ports that exist: a walk beside the (sorted) services.
+        while known.peek().is_some_and(|k| *k < spn) {
+            known.next();
         }
-    }
-    for (spn, lists) in eps {
-        let merged = match lists.as_slice() {
-            // Already merged by `convert_slice`: shared, not copied.
-            [one] => Arc::clone(one),
-            _ => Arc::new(merge_endpoints(lists.iter().flat_map(|l| l.iter()))),
+        if known.peek() != Some(&spn) {
+            continue;
+        }
+        // The same endpoint may appear in two slices while a slice is being rebalanced:
+        // keep one. A lone list was merged by `convert_slice`: shared, not copied.
+        let eps = match group {
+            [(_, one)] => Arc::clone(one),
+            _ => Arc::new(merge_endpoints(group.iter().flat_map(|(_, l)| l.iter()))),
         };
-        state.endpoints.insert(spn.clone(), merged);
+        merged.push((spn.clone(), eps));
     }
+    state.endpoints = merged.into_iter().collect();
     for slice in slices {
         let (Some(t), Some((ns, svc))) = (slice.trigger_time, &slice.service) else {
             continue;
