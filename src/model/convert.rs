@@ -881,6 +881,67 @@ mod tests {
     }
 
     #[test]
+    fn states_assembled_from_the_same_conversions_share_them() {
+        let mut w = Vec::new();
+        let ports: Vec<Arc<ServicePort>> = [svc(
+            "  clusterIP: 10.0.0.1\n  ports: [{name: p, port: 80}, {name: q, port: 81}]\n",
+        )]
+        .iter()
+        .flat_map(|s| convert_service(s, &mut w))
+        .map(Arc::new)
+        .collect();
+        let mut slice = |name: &str, eps: &str| -> SliceEndpoints {
+            let o: EndpointSlice = parse(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080}}, {{name: q, port: 8081}}]\nendpoints: [{eps}]\n"
+            ));
+            convert_slice(&o, "n1", &mut w)
+        };
+        // One slice, its endpoints out of order and one listed twice (not ready, then ready).
+        let one = [slice(
+            "a",
+            "{addresses: [10.1.0.2]}, {addresses: [10.1.0.1], conditions: {ready: false}}, {addresses: [10.1.0.1]}",
+        )];
+        let assemble_one = || assemble(NodeInfo::default(), ports.iter(), one.iter(), vec![]);
+        let (x, y) = (assemble_one(), assemble_one());
+        assert_eq!(x.services.len(), 2);
+        for (k, sp) in &x.services {
+            assert!(Arc::ptr_eq(sp, &y.services[k]), "{k}: the same allocation");
+            assert!(Arc::ptr_eq(&x.endpoints[k], &y.endpoints[k]), "{k}");
+        }
+        // The slice's own list, merged on arrival: sorted, one copy, the ready one.
+        let p = x.endpoints.keys().next().unwrap();
+        let got: Vec<(String, bool)> = x.endpoints[p]
+            .iter()
+            .map(|e| (e.ip.to_string(), e.ready))
+            .collect();
+        assert_eq!(got, [("10.1.0.1".into(), true), ("10.1.0.2".into(), true)]);
+        assert!(Arc::ptr_eq(&x.endpoints[p], &one[0].ports[0].1));
+        // Two slices of one service port are merged anew, with the same rule.
+        let two = [
+            slice("a", "{addresses: [10.1.0.2]}, {addresses: [10.1.0.1]}"),
+            slice(
+                "b",
+                "{addresses: [10.1.0.1], conditions: {ready: false}}, {addresses: [10.1.0.3]}",
+            ),
+        ];
+        let z = assemble(NodeInfo::default(), ports.iter(), two.iter(), vec![]);
+        let got: Vec<(String, bool)> = z.endpoints[p]
+            .iter()
+            .map(|e| (e.ip.to_string(), e.ready))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("10.1.0.1".into(), true),
+                ("10.1.0.2".into(), true),
+                ("10.1.0.3".into(), true)
+            ],
+            "the ready copy wins though the not-ready one came later"
+        );
+        assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
     fn duplicate_names_and_shared_addresses_are_named_in_warnings() {
         let a = svc("  clusterIP: 10.0.0.1\n  externalIPs: [1.2.3.4]\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: 30080}]\n");
         let mut b = svc("  clusterIP: 10.0.0.2\n  externalIPs: [1.2.3.4, 1.2.3.4]\n  type: NodePort\n  ports: [{name: p, port: 80, nodePort: 30080}]\n");
