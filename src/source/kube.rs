@@ -473,7 +473,7 @@ impl Pacer {
 /// Events are applied to the stores as they come, but a state is assembled at most once
 /// per `min_interval` (the sync loop's minimum sync period, which would not sync more often
 /// anyway): the first change after a quiet spell is published at once, later ones wait for
-/// the interval to pass and go out together. Assembling walks every service port (~10 ms at
+/// the interval to pass and go out together. Assembling walks every service port (~16 ms at
 /// 10k), so assembling per event took a whole core under 100 endpoint changes a second
 /// (issue #18's churn row).
 pub async fn run(
