@@ -137,6 +137,16 @@ fn watch_changes_drops_relists_and_node_labels() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // While the collision lasts, the states that follow do not log it again.
+    api.apply(obj::service("default", "claim-probe", "10.96.0.33", 80));
+    c.wait_ruleset("ip", "claim-probe programmed", |r| r.contains("10.96.0.33"));
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("both claim 192.0.2.77:80/tcp").count(),
+        1,
+        "logged once:\n{log}"
+    );
+    api.delete("Service", "default", "claim-probe");
     api.delete("Service", "default", "claim-old");
     api.delete("Service", "default", "claim-new");
     // The Node moves to zone-b: a full sync switches routing to the zone-b endpoint.
