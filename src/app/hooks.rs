@@ -45,6 +45,10 @@ impl Hooks {
 impl Hooks {
     /// A Warning event on both Services of each new collision (once per collision).
     fn report_collisions(&mut self, state: &ProxyState) {
+        // Events only go to the API server: without it (manifests) there is nothing to find.
+        if self.warnings.is_none() {
+            return;
+        }
         let now: std::collections::BTreeSet<_> = crate::model::convert::collisions_of(state)
             .into_iter()
             .collect();
