@@ -217,7 +217,7 @@ fn kernel_and_fake_agree_through_full_and_partial_syncs() {
         let web = st
             .services
             .keys()
-            .find(|s| s.name == "web")
+            .find(|s| &*s.name == "web")
             .unwrap()
             .clone();
         std::sync::Arc::make_mut(st.endpoints.get_mut(&web).unwrap())[0].ip =
@@ -225,7 +225,7 @@ fn kernel_and_fake_agree_through_full_and_partial_syncs() {
         let shop = st
             .services
             .keys()
-            .find(|s| s.name == "shop")
+            .find(|s| &*s.name == "shop")
             .unwrap()
             .clone();
         st.services.remove(&shop);

@@ -59,8 +59,8 @@ impl Hooks {
                         reference: k8s_openapi::api::core::v1::ObjectReference {
                             api_version: Some("v1".into()),
                             kind: Some("Service".into()),
-                            namespace: Some(spn.namespace.clone()),
-                            name: Some(spn.name.clone()),
+                            namespace: Some(spn.namespace.to_string()),
+                            name: Some(spn.name.to_string()),
                             uid: Some(format!("{}/{}", spn.namespace, spn.name)),
                             ..Default::default()
                         },

@@ -163,6 +163,8 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
     let name = meta.name.clone().unwrap_or_default();
     let mut out = Vec::new();
     let mut seen = HashSet::new();
+    // One copy of each name for all of the Service's ports.
+    let (ns_shared, name_shared): (Arc<str>, Arc<str>) = (ns.as_str().into(), name.as_str().into());
     for p in spec.ports.iter().flatten() {
         let pname = p.name.clone().unwrap_or_default();
         let proto_s = p.protocol.as_deref().unwrap_or("TCP");
@@ -190,9 +192,9 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
             }
         };
         let spn = ServicePortName {
-            namespace: ns.clone(),
-            name: name.clone(),
-            port: pname.clone(),
+            namespace: ns_shared.clone(),
+            name: name_shared.clone(),
+            port: pname.as_str().into(),
             protocol,
         };
         if !seen.insert(spn.clone()) {
@@ -367,6 +369,7 @@ pub fn convert_slice(
             return out;
         }
     };
+    let (ns_shared, svc_shared): (Arc<str>, Arc<str>) = (ns.into(), svc_name.as_str().into());
     for port in slice.ports.iter().flatten() {
         let Some(num) = port.port else { continue };
         if !(1..=65535).contains(&num) {
@@ -383,9 +386,9 @@ pub fn convert_slice(
             continue;
         };
         let spn = ServicePortName {
-            namespace: ns.to_string(),
-            name: svc_name.clone(),
-            port: port.name.clone().unwrap_or_default(),
+            namespace: ns_shared.clone(),
+            name: svc_shared.clone(),
+            port: port.name.clone().unwrap_or_default().into(),
             protocol,
         };
         let mut eps = Vec::with_capacity(slice.endpoints.len());
@@ -554,16 +557,16 @@ pub fn assemble<'a>(
         // a range, not a scan of every port (the EndpointSlice controller stamps every
         // slice, and a scan per slice made 10k Services take 1.9 s instead of ~0.1 s).
         let first = ServicePortName {
-            namespace: ns.clone(),
-            name: svc.clone(),
-            port: String::new(),
+            namespace: ns.clone().into(),
+            name: svc.clone().into(),
+            port: "".into(),
             protocol: Protocol::Tcp,
         };
         let ports: Vec<ServicePortName> = state
             .services
             .range(first..)
             .map(|(k, _)| k)
-            .take_while(|k| &k.namespace == ns && &k.name == svc)
+            .take_while(|k| *k.namespace == **ns && *k.name == **svc)
             .cloned()
             .collect();
         for spn in ports {
@@ -721,7 +724,7 @@ mod tests {
         let mut got: Vec<(String, String)> = st
             .trigger_times
             .keys()
-            .map(|k| (k.name.clone(), k.port.clone()))
+            .map(|k| (k.name.to_string(), k.port.to_string()))
             .collect();
         got.sort();
         assert_eq!(got, [("a".into(), "x".into()), ("a".into(), "y".into())]);
@@ -740,7 +743,7 @@ mod tests {
         let mut w = Vec::new();
         let ports = convert_service(&s, &mut w);
         assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0].name.port, "d");
+        assert_eq!(ports[0].name.port, "d".into());
         assert_eq!(ports[0].name.protocol, Protocol::Udp);
         assert_eq!(w.len(), 3, "{w:?}");
         assert!(
@@ -835,7 +838,7 @@ mod tests {
         let tcp0 = st
             .services
             .keys()
-            .find(|k| k.port == "p0" && k.protocol == Protocol::Tcp)
+            .find(|k| k.port == "p0".into() && k.protocol == Protocol::Tcp)
             .unwrap();
         assert_eq!(st.endpoints[tcp0].len(), 1000);
         assert!(w.iter().any(|m| m.contains("IPv4-mapped")), "{w:?}");
@@ -989,8 +992,8 @@ mod tests {
         let (state, _) = build_state(&snap, "n");
         let c = collisions_of(&state);
         assert_eq!(c.len(), 1);
-        assert_eq!(c[0].owner.name, "b-older");
-        assert_eq!(c[0].other.name, "a-newer");
+        assert_eq!(c[0].owner.name, "b-older".into());
+        assert_eq!(c[0].other.name, "a-newer".into());
         let text = c[0].to_string();
         assert!(
             text.contains(&format!("; {} gets that traffic", c[0].owner)),

@@ -28,7 +28,7 @@ pub fn synthetic_state(services: usize, eps: usize) -> ProxyState {
     for i in 0..services {
         let name = ServicePortName {
             namespace: "ns".into(),
-            name: format!("svc-{i}"),
+            name: format!("svc-{i}").into(),
             port: "http".into(),
             protocol: Protocol::Tcp,
         };

@@ -7,7 +7,7 @@ pub mod fixtures;
 pub mod net;
 pub mod topology;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -52,9 +52,9 @@ impl Protocol {
 /// Identifies one port of one Service: `namespace/name:port-name` plus protocol.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
-    pub namespace: String,
-    pub name: String,
-    pub port: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub port: Arc<str>,
     pub protocol: Protocol,
 }
 
@@ -204,6 +204,9 @@ pub struct ProxyState {
     /// The cluster's service CIDRs (the union of its ServiceCIDR objects): new connections to
     /// addresses inside them that no Service owns are dropped. Empty: nothing is dropped.
     pub service_cidrs: Vec<Cidr>,
+    /// Which state this one follows and what changed since: lets a consumer that holds the
+    /// state before look at the changed service ports only.
+    pub lineage: Lineage,
 }
 
 impl ProxyState {
@@ -211,11 +214,66 @@ impl ProxyState {
     pub fn endpoints_of(&self, spn: &ServicePortName) -> &[Endpoint] {
         self.endpoints.get(spn).map_or(&[], |e| e.as_slice())
     }
+
+    /// The service ports whose Service or endpoints may differ from `prev`, when this state
+    /// says it follows `prev` directly (a superset: each still needs comparing). `None`:
+    /// unknown, compare everything.
+    pub fn changes_since(&self, prev: &ProxyState) -> Option<&BTreeSet<ServicePortName>> {
+        let (since, keys) = self.lineage.changed_since.as_ref()?;
+        (prev.lineage.generation != 0 && *since == prev.lineage.generation).then_some(&**keys)
+    }
 }
+
+/// Where a state comes from: its number, and the service ports a source changed since the
+/// state it published before. At 45k service ports, walking both states' maps to find one
+/// changed endpoint took ~3.4 ms of a ~10 ms sync (cache misses over ~16k map nodes);
+/// looking up the named ones takes microseconds (issue #18).
+///
+/// Bookkeeping, not content: two states with the same content are equal whatever their
+/// lineage. A source that cannot say what changed (a relist, a Node or ServiceCIDR change,
+/// the manifest source) leaves `changed_since` empty and consumers compare everything.
+#[derive(Debug, Clone, Default)]
+pub struct Lineage {
+    /// Unique in the process; 0: not numbered.
+    pub generation: u64,
+    /// The generation of the state this one follows, and every service port whose Service
+    /// or EndpointSlices changed since (Node and ServiceCIDR changes are not covered: a
+    /// source sends none then).
+    pub changed_since: Option<(u64, Arc<BTreeSet<ServicePortName>>)>,
+}
+
+impl Lineage {
+    /// A number no other state of this process has.
+    pub fn next_generation() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for Lineage {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Lineage {}
 
 /// How many service ports changed between two states: (services, endpoint sets). These are
 /// the counts behind the `sync_proxy_rules_*_changes` metrics.
 pub fn count_changes(prev: &ProxyState, next: &ProxyState) -> (usize, usize) {
+    if let Some(keys) = next.changes_since(prev) {
+        let differs = |k: &&ServicePortName| {
+            (
+                prev.services.get(*k) != next.services.get(*k),
+                prev.endpoints.get(*k) != next.endpoints.get(*k),
+            )
+        };
+        return keys
+            .iter()
+            .map(|k| differs(&k))
+            .fold((0, 0), |(s, e), (ds, de)| {
+                (s + usize::from(ds), e + usize::from(de))
+            });
+    }
     (
         differing(&prev.services, &next.services),
         differing(&prev.endpoints, &next.endpoints),

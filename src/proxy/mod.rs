@@ -10,6 +10,7 @@ pub mod config;
 pub mod conntrack;
 pub(crate) mod fxhash;
 pub mod names;
+pub mod reclaim;
 pub(crate) mod rules;
 pub mod ruleset;
 pub mod runner;

@@ -55,8 +55,8 @@ pub fn plan_health_checks(state: &ProxyState) -> BTreeMap<u16, HcService> {
         let entry = out.entry(port).or_insert_with(|| {
             (
                 HcService {
-                    namespace: spn.namespace.clone(),
-                    name: spn.name.clone(),
+                    namespace: spn.namespace.to_string(),
+                    name: spn.name.to_string(),
                     local_endpoints_v4: 0,
                     local_endpoints_v6: 0,
                 },

@@ -5,7 +5,7 @@
 //! update, never a flush of the kernel state. While the API server is unreachable the last
 //! state stays published and the watchers retry with backoff.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::{stream, StreamExt};
@@ -23,7 +23,7 @@ use crate::model::convert::{
     assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
 };
 use crate::model::net::Cidr;
-use crate::model::{NodeInfo, ProxyState, ServicePort};
+use crate::model::{Lineage, NodeInfo, ProxyState, ServicePort, ServicePortName};
 
 /// Upstream's selector for Services and EndpointSlices: not handed to another proxy, not
 /// headless.
@@ -178,6 +178,10 @@ impl<V: Clone> Store<V> {
     pub fn values(&self) -> impl Iterator<Item = &V> + Clone {
         self.objects.values()
     }
+    /// The visible object under `k`.
+    pub fn get(&self, k: &Key) -> Option<&V> {
+        self.objects.get(k)
+    }
     pub fn len(&self) -> usize {
         self.objects.len()
     }
@@ -197,6 +201,12 @@ pub struct Stores {
     pub nodes: Store<NodeInfo>,
     /// ServiceCIDRs (Kubernetes 1.33+; an older API server has none to list).
     pub service_cidrs: Store<Vec<Cidr>>,
+    /// The service ports that Service and slice events touched since the last published
+    /// state; `None` when that is not known (nothing published yet, a relist, a Node or
+    /// ServiceCIDR change): the next state then names none.
+    touched: Option<BTreeSet<ServicePortName>>,
+    /// The generation of the last published state (0: none).
+    published: u64,
 }
 
 /// One decoded event of any kind.
@@ -209,11 +219,72 @@ pub enum Update {
 
 impl Stores {
     pub fn apply(&mut self, u: Update) -> bool {
+        self.note_touched(&u);
         match u {
             Update::Service(e) => self.services.apply(e),
             Update::Slice(e) => self.slices.apply(e),
             Update::Node(e) => self.nodes.apply(e),
             Update::ServiceCidr(e) => self.service_cidrs.apply(e),
+        }
+    }
+    /// Adds the service ports `u` changes (the old version's and the new one's) to
+    /// `touched`, before `u` is applied.
+    fn note_touched(&mut self, u: &Update) {
+        fn ports(v: &[Arc<ServicePort>]) -> impl Iterator<Item = &ServicePortName> {
+            v.iter().map(|sp| &sp.name)
+        }
+        fn slice_ports(v: &SliceEndpoints) -> impl Iterator<Item = &ServicePortName> {
+            v.ports.iter().map(|(spn, _)| spn)
+        }
+        let Some(touched) = self.touched.as_mut() else {
+            return;
+        };
+        match u {
+            Update::Service(Change::Apply(k, v)) => {
+                touched.extend(
+                    self.services
+                        .get(k)
+                        .into_iter()
+                        .flat_map(|o| ports(o))
+                        .cloned(),
+                );
+                touched.extend(ports(v).cloned());
+            }
+            Update::Service(Change::Delete(k)) => {
+                touched.extend(
+                    self.services
+                        .get(k)
+                        .into_iter()
+                        .flat_map(|o| ports(o))
+                        .cloned(),
+                );
+            }
+            Update::Slice(Change::Apply(k, v)) => {
+                touched.extend(
+                    self.slices
+                        .get(k)
+                        .into_iter()
+                        .flat_map(slice_ports)
+                        .cloned(),
+                );
+                touched.extend(slice_ports(v).cloned());
+            }
+            Update::Slice(Change::Delete(k)) => {
+                touched.extend(
+                    self.slices
+                        .get(k)
+                        .into_iter()
+                        .flat_map(slice_ports)
+                        .cloned(),
+                );
+            }
+            // A (re)list becomes visible at its end, all at once.
+            Update::Service(Change::Init | Change::InitApply(..) | Change::InitKeep(_))
+            | Update::Slice(Change::Init | Change::InitApply(..) | Change::InitKeep(_)) => {}
+            Update::Service(Change::InitDone)
+            | Update::Slice(Change::InitDone)
+            | Update::Node(_)
+            | Update::ServiceCidr(_) => self.touched = None,
         }
     }
     /// Services, EndpointSlices and the Node have been listed: the first sync may happen.
@@ -240,6 +311,83 @@ impl Stores {
             self.slices.values(),
             self.service_cidrs.values().flatten().copied().collect(),
         )
+    }
+}
+
+impl Stores {
+    /// The state to publish: [`Self::state`], numbered, and naming the service ports
+    /// changed since the state published before it (see [`crate::model::Lineage`]).
+    pub fn publish(&mut self, node_name: &str, warnings: &mut Vec<String>) -> ProxyState {
+        let mut state = self.state(node_name, warnings);
+        let generation = Lineage::next_generation();
+        let changed_since = match self.touched.replace(BTreeSet::new()) {
+            Some(touched) if self.published != 0 => Some((self.published, Arc::new(touched))),
+            _ => None,
+        };
+        state.lineage = Lineage {
+            generation,
+            changed_since,
+        };
+        self.published = generation;
+        state
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Stores {
+    /// Stores holding `state` as a finished first list would: its Node, one Service per
+    /// Service name with its ports, one slice per service port (`<service>-<port>`). For
+    /// benchmarks of the states the API source publishes.
+    pub fn listed_from(state: &ProxyState) -> Stores {
+        let mut s = Stores::default();
+        s.apply(Update::Service(Change::Init));
+        s.apply(Update::Slice(Change::Init));
+        s.apply(Update::Node(Change::Init));
+        let mut services: BTreeMap<Key, Vec<Arc<ServicePort>>> = BTreeMap::new();
+        for (spn, sp) in &state.services {
+            services
+                .entry((spn.namespace.to_string(), spn.name.to_string()))
+                .or_default()
+                .push(sp.clone());
+        }
+        for (k, v) in services {
+            s.apply(Update::Service(Change::InitApply(k, v)));
+        }
+        for (spn, eps) in &state.endpoints {
+            let slice = Self::slice_of(spn, eps.clone());
+            s.apply(Update::Slice(Change::InitApply(
+                Self::slice_key(spn),
+                slice,
+            )));
+        }
+        let node = (String::new(), state.node.name.clone());
+        s.apply(Update::Node(Change::InitApply(node, state.node.clone())));
+        s.apply(Update::Service(Change::InitDone));
+        s.apply(Update::Slice(Change::InitDone));
+        s.apply(Update::Node(Change::InitDone));
+        s
+    }
+
+    /// Replaces the endpoints of `spn`'s slice (one made by [`Self::listed_from`]), as a
+    /// watch event would.
+    pub fn set_endpoints(&mut self, spn: &ServicePortName, eps: Vec<crate::model::Endpoint>) {
+        let slice = Self::slice_of(spn, Arc::new(eps));
+        self.apply(Update::Slice(Change::Apply(Self::slice_key(spn), slice)));
+    }
+
+    fn slice_key(spn: &ServicePortName) -> Key {
+        (
+            spn.namespace.to_string(),
+            format!("{}-{}", spn.name, spn.port),
+        )
+    }
+
+    fn slice_of(spn: &ServicePortName, eps: Arc<Vec<crate::model::Endpoint>>) -> SliceEndpoints {
+        SliceEndpoints {
+            service: Some((spn.namespace.to_string(), spn.name.to_string())),
+            trigger_time: None,
+            ports: vec![(spn.clone(), eps)],
+        }
     }
 }
 
@@ -640,7 +788,7 @@ pub async fn run(
         }
         let t0 = std::time::Instant::now();
         let mut warnings = Vec::new();
-        let state = stores.state(&node, &mut warnings);
+        let state = stores.publish(&node, &mut warnings);
         tracing::debug!(built = ?t0.elapsed(), "new state from the API");
         for w in warnings {
             tracing::warn!("{w}");
@@ -837,13 +985,9 @@ mod tests {
         }
     }
 
-    /// The stores convert on arrival; the state they assemble is the one `build_state`
-    /// makes of the same objects, and a change of one slice changes only its endpoints.
-    #[test]
-    fn stores_assemble_the_state_build_state_makes_of_the_same_objects() {
-        let fx = objects();
+    /// Stores holding `fx` after its first list, as on this node.
+    fn listed(fx: &crate::model::convert::Snapshot, node: &str) -> Stores {
         let mut s = Stores::default();
-        let node = "node-a";
         for u in [
             Update::Service(Change::Init),
             Update::Slice(Change::Init),
@@ -870,6 +1014,16 @@ mod tests {
         ] {
             s.apply(u);
         }
+        s
+    }
+
+    /// The stores convert on arrival; the state they assemble is the one `build_state`
+    /// makes of the same objects, and a change of one slice changes only its endpoints.
+    #[test]
+    fn stores_assemble_the_state_build_state_makes_of_the_same_objects() {
+        let fx = objects();
+        let node = "node-a";
+        let mut s = listed(&fx, node);
         let mut w = Vec::new();
         let from_stores = s.state(node, &mut w);
         let (built, _) = crate::model::convert::build_state(&fx, node);
@@ -877,7 +1031,7 @@ mod tests {
         let web: Vec<String> = built
             .endpoints
             .iter()
-            .find(|(k, _)| k.name == "web" && k.port == "http")
+            .find(|(k, _)| k.name == "web".into() && k.port == "http".into())
             .map(|(_, e)| e.iter().map(|e| e.to_string()).collect())
             .unwrap();
         assert_eq!(
@@ -896,6 +1050,137 @@ mod tests {
         let after = s.state(node, &mut w);
         let (svcs, eps) = crate::model::count_changes(&built, &after);
         assert_eq!((svcs, eps), (0, 1));
+    }
+
+    /// Each published state names the service ports whose Service or slices changed since
+    /// the one published before it, and nothing when that is not known; what it names
+    /// agrees with comparing the two states whole.
+    #[test]
+    fn a_published_state_names_the_service_ports_changed_since_the_one_before() {
+        let fx = objects();
+        let node = "node-a";
+        let mut s = listed(&fx, node);
+        let mut w = Vec::new();
+        let spn = |name: &str, port: &str, protocol| ServicePortName {
+            namespace: "ns".into(),
+            name: name.into(),
+            port: port.into(),
+            protocol,
+        };
+        let tcp = crate::model::Protocol::Tcp;
+        let named = |next: &ProxyState, prev: &ProxyState| {
+            // What the names say agrees with comparing the whole states.
+            let mut unnamed = next.clone();
+            unnamed.lineage = Lineage::default();
+            assert!(unnamed.changes_since(prev).is_none());
+            assert_eq!(
+                crate::model::count_changes(prev, next),
+                crate::model::count_changes(prev, &unnamed)
+            );
+            next.changes_since(prev)
+                .map(|k| k.iter().map(|k| format!("{k}")).collect::<Vec<_>>())
+        };
+        let first = s.publish(node, &mut w);
+        assert_eq!(
+            first.lineage.changed_since, None,
+            "nothing published before"
+        );
+        assert_ne!(first.lineage.generation, 0);
+        // One slice changed: its Service's port.
+        let mut web2 = fx.endpoint_slices[1].clone();
+        web2.endpoints.pop();
+        s.apply(Update::Slice(Change::Apply(
+            key_of(&web2),
+            logged(|w| convert_slice(&web2, node, w)),
+        )));
+        let second = s.publish(node, &mut w);
+        assert_eq!(
+            named(&second, &first),
+            Some(vec!["ns/web:http".to_string()])
+        );
+        assert_eq!(crate::model::count_changes(&first, &second), (0, 1));
+        assert_eq!(
+            second.changes_since(&second),
+            None,
+            "only the state it follows"
+        );
+        // Changes between two publications add up; a renamed port names the old name and
+        // the new one, a deleted slice its ports.
+        let mut api = fx.services[1].clone();
+        api.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].name = Some("https".into());
+        s.apply(Update::Service(Change::Apply(
+            key_of(&api),
+            logged(|w| service_ports(&api, w)),
+        )));
+        s.apply(Update::Slice(Change::Delete(key_of(
+            &fx.endpoint_slices[0],
+        ))));
+        let third = s.publish(node, &mut w);
+        assert_eq!(
+            named(&third, &second),
+            Some(vec![
+                "ns/api:http".to_string(),
+                "ns/api:https".to_string(),
+                "ns/web:http".to_string()
+            ])
+        );
+        assert_eq!(named(&third, &first), None, "not the state it follows");
+        // A deleted Service names each of its ports.
+        s.apply(Update::Service(Change::Delete(key_of(&fx.services[0]))));
+        let fourth = s.publish(node, &mut w);
+        let dns = spn("web", "dns", crate::model::Protocol::Udp);
+        let http = spn("web", "http", tcp);
+        assert_eq!(
+            fourth
+                .changes_since(&third)
+                .map(|k| k.iter().collect::<Vec<_>>()),
+            Some(vec![&dns, &http])
+        );
+        // Nothing published in between: an empty list, not an unknown one.
+        let fifth = s.publish(node, &mut w);
+        assert_eq!(named(&fifth, &fourth), Some(vec![]));
+        // A Node change and a relist are not described: the next state names nothing.
+        s.apply(Update::Node(Change::Apply(
+            ("".into(), node.into()),
+            NodeInfo {
+                name: node.into(),
+                ..Default::default()
+            },
+        )));
+        let sixth = s.publish(node, &mut w);
+        assert_eq!(named(&sixth, &fifth), None);
+        s.apply(Update::Slice(Change::Init));
+        s.apply(Update::Slice(Change::InitDone));
+        let seventh = s.publish(node, &mut w);
+        assert_eq!(named(&seventh, &sixth), None);
+        let eighth = s.publish(node, &mut w);
+        assert_eq!(
+            named(&eighth, &seventh),
+            Some(vec![]),
+            "and then it does again"
+        );
+    }
+
+    #[test]
+    fn stores_listed_from_a_state_publish_that_state_and_name_an_endpoint_change() {
+        let st = crate::model::fixtures::synthetic_state(5, 3);
+        let mut s = Stores::listed_from(&st);
+        let mut w = Vec::new();
+        let first = s.publish("node1", &mut w);
+        assert_eq!(first, st);
+        let spn = st.services.keys().nth(2).unwrap().clone();
+        let mut eps = st.endpoints_of(&spn).to_vec();
+        eps.pop();
+        s.set_endpoints(&spn, eps.clone());
+        let second = s.publish("node1", &mut w);
+        assert_eq!(second.endpoints_of(&spn), eps);
+        assert_eq!(
+            second
+                .changes_since(&first)
+                .map(|k| k.iter().collect::<Vec<_>>()),
+            Some(vec![&spn])
+        );
+        assert_eq!(crate::model::count_changes(&first, &second), (0, 1));
     }
 
     fn dynamic(json: serde_json::Value) -> DynamicObject {

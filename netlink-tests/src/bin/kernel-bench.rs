@@ -24,6 +24,7 @@ use kube_nlproxy::model::{Protocol, ProxyState};
 use kube_nlproxy::modes::nftables::build_ruleset;
 use kube_nlproxy::modes::nftables::NftablesProxier;
 use kube_nlproxy::proxy::{plan_full, LocalDetector, ProxierConfig};
+use kube_nlproxy::source::kube::Stores;
 use netlink_tests::baseline::{cluster_ip, endpoint_ip, upstream_iptables, upstream_nft};
 use netlink_tests::cluster::proxy_bin;
 use netlink_tests::ns::{require_root, sh, NetNs};
@@ -203,15 +204,13 @@ fn scale_rows(rows: &mut Vec<Row>, shapes: &[(usize, usize, Duration, Duration)]
             format!("{n} services × {eps}")
         };
         let base = std::sync::Arc::new(synthetic_state(n, eps));
-        let with_ep = |ip: &str| {
-            let mut st = (*base).clone();
-            let k = st.endpoints.keys().nth(n / 2).unwrap().clone();
-            std::sync::Arc::make_mut(st.endpoints.get_mut(&k).unwrap())[0].ip = ip.parse().unwrap();
-            std::sync::Arc::new(st)
-        };
-        let (x, y) = (with_ep("10.250.0.1"), with_ep("10.250.0.2"));
+        // The states come from the API source's stores, as in the daemon: each shares
+        // what did not change with the one before and names the service port it changed.
+        let mut stores = Stores::listed_from(&base);
+        let st = std::sync::Arc::new(stores.publish(&base.node.name, &mut Vec::new()));
+        let changed = base.endpoints.keys().nth(n / 2).unwrap().clone();
+        let endpoints = base.endpoints_of(&changed).to_vec();
         let ns = NetNs::new("kbs");
-        let st = base.clone();
         let (full, kernel, mut changes) = ns.run(move || {
             let mut s = NftablesProxier::new(
                 NetlinkNftables::open().unwrap(),
@@ -223,11 +222,15 @@ fn scale_rows(rows: &mut Vec<Row>, shapes: &[(usize, usize, Duration, Duration)]
             let (full, kernel) = (t0.elapsed(), thread_kernel_time() - k0);
             let mut v = Vec::new();
             for round in 0..20 {
-                let st = if round % 2 == 0 { &x } else { &y };
+                let mut eps = endpoints.clone();
+                eps[0].ip = format!("10.250.0.{}", 1 + round % 2).parse().unwrap();
+                stores.set_endpoints(&changed, eps);
+                let st = std::sync::Arc::new(stores.publish("node1", &mut Vec::new()));
                 let t0 = Instant::now();
-                let stats = s.sync_shared(st).unwrap();
+                let stats = s.sync_shared(&st).unwrap();
                 v.push(t0.elapsed());
                 assert!(!stats.full);
+                assert!(stats.ops.values().sum::<usize>() > 0, "the change was sent");
             }
             (full, kernel, v)
         });

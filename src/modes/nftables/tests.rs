@@ -587,9 +587,9 @@ fn longest_kubernetes_names_give_nft_legal_object_names() {
     let long = "a".repeat(63);
     let mut sp = ServicePort::new(
         ServicePortName {
-            namespace: long.clone(),
-            name: long.clone(),
-            port: "p".repeat(15),
+            namespace: long.clone().into(),
+            name: long.clone().into(),
+            port: "p".repeat(15).into(),
             protocol: Protocol::Tcp,
         },
         ip("172.30.0.41"),
