@@ -39,6 +39,12 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN: &str = "hairpin-endpoints";
+/// The nftables mode's map from `daddr . l4proto . dport` to the one endpoint of a ClusterIP
+/// service port that has one endpoint and nothing else of its own (no affinity, no external
+/// address, Cluster traffic policy): such a service port needs no chain. The kernel walks
+/// every chain of the table on each commit, whatever it changes: at 45k such service ports
+/// that walk was ~6 ms of a one-endpoint change here (issue #18, kubernetes#139513's shape).
+pub const ONE_ENDPOINT_SERVICES: &str = "one-endpoint-services";
 /// Most endpoint maps (slot → endpoint) the service chains' `dnat … map` rules use. The
 /// kernel checks every rule bound to a map whenever an element is added to it, and walks every
 /// element of a map whenever a rule binds to it: with one map, 10k services × 10 endpoints

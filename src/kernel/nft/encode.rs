@@ -345,8 +345,13 @@ fn set_attrs(w: &mut MsgWriter, table: &str, family: Family, s: &Set, set_id: u3
         // key in host byte order, address . port data, and the typeof description in the
         // user data (so `nft list` prints it the same way).
         w.attr_be32(NFTA_SET_FLAGS, NFT_SET_MAP);
-        w.attr_be32(NFTA_SET_KEY_TYPE, TYPE_INTEGER);
-        w.attr_be32(NFTA_SET_KEY_LEN, 4);
+        if s.key.is_empty() {
+            w.attr_be32(NFTA_SET_KEY_TYPE, TYPE_INTEGER);
+            w.attr_be32(NFTA_SET_KEY_LEN, 4);
+        } else {
+            w.attr_be32(NFTA_SET_KEY_TYPE, key_type(&s.key, family));
+            w.attr_be32(NFTA_SET_KEY_LEN, key_len(&s.key, family));
+        }
         w.attr_be32(
             NFTA_SET_DATA_TYPE,
             key_type(&[Field::Daddr, Field::Dport], family),
@@ -356,7 +361,9 @@ fn set_attrs(w: &mut MsgWriter, table: &str, family: Family, s: &Set, set_id: u3
             key_len(&[Field::Daddr, Field::Dport], family),
         );
         w.attr_be32(NFTA_SET_ID, set_id);
-        w.attr(NFTA_SET_USERDATA, endpoint_map_udata(family));
+        if s.key.is_empty() {
+            w.attr(NFTA_SET_USERDATA, endpoint_map_udata(family));
+        }
         return;
     }
     w.attr_be32(NFTA_SET_FLAGS, flags);

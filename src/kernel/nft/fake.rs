@@ -131,9 +131,20 @@ impl FakeNftables {
                         let Some(fs) = t.sets.get(s) else {
                             return Err(reject(op, ENOENT, &format!("no such set {s}")));
                         };
-                        let is_vmap = matches!(e, Expr::Vmap { .. });
-                        let is_dnat_map = matches!(e, Expr::DnatMap { .. });
-                        if is_vmap != fs.set.map || is_dnat_map != fs.set.endpoints {
+                        // A membership test may look in any set or map; a verdict or a NAT
+                        // lookup needs the map whose data it uses.
+                        let fits = match e {
+                            Expr::Vmap { .. } => fs.set.map,
+                            Expr::DnatMap { .. } => fs.set.endpoints && fs.set.key.is_empty(),
+                            Expr::DnatLookup { key, .. } => {
+                                fs.set.endpoints && fs.set.key == *key
+                            }
+                            Expr::InSet { key, .. } => {
+                                !fs.set.endpoints || fs.set.key == *key
+                            }
+                            _ => !fs.set.map && !fs.set.endpoints,
+                        };
+                        if !fits {
                             return Err(reject(op, EINVAL, "set/map type mismatch"));
                         }
                     }
@@ -206,7 +217,7 @@ impl FakeNftables {
                     .sets
                     .get_mut(&*e.set)
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
-                let key_fits = if fs.set.endpoints {
+                let key_fits = if fs.set.endpoints && fs.set.key.is_empty() {
                     matches!(e.key[..], [KeyValue::Slot(_)])
                 } else {
                     fs.set.key.len() == e.key.len()

@@ -227,8 +227,10 @@ fn stored_comment(c: &str) -> Option<String> {
 
 fn planned_set(s: &Set, family: Family) -> LiveSet {
     use super::uapi::{NFT_SET_EVAL, NFT_SET_MAP, NFT_SET_TIMEOUT};
-    let (flags, key_len) = if s.endpoints {
+    let (flags, key_len) = if s.endpoints && s.key.is_empty() {
         (NFT_SET_MAP, 4)
+    } else if s.endpoints {
+        (NFT_SET_MAP, super::encode::key_len(&s.key, family))
     } else {
         let mut f = 0;
         if s.map {
@@ -251,7 +253,7 @@ fn planned_set(s: &Set, family: Family) -> LiveSet {
 /// The typed key of `bytes` in `set` (the inverse of the element encoding), if it decodes.
 pub fn typed_key(set: &Set, family: Family, bytes: &[u8]) -> Option<Vec<super::KeyValue>> {
     use super::{Field, KeyValue};
-    if set.endpoints {
+    if set.endpoints && set.key.is_empty() {
         return Some(vec![KeyValue::Slot(u32::from_ne_bytes(
             bytes.try_into().ok()?,
         ))]);

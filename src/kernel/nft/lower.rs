@@ -381,6 +381,21 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
                 reg_proto: Some(r + (family.addr_len() / 4) as u32),
             });
         }
+        Expr::DnatLookup { key, map } => {
+            load_concat(key, family, out);
+            out.push(KExpr::Lookup {
+                set: map.clone(),
+                sreg: r,
+                dreg: Some(r),
+                flags: 0,
+            });
+            out.push(KExpr::Nat {
+                kind: NFT_NAT_DNAT,
+                family: family.nfproto() as u32,
+                reg_addr: r,
+                reg_proto: Some(r + (family.addr_len() / 4) as u32),
+            });
+        }
         Expr::Redirect { port } => {
             out.push(KExpr::ImmData {
                 dreg: r,

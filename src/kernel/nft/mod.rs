@@ -203,8 +203,9 @@ pub struct Set {
     /// Element timeout in seconds; makes the set `flags dynamic,timeout` so rules may add to it.
     pub timeout: Option<u32>,
     pub comment: Option<String>,
-    /// An endpoint map: slot (`numgen` value) → address . port of the table's family. Its
-    /// `key` is empty and `map` false.
+    /// An endpoint map: key → address . port of the table's family, `map` false. With an
+    /// empty `key` the key is a slot (a `numgen` value); otherwise the fields of `key`
+    /// (see [`Expr::DnatLookup`]).
     pub endpoints: bool,
 }
 
@@ -224,6 +225,14 @@ impl Set {
         Set {
             endpoints: true,
             ..Set::plain(name, vec![])
+        }
+    }
+    /// An endpoint map keyed by packet fields
+    /// (`type ipv4_addr . inet_proto . inet_service : ipv4_addr . inet_service`).
+    pub fn endpoint_map_by(name: impl Into<String>, key: Vec<Field>) -> Set {
+        Set {
+            endpoints: true,
+            ..Set::plain(name, key)
         }
     }
     pub fn vmap(name: impl Into<String>, key: Vec<Field>) -> Set {
@@ -330,6 +339,9 @@ pub enum Expr {
         offset: u32,
         map: String,
     },
+    /// `dnat to KEY map @MAP`: to the endpoint that an endpoint map keyed by packet fields
+    /// holds for the packet's KEY; no match when it holds none.
+    DnatLookup { key: Vec<Field>, map: String },
     /// `redirect to :PORT`: to this host's address of the incoming interface (loopback for
     /// locally generated packets).
     Redirect { port: u16 },
@@ -348,7 +360,9 @@ impl Expr {
     pub fn set_ref(&self) -> Option<&str> {
         match self {
             Expr::InSet { set, .. } | Expr::UpdateSet { set, .. } => Some(set),
-            Expr::Vmap { map, .. } | Expr::DnatMap { map, .. } => Some(map),
+            Expr::Vmap { map, .. } | Expr::DnatMap { map, .. } | Expr::DnatLookup { map, .. } => {
+                Some(map)
+            }
             _ => None,
         }
     }

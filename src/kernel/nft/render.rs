@@ -96,6 +96,9 @@ pub fn expr(e: &Expr, family: Family) -> String {
             offset,
             map,
         } => format!("dnat {family} to numgen random mod {modulus} offset {offset} map @{map}"),
+        Expr::DnatLookup { key, map } => {
+            format!("dnat {family} to {} map @{map}", concat(key, family))
+        }
         Expr::Redirect { port } => format!("redirect to :{port}"),
         Expr::Reject => "reject".into(),
         Expr::UpdateSet { set, key } => format!("update @{set} {{ {} }}", field(*key, family)),
@@ -169,8 +172,11 @@ fn set_spec(s: &Set, family: Family) -> String {
         .map(|f| type_name(*f, family))
         .collect::<Vec<_>>()
         .join(" . ");
-    let mut out = if s.endpoints {
+    let mut out = if s.endpoints && s.key.is_empty() {
         format!(" {{ typeof numgen random mod 1 : {family} daddr . tcp dport ;")
+    } else if s.endpoints {
+        let addr = type_name(Field::Daddr, family);
+        format!(" {{ type {key} : {addr} . inet_service ;")
     } else if s.map {
         format!(" {{ type {key} : verdict ;")
     } else {

@@ -203,6 +203,23 @@ impl Tracer<'_> {
                     masquerade: mark & self.mark_bit != 0,
                 }),
             )),
+            Expr::DnatLookup { key, map } => {
+                match self
+                    .fake
+                    .lookup(self.family, self.table, map, &self.key(key))
+                    .and_then(|e| e.target)
+                {
+                    Some(t) => out.push((
+                        mark,
+                        RuleEnd::Term(Outcome::Dnat {
+                            addr: t.ip(),
+                            port: t.port(),
+                            masquerade: mark & self.mark_bit != 0,
+                        }),
+                    )),
+                    None => out.push((mark, RuleEnd::NoMatch)),
+                }
+            }
             Expr::DnatMap {
                 modulus,
                 offset,

@@ -179,6 +179,34 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
             map: SERVICE_IPS.into(),
         }],
     )];
+    // Service ports with one endpoint and no chain of their own: what their chain would do,
+    // for all of them at once (see `ONE_ENDPOINT_SERVICES`).
+    let one_endpoint = || Expr::InSet {
+        key: addr_key(),
+        set: ONE_ENDPOINT_SERVICES.into(),
+        negate: false,
+    };
+    if cfg.masquerade_all {
+        services.push(r(
+            SERVICES,
+            vec![one_endpoint(), jump(MARK_FOR_MASQUERADE)],
+        ));
+    } else if let Some(not_pod) = from_pod(&cfg.local_detector, family, CmpOp::Neq) {
+        services.push(
+            r(
+                SERVICES,
+                vec![one_endpoint(), not_pod, jump(MARK_FOR_MASQUERADE)],
+            )
+            .with_comment("masquerade traffic from outside the cluster"),
+        );
+    }
+    services.push(r(
+        SERVICES,
+        vec![Expr::DnatLookup {
+            key: addr_key(),
+            map: ONE_ENDPOINT_SERVICES.into(),
+        }],
+    ));
     for g in guards {
         let mut e = g.clone();
         e.push(Expr::Vmap {
@@ -204,6 +232,7 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
     for m in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS] {
         rs.set(Set::vmap(m, port_key()));
     }
+    rs.set(Set::endpoint_map_by(ONE_ENDPOINT_SERVICES, addr_key()));
 }
 
 /// The load-balancing rules of one chain: affinity lookups first, then a cascade in which
@@ -387,6 +416,22 @@ fn service_port_rules(
         target: None,
         comment: None,
     });
+    // One endpoint and nothing of its own: an element of the shared one-endpoint map, which
+    // the services chain masquerades and DNATs through as this port's chain would have.
+    let nothing_of_its_own = sp.affinity_timeout.is_none()
+        && !sp.internal_policy_local
+        && !sp.externally_accessible()
+        && cat.local.is_empty();
+    if let ([ep], true) = (&cat.cluster[..], nothing_of_its_own) {
+        rs.element(Element {
+            set: shared_name(ONE_ENDPOINT_SERVICES),
+            key: key(cluster_ip, proto, sp.port),
+            verdict: None,
+            target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+            comment: Some(comment),
+        });
+        return;
+    }
 
     // Masquerading of ClusterIP traffic belongs to the chain ClusterIP traffic uses, whatever
     // its policy (upstream puts it in the internal traffic chain): with
@@ -672,18 +717,48 @@ mod tests {
     }
 
     #[test]
-    fn one_endpoint_is_an_endpoint_map_element_too() {
+    fn one_endpoint_and_nothing_else_is_an_element_of_the_one_endpoint_map_without_a_chain() {
         let t = text(
             &state(&["10.180.0.1"]),
             &ProxierConfig::default(),
             Family::Ip,
         );
+        assert!(
+            t.contains(
+                "add element ip kube-nlproxy one-endpoint-services { 172.30.0.10 . tcp . 80 \
+                 comment \"ns/web:http\" : 10.180.0.1 . 8080 }"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("dnat ip to ip daddr . meta l4proto . th dport map @one-endpoint-services"),
+            "{t}"
+        );
+        assert!(!t.contains("add chain ip kube-nlproxy svc-"), "no chain: {t}");
+        assert!(!t.contains("service-ips { 172.30.0.10"), "{t}");
+        assert!(!t.contains("numgen random mod 1 offset"), "{t}");
+    }
+
+    #[test]
+    fn one_endpoint_with_something_of_its_own_keeps_its_chain_and_an_endpoint_map_slot() {
+        let mut st = state(&["10.180.0.1"]);
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).node_port = Some(30080);
+        let t = text(&st, &ProxierConfig::default(), Family::Ip);
         assert!(t.contains("numgen random mod 1 offset"), "{t}");
         assert!(t.contains("10.180.0.1 . 8080"), "{t}");
+        assert!(!t.contains("one-endpoint-services { 172"), "{t}");
         assert!(
             !t.contains("dnat to 10.180.0.1:8080"),
             "no per-endpoint rule: {t}"
         );
+        // With affinity: the per-endpoint cascade with its affinity set.
+        let mut st = state(&["10.180.0.1"]);
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).affinity_timeout = Some(10800);
+        let t = text(&st, &ProxierConfig::default(), Family::Ip);
+        assert!(t.contains("dnat to 10.180.0.1:8080"), "{t}");
+        assert!(!t.contains("one-endpoint-services { 172"), "{t}");
     }
 
     #[test]
