@@ -540,9 +540,20 @@ fn many_services_yaml(n: usize, skip_odd: bool) -> String {
     y
 }
 
+/// The `10.97.*` elements of the `service-ips` map in `nft list` output.
 fn service_ips(ruleset: &str) -> BTreeSet<String> {
+    let mut inside = false;
     ruleset
         .lines()
+        .filter(|l| {
+            let t = l.trim();
+            if t.starts_with("map ") {
+                inside = t == "map service-ips {";
+            } else if t == "}" {
+                inside = false;
+            }
+            inside
+        })
         .filter_map(|l| {
             l.trim()
                 .strip_prefix("elements = {")
@@ -779,7 +790,8 @@ fn a_shared_service_address_passes_to_the_other_service_when_its_owner_goes() {
     assert_eq!(
         names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6)),
         ["remote".to_string()].into(),
-        "default/a-rival sorts first and owns the address"
+        "default/a-rival sorts first and owns the address\n{}",
+        c.ruleset("ip")
     );
     // The owner goes: web takes the address.
     c.write_manifests(&only_local);

@@ -45,6 +45,8 @@ pub const HAIRPIN: &str = "hairpin-endpoints";
 /// every chain of the table on each commit, whatever it changes: at 45k such service ports
 /// that walk was ~6 ms of a one-endpoint change here (issue #18, kubernetes#139513's shape).
 pub const ONE_ENDPOINT_SERVICES: &str = "one-endpoint-services";
+/// The chain all of those share, reached through `service-ips` like any service chain.
+pub const ONE_ENDPOINT_CHAIN: &str = "one-endpoint";
 /// Most endpoint maps (slot → endpoint) the service chains' `dnat … map` rules use. The
 /// kernel checks every rule bound to a map whenever an element is added to it, and walks every
 /// element of a map whenever a rule binds to it: with one map, 10k services × 10 endpoints

@@ -136,12 +136,8 @@ impl FakeNftables {
                         let fits = match e {
                             Expr::Vmap { .. } => fs.set.map,
                             Expr::DnatMap { .. } => fs.set.endpoints && fs.set.key.is_empty(),
-                            Expr::DnatLookup { key, .. } => {
-                                fs.set.endpoints && fs.set.key == *key
-                            }
-                            Expr::InSet { key, .. } => {
-                                !fs.set.endpoints || fs.set.key == *key
-                            }
+                            Expr::DnatLookup { key, .. } => fs.set.endpoints && fs.set.key == *key,
+                            Expr::InSet { key, .. } => !fs.set.endpoints || fs.set.key == *key,
                             _ => !fs.set.map && !fs.set.endpoints,
                         };
                         if !fits {

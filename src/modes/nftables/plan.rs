@@ -179,34 +179,28 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
             map: SERVICE_IPS.into(),
         }],
     )];
-    // Service ports with one endpoint and no chain of their own: what their chain would do,
-    // for all of them at once (see `ONE_ENDPOINT_SERVICES`).
-    let one_endpoint = || Expr::InSet {
-        key: addr_key(),
-        set: ONE_ENDPOINT_SERVICES.into(),
-        negate: false,
-    };
+    // The one chain of every service port with one endpoint and nothing of its own (see
+    // `ONE_ENDPOINT_SERVICES`): what each one's chain would do, its endpoint looked up by
+    // the packet's address and port. Only their ClusterIP reaches it, through `service-ips`
+    // (so that two Services claiming one address and port are settled there, as for any).
+    let one_chain = ONE_ENDPOINT_CHAIN;
+    let mut one_rules = Vec::new();
     if cfg.masquerade_all {
-        services.push(r(
-            SERVICES,
-            vec![one_endpoint(), jump(MARK_FOR_MASQUERADE)],
-        ));
+        one_rules.push(r(one_chain, vec![jump(MARK_FOR_MASQUERADE)]));
     } else if let Some(not_pod) = from_pod(&cfg.local_detector, family, CmpOp::Neq) {
-        services.push(
-            r(
-                SERVICES,
-                vec![one_endpoint(), not_pod, jump(MARK_FOR_MASQUERADE)],
-            )
-            .with_comment("masquerade traffic from outside the cluster"),
+        one_rules.push(
+            r(one_chain, vec![not_pod, jump(MARK_FOR_MASQUERADE)])
+                .with_comment("masquerade traffic from outside the cluster"),
         );
     }
-    services.push(r(
-        SERVICES,
+    one_rules.push(r(
+        one_chain,
         vec![Expr::DnatLookup {
             key: addr_key(),
             map: ONE_ENDPOINT_SERVICES.into(),
         }],
     ));
+    rs.chain(Chain::regular(one_chain), one_rules);
     for g in guards {
         let mut e = g.clone();
         e.push(Expr::Vmap {
@@ -416,8 +410,8 @@ fn service_port_rules(
         target: None,
         comment: None,
     });
-    // One endpoint and nothing of its own: an element of the shared one-endpoint map, which
-    // the services chain masquerades and DNATs through as this port's chain would have.
+    // One endpoint and nothing of its own: an element of the one-endpoint map, and the
+    // shared chain that masquerades and DNATs through it as this port's chain would have.
     let nothing_of_its_own = sp.affinity_timeout.is_none()
         && !sp.internal_policy_local
         && !sp.externally_accessible()
@@ -428,8 +422,14 @@ fn service_port_rules(
             key: key(cluster_ip, proto, sp.port),
             verdict: None,
             target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
-            comment: Some(comment),
+            comment: Some(comment.clone()),
         });
+        rs.element(elem(
+            SERVICE_IPS,
+            key(cluster_ip, proto, sp.port),
+            Verdict::Goto(ONE_ENDPOINT_CHAIN.into()),
+            &comment,
+        ));
         return;
     }
 
@@ -731,11 +731,23 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains("dnat ip to ip daddr . meta l4proto . th dport map @one-endpoint-services"),
+            t.contains(
+                "add rule ip kube-nlproxy one-endpoint dnat ip to ip daddr . meta l4proto . th \
+                 dport map @one-endpoint-services"
+            ),
             "{t}"
         );
-        assert!(!t.contains("add chain ip kube-nlproxy svc-"), "no chain: {t}");
-        assert!(!t.contains("service-ips { 172.30.0.10"), "{t}");
+        assert!(
+            !t.contains("add chain ip kube-nlproxy svc-"),
+            "no chain: {t}"
+        );
+        assert!(
+            t.contains(
+                "add element ip kube-nlproxy service-ips { 172.30.0.10 . tcp . 80 \
+                 comment \"ns/web:http\" : goto one-endpoint }"
+            ),
+            "{t}"
+        );
         assert!(!t.contains("numgen random mod 1 offset"), "{t}");
     }
 

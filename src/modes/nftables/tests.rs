@@ -2258,3 +2258,44 @@ mod upstream_flows {
         }
     }
 }
+
+/// Two Services with one endpoint each claim one ClusterIP:port: the one that sorts first
+/// owns it in the one-endpoint map as in `service-ips`, in a full sync and after changes.
+#[test]
+fn a_shared_address_of_one_endpoint_services_goes_to_its_owner() {
+    let mut s = syncer();
+    let rival = || service("a-rival", "172.30.0.10", |_| {});
+    // Web has a chain of its own (a NodePort); a-rival none.
+    let web = || service("web", "172.30.0.10", |s| s.node_port = Some(30080));
+    let p = pkt("10.180.9.9", "172.30.0.10", 80);
+    let targets = |s: &mut NftablesProxier<FakeNftables>| -> Vec<String> {
+        nat(s, &p)
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Dnat { addr, .. } => addr.to_string(),
+                o => format!("{o:?}"),
+            })
+            .collect()
+    };
+    let both = state(vec![
+        (web(), vec![ep("10.180.1.1", true)]),
+        (rival(), vec![ep("10.180.2.2", false)]),
+    ]);
+    s.sync(&both).unwrap();
+    assert_eq!(targets(&mut s), ["10.180.2.2"], "a-rival sorts first");
+    // Web's endpoint changes: a-rival still owns the address.
+    s.sync(&state(vec![
+        (web(), vec![ep("10.180.1.3", true)]),
+        (rival(), vec![ep("10.180.2.2", false)]),
+    ]))
+    .unwrap();
+    assert_eq!(targets(&mut s), ["10.180.2.2"]);
+    // The owner goes: web takes the address.
+    s.sync(&state(vec![(web(), vec![ep("10.180.1.3", true)])]))
+        .unwrap();
+    assert_eq!(targets(&mut s), ["10.180.1.3"]);
+    // A full sync agrees.
+    s.force_full_sync();
+    s.sync(&both).unwrap();
+    assert_eq!(targets(&mut s), ["10.180.2.2"]);
+}
