@@ -398,7 +398,62 @@ pub fn parse_manifest_bytes(
         );
         return;
     }
-    for (line, doc) in split_documents(bytes) {
+    let docs = split_documents(bytes);
+    // Documents decode independently: a large file's are split over the cores (26 MB of
+    // realistic YAML, 20k documents, is ~1 s of libyaml on one core), each part into a
+    // snapshot and warnings of its own, joined in document order.
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_DECODE_THREADS)
+        .min(docs.len() / MIN_DOCUMENTS_PER_THREAD)
+        .max(1);
+    if workers == 1 {
+        parse_documents(&docs, file, node_name, snap, warnings);
+        return;
+    }
+    let per = docs.len().div_ceil(workers);
+    let parts: Vec<(Snapshot, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = docs
+            .chunks(per)
+            .map(|part| {
+                scope.spawn(move || {
+                    let (mut snap, mut warnings) = (Snapshot::default(), Vec::new());
+                    parse_documents(part, file, node_name, &mut snap, &mut warnings);
+                    (snap, warnings)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    for (part, w) in parts {
+        snap.services.extend(part.services);
+        snap.endpoint_slices.extend(part.endpoint_slices);
+        snap.service_cidrs.extend(part.service_cidrs);
+        if part.node.is_some() {
+            snap.node = part.node;
+        }
+        warnings.extend(w);
+    }
+}
+
+/// Most threads one file's documents are decoded on.
+const MAX_DECODE_THREADS: usize = 8;
+/// Fewest documents worth a thread of their own (a thread costs ~20 µs; a document ~50 µs).
+const MIN_DOCUMENTS_PER_THREAD: usize = 256;
+
+/// Decodes `docs` (from [`split_documents`]) into `snap`, in order. Pure.
+fn parse_documents(
+    docs: &[(usize, Result<String, String>)],
+    file: &str,
+    node_name: &str,
+    snap: &mut Snapshot,
+    warnings: &mut Vec<String>,
+) {
+    for (line, doc) in docs {
+        let line = *line;
         let whence = format!("{file}:{line}");
         let doc = match doc {
             Ok(d) => d,
@@ -407,7 +462,7 @@ pub fn parse_manifest_bytes(
                 continue;
             }
         };
-        if let Err(at) = super::yaml::check_depth(&doc) {
+        if let Err(at) = super::yaml::check_depth(doc) {
             warnings.push(format!(
                 "{file}:{}: document nests deeper than {} levels; skipped",
                 line + at - 1,
@@ -415,10 +470,10 @@ pub fn parse_manifest_bytes(
             ));
             continue;
         }
-        if decoded_directly(&doc, node_name, snap) {
+        if decoded_directly(doc, node_name, snap) {
             continue;
         }
-        match serde_yaml::from_str::<Value>(&doc) {
+        match serde_yaml::from_str::<Value>(doc) {
             Ok(Value::Null) => {}
             Ok(v @ Value::Mapping(_)) => {
                 add_object(Object::Yaml(v), &whence, node_name, snap, warnings)
@@ -648,6 +703,50 @@ pub fn fingerprint(path: &Path) -> Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file large enough to be decoded on several threads gives what decoding its
+    /// documents one after another gives: the same objects in the same order, the same
+    /// warnings with the same lines, the last Node of this name.
+    #[test]
+    fn a_large_file_decoded_in_parts_equals_one_pass() {
+        let mut text = String::new();
+        for i in 0..1200 {
+            match i {
+                400 => text.push_str("kind: [unclosed\n"),
+                700 => text.push_str("apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {at: a}}\n"),
+                1100 => text.push_str("apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {at: b}}\n"),
+                _ => text.push_str(&format!(
+                    "apiVersion: v1\nkind: Service\nmetadata:\n  name: s{i}\n  namespace: ns\nspec:\n  clusterIP: 10.96.{}.{}\n  ports:\n  - port: 80\n",
+                    i / 250,
+                    i % 250 + 1
+                )),
+            }
+            text.push_str("---\n");
+        }
+        let (mut whole, mut w_whole) = (Snapshot::default(), Vec::new());
+        parse_manifest(&text, "f.yaml", "n1", &mut whole, &mut w_whole);
+        let (mut one, mut w_one) = (Snapshot::default(), Vec::new());
+        let docs = split_documents(text.as_bytes());
+        parse_documents(&docs, "f.yaml", "n1", &mut one, &mut w_one);
+        assert_eq!(whole.services.len(), 1197);
+        assert_eq!(whole.services, one.services);
+        assert_eq!(
+            whole.services[500].metadata.name.as_deref(),
+            Some("s501"),
+            "document order kept"
+        );
+        assert_eq!(w_whole, w_one);
+        assert_eq!(w_whole.len(), 1, "{w_whole:?}");
+        assert!(w_whole[0].starts_with("f.yaml:"), "{w_whole:?}");
+        let at = |s: &Snapshot| {
+            s.node
+                .as_ref()
+                .and_then(|n| n.metadata.labels.as_ref())
+                .and_then(|l| l.get("at").cloned())
+        };
+        assert_eq!(at(&whole), Some("b".into()), "the last Node wins");
+        assert_eq!(at(&whole), at(&one));
+    }
 
     const GOOD: &str = r#"
 apiVersion: v1
