@@ -230,61 +230,21 @@ impl Stores {
     /// Adds the service ports `u` changes (the old version's and the new one's) to
     /// `touched`, before `u` is applied.
     fn note_touched(&mut self, u: &Update) {
-        fn ports(v: &[Arc<ServicePort>]) -> impl Iterator<Item = &ServicePortName> {
-            v.iter().map(|sp| &sp.name)
-        }
-        fn slice_ports(v: &SliceEndpoints) -> impl Iterator<Item = &ServicePortName> {
-            v.ports.iter().map(|(spn, _)| spn)
-        }
-        let Some(touched) = self.touched.as_mut() else {
+        if self.touched.is_none() {
             return;
+        }
+        let names = match u {
+            Update::Service(c) => {
+                changed_names(&self.services, c, |v| v.iter().map(|sp| &sp.name).collect())
+            }
+            Update::Slice(c) => changed_names(&self.slices, c, |v| {
+                v.ports.iter().map(|(spn, _)| spn).collect()
+            }),
+            Update::Node(_) | Update::ServiceCidr(_) => None,
         };
-        match u {
-            Update::Service(Change::Apply(k, v)) => {
-                touched.extend(
-                    self.services
-                        .get(k)
-                        .into_iter()
-                        .flat_map(|o| ports(o))
-                        .cloned(),
-                );
-                touched.extend(ports(v).cloned());
-            }
-            Update::Service(Change::Delete(k)) => {
-                touched.extend(
-                    self.services
-                        .get(k)
-                        .into_iter()
-                        .flat_map(|o| ports(o))
-                        .cloned(),
-                );
-            }
-            Update::Slice(Change::Apply(k, v)) => {
-                touched.extend(
-                    self.slices
-                        .get(k)
-                        .into_iter()
-                        .flat_map(slice_ports)
-                        .cloned(),
-                );
-                touched.extend(slice_ports(v).cloned());
-            }
-            Update::Slice(Change::Delete(k)) => {
-                touched.extend(
-                    self.slices
-                        .get(k)
-                        .into_iter()
-                        .flat_map(slice_ports)
-                        .cloned(),
-                );
-            }
-            // A (re)list becomes visible at its end, all at once.
-            Update::Service(Change::Init | Change::InitApply(..) | Change::InitKeep(_))
-            | Update::Slice(Change::Init | Change::InitApply(..) | Change::InitKeep(_)) => {}
-            Update::Service(Change::InitDone)
-            | Update::Slice(Change::InitDone)
-            | Update::Node(_)
-            | Update::ServiceCidr(_) => self.touched = None,
+        match (names, self.touched.as_mut()) {
+            (Some(names), Some(touched)) => touched.extend(names),
+            _ => self.touched = None,
         }
     }
     /// Services, EndpointSlices and the Node have been listed: the first sync may happen.
@@ -389,6 +349,30 @@ impl Stores {
             ports: vec![(spn.clone(), eps)],
         }
     }
+}
+
+/// The service ports that `c` changes in `store` (the version it replaces or deletes, and
+/// its own), or `None` when that cannot be said: the end of a (re)list, which changes
+/// everything at once. `names` lists a value's service ports.
+fn changed_names<V: Clone>(
+    store: &Store<V>,
+    c: &Change<V>,
+    names: impl Fn(&V) -> Vec<&ServicePortName>,
+) -> Option<Vec<ServicePortName>> {
+    let old = |k: &Key| store.get(k).map(&names).unwrap_or_default();
+    let mut out = match c {
+        Change::Apply(k, v) => {
+            let mut n = old(k);
+            n.extend(names(v));
+            n
+        }
+        Change::Delete(k) => old(k),
+        // A (re)list becomes visible at its end.
+        Change::Init | Change::InitApply(..) | Change::InitKeep(_) => Vec::new(),
+        Change::InitDone => return None,
+    };
+    out.dedup();
+    Some(out.into_iter().cloned().collect())
 }
 
 /// A Service's ports as the stores keep them: shared with every state assembled from them.

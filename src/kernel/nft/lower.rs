@@ -147,6 +147,23 @@ fn load_concat(key: &[Field], family: Family, out: &mut Vec<KExpr>) {
     }
 }
 
+/// Looks the key in register `r` up in endpoint map `map` and DNATs to the address . port
+/// it holds (the lookup fails the rule when the map has no such key).
+fn dnat_to_looked_up(map: &str, family: Family, r: u32, out: &mut Vec<KExpr>) {
+    out.push(KExpr::Lookup {
+        set: map.to_string(),
+        sreg: r,
+        dreg: Some(r),
+        flags: 0,
+    });
+    out.push(KExpr::Nat {
+        kind: NFT_NAT_DNAT,
+        family: family.nfproto() as u32,
+        reg_addr: r,
+        reg_proto: Some(r + (family.addr_len() / 4) as u32),
+    });
+}
+
 fn u32_host(v: u32) -> Vec<u8> {
     v.to_ne_bytes().to_vec()
 }
@@ -368,33 +385,11 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
                 offset: *offset,
                 dreg: r,
             });
-            out.push(KExpr::Lookup {
-                set: map.clone(),
-                sreg: r,
-                dreg: Some(r),
-                flags: 0,
-            });
-            out.push(KExpr::Nat {
-                kind: NFT_NAT_DNAT,
-                family: family.nfproto() as u32,
-                reg_addr: r,
-                reg_proto: Some(r + (family.addr_len() / 4) as u32),
-            });
+            dnat_to_looked_up(map, family, r, out);
         }
         Expr::DnatLookup { key, map } => {
             load_concat(key, family, out);
-            out.push(KExpr::Lookup {
-                set: map.clone(),
-                sreg: r,
-                dreg: Some(r),
-                flags: 0,
-            });
-            out.push(KExpr::Nat {
-                kind: NFT_NAT_DNAT,
-                family: family.nfproto() as u32,
-                reg_addr: r,
-                reg_proto: Some(r + (family.addr_len() / 4) as u32),
-            });
+            dnat_to_looked_up(map, family, r, out);
         }
         Expr::Redirect { port } => {
             out.push(KExpr::ImmData {

@@ -132,6 +132,21 @@ impl Tracer<'_> {
         }
     }
 
+    /// A DNAT to the endpoint an endpoint map held for the packet; no match without one.
+    fn dnat_to(&self, target: Option<std::net::SocketAddr>, mark: u32) -> (u32, RuleEnd) {
+        match target {
+            Some(t) => (
+                mark,
+                RuleEnd::Term(Outcome::Dnat {
+                    addr: t.ip(),
+                    port: t.port(),
+                    masquerade: mark & self.mark_bit != 0,
+                }),
+            ),
+            None => (mark, RuleEnd::NoMatch),
+        }
+    }
+
     fn exprs(&self, exprs: &[Expr], mark: u32, depth: usize, out: &mut Vec<(u32, RuleEnd)>) {
         let Some((e, rest)) = exprs.split_first() else {
             out.push((mark, RuleEnd::Next));
@@ -204,21 +219,11 @@ impl Tracer<'_> {
                 }),
             )),
             Expr::DnatLookup { key, map } => {
-                match self
+                let target = self
                     .fake
                     .lookup(self.family, self.table, map, &self.key(key))
-                    .and_then(|e| e.target)
-                {
-                    Some(t) => out.push((
-                        mark,
-                        RuleEnd::Term(Outcome::Dnat {
-                            addr: t.ip(),
-                            port: t.port(),
-                            masquerade: mark & self.mark_bit != 0,
-                        }),
-                    )),
-                    None => out.push((mark, RuleEnd::NoMatch)),
-                }
+                    .and_then(|e| e.target);
+                out.push(self.dnat_to(target, mark));
             }
             Expr::DnatMap {
                 modulus,
@@ -228,21 +233,11 @@ impl Tracer<'_> {
                 // Every slot numgen can produce; an empty slot makes the lookup (and so the
                 // rule) fail.
                 for slot in *offset..offset.saturating_add(*modulus) {
-                    match self
+                    let target = self
                         .fake
                         .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
-                        .and_then(|e| e.target)
-                    {
-                        Some(t) => out.push((
-                            mark,
-                            RuleEnd::Term(Outcome::Dnat {
-                                addr: t.ip(),
-                                port: t.port(),
-                                masquerade: mark & self.mark_bit != 0,
-                            }),
-                        )),
-                        None => out.push((mark, RuleEnd::NoMatch)),
-                    }
+                        .and_then(|e| e.target);
+                    out.push(self.dnat_to(target, mark));
                 }
             }
             Expr::Redirect { port } => out.push((mark, RuleEnd::Term(Outcome::Redirect(*port)))),

@@ -504,15 +504,7 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
     let svc = || service("web", "172.30.0.10", |_| {});
     let other = || service("other", "172.30.0.11", |_| {});
     let p = pkt("10.180.9.9", "172.30.0.10", 80);
-    let targets = |s: &mut NftablesProxier<FakeNftables>| -> BTreeSet<String> {
-        nat(s, &p)
-            .into_iter()
-            .map(|o| match o {
-                Outcome::Dnat { addr, .. } => addr.to_string(),
-                o => format!("{o:?}"),
-            })
-            .collect()
-    };
+    let targets = |s: &mut NftablesProxier<FakeNftables>| dnat_targets(s, &p);
     let want =
         |n: usize| -> BTreeSet<String> { (0..n).map(|i| format!("10.180.1.{}", i + 1)).collect() };
     s.sync(&state(vec![(svc(), eps(3)), (other(), eps(2))]))
@@ -574,14 +566,7 @@ fn replacing_the_only_endpoint_changes_elements_not_rules() {
     assert!(text.contains("10.180.1.2 . 8080"), "{text}");
     assert!(!text.contains(" rule "), "no rule touched: {text}");
     let p = pkt("10.180.9.9", "172.30.0.10", 80);
-    let got: Vec<String> = nat(&mut s, &p)
-        .into_iter()
-        .map(|o| match o {
-            Outcome::Dnat { addr, .. } => addr.to_string(),
-            o => format!("{o:?}"),
-        })
-        .collect();
-    assert_eq!(got, ["10.180.1.2"]);
+    assert_eq!(dnat_targets(&mut s, &p), ["10.180.1.2".to_string()].into());
 }
 
 #[test]
@@ -2259,43 +2244,56 @@ mod upstream_flows {
     }
 }
 
-/// Two Services with one endpoint each claim one ClusterIP:port: the one that sorts first
-/// owns it in the one-endpoint map as in `service-ips`, in a full sync and after changes.
+/// Where new connections from `p` are DNATed to (or what else happens to them).
+fn dnat_targets(s: &mut NftablesProxier<FakeNftables>, p: &Packet) -> BTreeSet<String> {
+    nat(s, p)
+        .into_iter()
+        .map(|o| match o {
+            Outcome::Dnat { addr, .. } => addr.to_string(),
+            o => format!("{o:?}"),
+        })
+        .collect()
+}
+
+/// Two Services claim one ClusterIP:port, the one that sorts first with one endpoint and no
+/// chain, the other with or without a chain of its own: the first owns the address, in a
+/// full sync and after changes, and the other takes it when the owner goes.
 #[test]
-fn a_shared_address_of_one_endpoint_services_goes_to_its_owner() {
-    let mut s = syncer();
-    let rival = || service("a-rival", "172.30.0.10", |_| {});
-    // Web has a chain of its own (a NodePort); a-rival none.
-    let web = || service("web", "172.30.0.10", |s| s.node_port = Some(30080));
-    let p = pkt("10.180.9.9", "172.30.0.10", 80);
-    let targets = |s: &mut NftablesProxier<FakeNftables>| -> Vec<String> {
-        nat(s, &p)
-            .into_iter()
-            .map(|o| match o {
-                Outcome::Dnat { addr, .. } => addr.to_string(),
-                o => format!("{o:?}"),
+fn a_shared_address_of_a_one_endpoint_service_goes_to_its_owner() {
+    for web_has_a_chain in [false, true] {
+        let mut s = syncer();
+        let rival = || service("a-rival", "172.30.0.10", |_| {});
+        let web = || {
+            service("web", "172.30.0.10", |s| {
+                s.node_port = web_has_a_chain.then_some(30080)
             })
-            .collect()
-    };
-    let both = state(vec![
-        (web(), vec![ep("10.180.1.1", true)]),
-        (rival(), vec![ep("10.180.2.2", false)]),
-    ]);
-    s.sync(&both).unwrap();
-    assert_eq!(targets(&mut s), ["10.180.2.2"], "a-rival sorts first");
-    // Web's endpoint changes: a-rival still owns the address.
-    s.sync(&state(vec![
-        (web(), vec![ep("10.180.1.3", true)]),
-        (rival(), vec![ep("10.180.2.2", false)]),
-    ]))
-    .unwrap();
-    assert_eq!(targets(&mut s), ["10.180.2.2"]);
-    // The owner goes: web takes the address.
-    s.sync(&state(vec![(web(), vec![ep("10.180.1.3", true)])]))
+        };
+        let p = pkt("10.180.9.9", "172.30.0.10", 80);
+        let want = |ip: &str| BTreeSet::from([ip.to_string()]);
+        let both = state(vec![
+            (web(), vec![ep("10.180.1.1", true)]),
+            (rival(), vec![ep("10.180.2.2", false)]),
+        ]);
+        s.sync(&both).unwrap();
+        assert_eq!(
+            dnat_targets(&mut s, &p),
+            want("10.180.2.2"),
+            "a-rival sorts first"
+        );
+        // Web's endpoint changes: a-rival still owns the address.
+        s.sync(&state(vec![
+            (web(), vec![ep("10.180.1.3", true)]),
+            (rival(), vec![ep("10.180.2.2", false)]),
+        ]))
         .unwrap();
-    assert_eq!(targets(&mut s), ["10.180.1.3"]);
-    // A full sync agrees.
-    s.force_full_sync();
-    s.sync(&both).unwrap();
-    assert_eq!(targets(&mut s), ["10.180.2.2"]);
+        assert_eq!(dnat_targets(&mut s, &p), want("10.180.2.2"));
+        // The owner goes: web takes the address.
+        s.sync(&state(vec![(web(), vec![ep("10.180.1.3", true)])]))
+            .unwrap();
+        assert_eq!(dnat_targets(&mut s, &p), want("10.180.1.3"));
+        // A full sync agrees.
+        s.force_full_sync();
+        s.sync(&both).unwrap();
+        assert_eq!(dnat_targets(&mut s, &p), want("10.180.2.2"));
+    }
 }
