@@ -226,3 +226,81 @@ impl SyncHooks for Hooks {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Log output, captured.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+        type Writer = Captured;
+        fn make_writer(&'a self) -> Captured {
+            self.clone()
+        }
+    }
+
+    /// The `network_programming` debug line (what the churn benchmark reads): each slice
+    /// trigger time once, as the milliseconds from it to the end of the sync that programmed
+    /// it; a later sync of the same trigger time logs nothing.
+    #[tokio::test]
+    async fn each_trigger_time_is_logged_once_with_its_latency() {
+        let shared = Shared {
+            health: Arc::new(Mutex::new(crate::serve::proxy_health::ProxyHealth::new(
+                Duration::from_secs(60),
+            ))),
+            metrics: Arc::new(crate::serve::metrics::Metrics::new()),
+            configz: Arc::default(),
+            proxy_mode: "nftables".into(),
+            listeners: Default::default(),
+        };
+        let mut hooks = Hooks::new(shared);
+        let mut state = crate::model::fixtures::synthetic_state(3, 1);
+        let spn = state
+            .services
+            .keys()
+            .next()
+            .expect("a service port")
+            .clone();
+        let ago = Duration::from_millis(1500);
+        state.trigger_times.insert(spn, SystemTime::now() - ago);
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(log.clone())
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let ok = Ok(SyncStats::default());
+        hooks.synced(&state, &ok, Duration::from_millis(5));
+        hooks.synced(&state, &ok, Duration::from_millis(5));
+        let text = String::from_utf8(log.0.lock().expect("log buffer").clone()).expect("UTF-8");
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("network programming latencies of this sync"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(
+            lines[0].contains("network_programming"),
+            "its target: {text}"
+        );
+        let ms: u64 = lines[0]
+            .split("latencies_ms=")
+            .nth(1)
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no latencies_ms in {text}"));
+        assert!((1500..60_000).contains(&ms), "{ms} ms: {text}");
+    }
+}
