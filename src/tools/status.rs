@@ -51,7 +51,8 @@ pub struct Counts {
 }
 
 /// Counts of one of our tables: service ports are the `service-…-ns/name/proto/port`
-/// chains, endpoints the slots their `numgen` picks from (or their DNATs).
+/// chains, endpoints the slots their `numgen` picks from (or their DNATs), and each element
+/// of the one-endpoint map one service port with one endpoint (its comment names it).
 pub fn counts(t: &LiveTable) -> Counts {
     let mut services = BTreeSet::new();
     let mut c = Counts {
@@ -87,6 +88,15 @@ pub fn counts(t: &LiveTable) -> Counts {
                 .filter(|e| matches!(e, KExpr::Nat { .. }))
                 .count(),
         };
+    }
+    if let Some(one) = t.sets.get(crate::proxy::names::ONE_ENDPOINT_SERVICES) {
+        c.service_ports += one.elements.len();
+        c.endpoints += one.elements.len();
+        for comment in one.comments.values() {
+            // `ns/name:port`, or `ns/name` for an unnamed port.
+            let service = comment.split_once(':').map_or(comment.as_str(), |(s, _)| s);
+            services.insert(service.to_string());
+        }
     }
     c.services = services.len();
     c
@@ -631,6 +641,28 @@ kube_nlproxy_sync_last_result 0\n";
             daemon: Err("Connection refused (os error 111)".into()),
             in_sync: false,
         }
+    }
+
+    /// Service ports with chains and one-endpoint ones without are both counted, with
+    /// their Services and endpoints.
+    #[test]
+    fn counts_include_service_ports_without_chains() {
+        use crate::model::{Endpoint, ServicePort, ServicePortName};
+        let mut st = crate::model::fixtures::synthetic_state(2, 2);
+        let spn = ServicePortName {
+            namespace: "ns".into(),
+            name: "one".into(),
+            port: "dns".into(),
+            protocol: crate::model::Protocol::Udp,
+        };
+        let sp = ServicePort::new(spn.clone(), "10.96.9.9".parse().unwrap(), 53);
+        st.services.insert(spn.clone(), sp.into());
+        let ep = Endpoint::ready("10.244.9.9".parse().unwrap(), 53, false);
+        st.endpoints.insert(spn, vec![ep].into());
+        let cfg = crate::proxy::ProxierConfig::default();
+        let live = crate::modes::nftables::plan::build_ruleset(&st, &cfg, Family::Ip).as_live();
+        let c = counts(&live);
+        assert_eq!((c.services, c.service_ports, c.endpoints), (3, 3, 5));
     }
 
     #[test]
