@@ -261,18 +261,12 @@ impl Eq for Lineage {}
 /// the counts behind the `sync_proxy_rules_*_changes` metrics.
 pub fn count_changes(prev: &ProxyState, next: &ProxyState) -> (usize, usize) {
     if let Some(keys) = next.changes_since(prev) {
-        let differs = |k: &&ServicePortName| {
-            (
-                prev.services.get(*k) != next.services.get(*k),
-                prev.endpoints.get(*k) != next.endpoints.get(*k),
-            )
-        };
-        return keys
-            .iter()
-            .map(|k| differs(&k))
-            .fold((0, 0), |(s, e), (ds, de)| {
-                (s + usize::from(ds), e + usize::from(de))
-            });
+        let count =
+            |differs: &dyn Fn(&ServicePortName) -> bool| keys.iter().filter(|k| differs(k)).count();
+        return (
+            count(&|k| prev.services.get(k) != next.services.get(k)),
+            count(&|k| prev.endpoints.get(k) != next.endpoints.get(k)),
+        );
     }
     (
         differing(&prev.services, &next.services),
