@@ -150,6 +150,49 @@ fn sample(family: Family) -> Transaction {
             comment: None,
         });
     }
+    // Endpoint maps keyed by packet fields: one endpoint per address and port, and several
+    // picked by `numgen random mod N` (`nft list` prints their typeof from the user data).
+    let addr_key = vec![Field::Daddr, Field::L4Proto, Field::Dport];
+    let mut balance_key = addr_key.clone();
+    balance_key.push(Field::Random(3));
+    for (map, key) in [
+        ("one-endpoint-services", addr_key),
+        ("balance-3-services", balance_key),
+    ] {
+        tx.add(Set::endpoint_map_by(map, key.clone()));
+        let chain = format!("{map}-chain");
+        tx.add(Chain::regular(chain.clone()));
+        tx.add(Rule::new(
+            chain,
+            vec![Expr::DnatLookup {
+                key: key.clone(),
+                map: map.into(),
+            }],
+        ));
+        let slots: &[Option<u32>] = if key.len() == 4 {
+            &[Some(0), Some(1), Some(2)]
+        } else {
+            &[None]
+        };
+        for (i, slot) in slots.iter().enumerate() {
+            let mut k = vec![
+                KeyValue::Addr(a.parse().unwrap()),
+                KeyValue::Proto(6),
+                KeyValue::Port(80),
+            ];
+            k.extend(slot.map(KeyValue::Slot));
+            tx.add(Element {
+                set: map.into(),
+                key: k,
+                verdict: None,
+                target: Some(std::net::SocketAddr::new(
+                    b.parse().unwrap(),
+                    8080 + i as u16,
+                )),
+                comment: None,
+            });
+        }
+    }
     tx.add(Chain::base(
         "nat-postrouting",
         ChainType::Nat,
@@ -223,6 +266,13 @@ fn netlink_batch_matches_nft_f_of_rendered_text() {
             "netlink and nft -f disagree for {family}:\n--- ours\n{a}\n--- nft -f\n{b}"
         );
         assert!(a.contains("numgen random mod 2"), "{a}");
+        assert!(
+            a.contains(&format!(
+                "typeof {family} daddr . meta l4proto . th dport . numgen random mod 3 : \
+                 {family} daddr . th dport"
+            )),
+            "{a}"
+        );
     }
 }
 
@@ -263,16 +313,34 @@ fn rules_list_back_as_encoded() {
     assert_eq!(
         chains,
         [
+            "balance-3-services-chain",
             "filter-input",
             "masquerading",
             "nat-postrouting",
             "nat-prerouting",
+            "one-endpoint-services-chain",
             "reject-chain",
             "services",
             "svc1"
         ]
     );
-    assert_eq!(sets.len(), 4);
+    assert_eq!(sets.len(), 6);
+    // A key ending in a `numgen` value: address, protocol and port each in a 32-bit
+    // register, then the slot in host byte order.
+    let mut balanced = ns.run(|| {
+        NetlinkNftables::open()
+            .unwrap()
+            .list_elements(Family::Ip, "kube-nlproxy-test", "balance-3-services")
+            .unwrap()
+    });
+    balanced.sort_by(|a, b| a.key.cmp(&b.key));
+    let keys: Vec<Vec<u8>> = balanced.into_iter().map(|e| e.key).collect();
+    let key = |slot: u32| {
+        let mut k = vec![10, 96, 0, 10, 6, 0, 0, 0, 0, 80, 0, 0];
+        k.extend(slot.to_ne_bytes());
+        k
+    };
+    assert_eq!(keys, [key(0), key(1), key(2)]);
     assert_eq!(elems.len(), 1);
     assert_eq!(elems[0].verdict, Some(Verdict::Goto("svc1".into())));
     let mut eps = ns.run(|| {

@@ -246,7 +246,7 @@ fn big_state(services: usize, eps: usize) -> ProxyState {
 fn ten_thousand_services_sync_in_one_batch() {
     require_root();
     let ns = NetNs::new("big");
-    let (rules, chains, slots) = ns.run(|| {
+    let (rules, chains, balanced, service_ips) = ns.run(|| {
         let st = big_state(10_000, 10);
         let mut k = NftablesProxier::new(
             NetlinkNftables::open().unwrap(),
@@ -256,31 +256,30 @@ fn ten_thousand_services_sync_in_one_batch() {
         let stats = k.sync(&st).unwrap();
         assert!(stats.ops[&Family::Ip] > 100_000, "{:?}", stats.ops);
         let n = k.nft();
+        let mut elements = |set: &str| {
+            n.list_elements(Family::Ip, names::DEFAULT_TABLE, set)
+                .unwrap()
+                .len()
+        };
+        let balanced = elements(&names::balance_map(10));
+        let service_ips = elements(names::SERVICE_IPS);
         (
             n.list_rules(Family::Ip, names::DEFAULT_TABLE)
                 .unwrap()
                 .len(),
-            n.list_chains(Family::Ip, names::DEFAULT_TABLE)
-                .unwrap()
-                .len(),
-            (0..names::ENDPOINT_MAPS)
-                .map(|i| {
-                    n.list_elements(
-                        Family::Ip,
-                        names::DEFAULT_TABLE,
-                        &names::endpoint_map_name(i),
-                    )
-                    .map(|v| v.len())
-                    .unwrap_or(0)
-                })
-                .sum::<usize>(),
+            n.list_chains(Family::Ip, names::DEFAULT_TABLE).unwrap(),
+            balanced,
+            service_ips,
         )
     });
-    assert!(chains > 10_000, "{chains}");
-    // Per service chain a masquerade rule and one `dnat … map @endpoints` rule; the
-    // 100,000 endpoints are elements of the endpoint map.
-    assert!((20_000..21_000).contains(&rules), "{rules}");
-    assert_eq!(slots, 100_000);
+    // ClusterIP service ports with 10 endpoints and nothing else of their own share the
+    // chain `balance-10`: no chain per service port, the 100,000 endpoints are elements of
+    // its map, the 10,000 ClusterIPs elements of `service-ips`.
+    assert!(chains.contains(&names::balance_chain(10)), "{chains:?}");
+    assert!(chains.len() < 30, "{chains:?}");
+    assert!(rules < 40, "{rules}");
+    assert_eq!(balanced, 100_000);
+    assert_eq!(service_ips, 10_000);
 }
 
 /// One service port of a collision sequence: (name, ClusterIP, externalIP, NodePort,

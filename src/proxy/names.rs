@@ -47,6 +47,31 @@ pub const HAIRPIN: &str = "hairpin-endpoints";
 pub const ONE_ENDPOINT_SERVICES: &str = "one-endpoint-services";
 /// The chain all of those share, reached through `service-ips` like any service chain.
 pub const ONE_ENDPOINT_CHAIN: &str = "one-endpoint";
+/// Most cluster endpoints of a service port that, with nothing else of its own, shares the
+/// chain `balance-N` of its endpoint count N instead of having one: that chain's one rule
+/// looks its endpoint up in `balance-N-services` by `daddr . l4proto . dport . numgen random
+/// mod N`. At 100k service ports × 10 endpoints the kernel's walk over every chain on each
+/// commit was 11 of a 12 ms one-endpoint change (issue #18). Wider service ports keep their
+/// own chain (each distinct N is one more chain and map; `explain` follows N branches).
+pub const MAX_BALANCED_ENDPOINTS: usize = 64;
+/// The first part of the names of the `balance-N` chains and maps.
+pub const BALANCE_PREFIX: &str = "balance-";
+
+/// The chain of service ports with `n` endpoints and nothing else of their own.
+pub fn balance_chain(n: usize) -> String {
+    format!("{BALANCE_PREFIX}{n}")
+}
+
+/// Their endpoint map: `daddr . l4proto . dport . numgen random mod n` → endpoint.
+pub fn balance_map(n: usize) -> String {
+    format!("{BALANCE_PREFIX}{n}-services")
+}
+
+/// N of a `balance-N` chain's name.
+pub fn balance_width(chain: &str) -> Option<usize> {
+    chain.strip_prefix(BALANCE_PREFIX)?.parse().ok()
+}
+
 /// Most endpoint maps (slot → endpoint) the service chains' `dnat … map` rules use. The
 /// kernel checks every rule bound to a map whenever an element is added to it, and walks every
 /// element of a map whenever a rule binds to it: with one map, 10k services × 10 endpoints

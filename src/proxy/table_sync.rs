@@ -106,13 +106,16 @@ impl TableSync {
 
     /// Applies known changes of single service ports on top of the last commit of `family`
     /// (the nftables mode's partial sync: planning and kernel work follow the change, not the
-    /// cluster). `build` gives each changed service port's new fragment, `None` for gone.
+    /// cluster). `build` gives each changed service port's new fragment, `None` for gone;
+    /// `rebase` a new base fragment when the changes need one (shared chains that the
+    /// changed service ports start or stop using), `None` to keep it.
     pub fn sync_changes<N: Nftables>(
         &mut self,
         nft: &mut N,
         family: Family,
         changed: &[ServicePortName],
         mut build: impl FnMut(&ServicePortName) -> Option<Fragment>,
+        rebase: impl FnOnce(&[Change]) -> Option<Fragment>,
         stats: &mut SyncStats,
     ) -> Result<(), SyncError> {
         let Some(last) = self.last.get(&family) else {
@@ -128,7 +131,9 @@ impl TableSync {
                     .map(Arc::new),
             })
             .collect();
-        let plan = plan_changes(last, &last.base, &changes, &self.pending(family));
+        let new_base = rebase(&changes).map(Arc::new);
+        let base = new_base.as_ref().unwrap_or(&last.base);
+        let plan = plan_changes(last, base, &changes, &self.pending(family));
         stats.ops.insert(family, plan.tx.num_ops());
         let t_apply = std::time::Instant::now();
         let applied = if plan.tx.ops.is_empty() {
@@ -140,6 +145,9 @@ impl TableSync {
         match applied {
             Ok(()) => {
                 if let Some(last) = self.last.get_mut(&family) {
+                    if let Some(b) = new_base {
+                        last.set_base(b);
+                    }
                     for c in changes {
                         last.set_service(&c.name, c.new);
                     }
@@ -266,6 +274,7 @@ mod tests {
             Family::Ip,
             &[spn("b")],
             |_| Some((*service("b", "10.0.0.3")).clone()),
+            |_| None,
             &mut stats,
         )
         .unwrap();
@@ -281,7 +290,14 @@ mod tests {
         let ips = nft.elements(Family::Ip, "t", "ips").unwrap();
         assert_eq!(ips.len(), 2);
         // A family never synced in full has nothing to change.
-        ts.sync_changes(&mut nft, Family::Ip6, &[spn("b")], |_| None, &mut stats)
-            .unwrap();
+        ts.sync_changes(
+            &mut nft,
+            Family::Ip6,
+            &[spn("b")],
+            |_| None,
+            |_| None,
+            &mut stats,
+        )
+        .unwrap();
     }
 }

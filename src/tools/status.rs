@@ -89,13 +89,28 @@ pub fn counts(t: &LiveTable) -> Counts {
                 .count(),
         };
     }
-    if let Some(one) = t.sets.get(crate::proxy::names::ONE_ENDPOINT_SERVICES) {
-        c.service_ports += one.elements.len();
-        c.endpoints += one.elements.len();
-        for comment in one.comments.values() {
+    // Service ports without a chain of their own: their ClusterIP goes to a shared chain,
+    // `one-endpoint` or `balance-N`, whose N is their endpoint count.
+    if let Some(ips) = t.sets.get(crate::proxy::names::SERVICE_IPS) {
+        use crate::kernel::nft::{live::LiveData, Verdict};
+        for (key, data) in &ips.elements {
+            let LiveData::Verdict(Verdict::Goto(chain)) = data else {
+                continue;
+            };
+            let n = if &**chain == crate::proxy::names::ONE_ENDPOINT_CHAIN {
+                1
+            } else if let Some(n) = crate::proxy::names::balance_width(chain) {
+                n
+            } else {
+                continue;
+            };
+            c.service_ports += 1;
+            c.endpoints += n;
             // `ns/name:port`, or `ns/name` for an unnamed port.
-            let service = comment.split_once(':').map_or(comment.as_str(), |(s, _)| s);
-            services.insert(service.to_string());
+            if let Some(comment) = ips.comments.get(key) {
+                let service = comment.split_once(':').map_or(comment.as_str(), |(s, _)| s);
+                services.insert(service.to_string());
+            }
         }
     }
     c.services = services.len();
@@ -643,12 +658,15 @@ kube_nlproxy_sync_last_result 0\n";
         }
     }
 
-    /// Service ports with chains and one-endpoint ones without are both counted, with
-    /// their Services and endpoints.
+    /// Service ports with chains and those without (one endpoint, or several through a
+    /// `balance-N` chain) are all counted, with their Services and endpoints.
     #[test]
     fn counts_include_service_ports_without_chains() {
         use crate::model::{Endpoint, ServicePort, ServicePortName};
         let mut st = crate::model::fixtures::synthetic_state(2, 2);
+        // One keeps a chain of its own (a NodePort), the other goes through `balance-2`.
+        let first = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(first).node_port = Some(30001);
         let spn = ServicePortName {
             namespace: "ns".into(),
             name: "one".into(),
@@ -661,6 +679,16 @@ kube_nlproxy_sync_last_result 0\n";
         st.endpoints.insert(spn, vec![ep].into());
         let cfg = crate::proxy::ProxierConfig::default();
         let live = crate::modes::nftables::plan::build_ruleset(&st, &cfg, Family::Ip).as_live();
+        assert!(live.chains.contains_key("balance-2"));
+        assert_eq!(
+            live.chains
+                .keys()
+                .filter(|c| c.starts_with("service-") && c.contains('/'))
+                .count(),
+            1,
+            "{:?}",
+            live.chains.keys()
+        );
         let c = counts(&live);
         assert_eq!((c.services, c.service_ports, c.endpoints), (3, 3, 5));
     }

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use super::decode::ListedTable;
 use super::render;
 use super::{
-    Chain, Element, Error, Expr, Family, KeyValue, Nftables, Object, Op, Rule, Set, Transaction,
+    Chain, Element, Error, Expr, Family, Field, KeyValue, Nftables, Object, Op, Rule, Set,
+    Transaction,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,7 +217,18 @@ impl FakeNftables {
                 let key_fits = if fs.set.endpoints && fs.set.key.is_empty() {
                     matches!(e.key[..], [KeyValue::Slot(_)])
                 } else {
+                    // Each component of the kind its field holds, as the kernel's key length
+                    // and the set's typeof would require.
                     fs.set.key.len() == e.key.len()
+                        && fs.set.key.iter().zip(&e.key).all(|(f, k)| {
+                            matches!(
+                                (f, k),
+                                (Field::Saddr | Field::Daddr, KeyValue::Addr(_))
+                                    | (Field::L4Proto, KeyValue::Proto(_))
+                                    | (Field::Dport, KeyValue::Port(_))
+                                    | (Field::Random(_), KeyValue::Slot(_))
+                            )
+                        })
                 };
                 if !key_fits
                     || fs.set.map != e.verdict.is_some()

@@ -271,6 +271,7 @@ pub fn typed_key(set: &Set, family: Family, bytes: &[u8]) -> Option<Vec<super::K
             }),
             Field::L4Proto => KeyValue::Proto(v[0]),
             Field::Dport => KeyValue::Port(u16::from_be_bytes([v[0], v[1]])),
+            Field::Random(_) => KeyValue::Slot(u32::from_ne_bytes(v.try_into().ok()?)),
         });
         at += if single { len } else { f.reg_len(family) };
     }

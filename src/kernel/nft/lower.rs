@@ -135,6 +135,11 @@ fn load(field: Field, family: Family, dreg: u32) -> KExpr {
             len: 2,
             dreg,
         },
+        Field::Random(modulus) => KExpr::Numgen {
+            modulus,
+            offset: 0,
+            dreg,
+        },
     }
 }
 

@@ -165,6 +165,9 @@ pub enum Field {
     L4Proto,
     /// `th dport` (TCP, UDP, SCTP destination port).
     Dport,
+    /// `numgen random mod N`: 0..N uniformly, a 32-bit integer in host byte order. Only as
+    /// the last component of an endpoint map's key (see [`Expr::DnatLookup`]).
+    Random(u32),
 }
 
 impl Field {
@@ -174,6 +177,7 @@ impl Field {
             Field::Saddr | Field::Daddr => family.addr_len(),
             Field::L4Proto => 1,
             Field::Dport => 2,
+            Field::Random(_) => 4,
         }
     }
     /// Length rounded up to the 32-bit registers a concatenation uses.
@@ -340,7 +344,8 @@ pub enum Expr {
         map: String,
     },
     /// `dnat to KEY map @MAP`: to the endpoint that an endpoint map keyed by packet fields
-    /// holds for the packet's KEY; no match when it holds none.
+    /// holds for the packet's KEY; no match when it holds none. A KEY ending in
+    /// [`Field::Random`] picks one of N elements of the packet's address and port.
     DnatLookup { key: Vec<Field>, map: String },
     /// `redirect to :PORT`: to this host's address of the incoming interface (loopback for
     /// locally generated packets).

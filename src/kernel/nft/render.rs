@@ -14,6 +14,7 @@ fn field(f: Field, family: Family) -> String {
         Field::Daddr => format!("{family} daddr"),
         Field::L4Proto => "meta l4proto".into(),
         Field::Dport => "th dport".into(),
+        Field::Random(m) => format!("numgen random mod {m}"),
     }
 }
 
@@ -30,6 +31,7 @@ fn type_name(f: Field, family: Family) -> &'static str {
         (Field::Saddr | Field::Daddr, Family::Ip6) => "ipv6_addr",
         (Field::L4Proto, _) => "inet_proto",
         (Field::Dport, _) => "inet_service",
+        (Field::Random(_), _) => "integer",
     }
 }
 
@@ -174,6 +176,12 @@ fn set_spec(s: &Set, family: Family) -> String {
         .join(" . ");
     let mut out = if s.endpoints && s.key.is_empty() {
         format!(" {{ typeof numgen random mod 1 : {family} daddr . tcp dport ;")
+    } else if s.endpoints && s.key.iter().any(|f| matches!(f, Field::Random(_))) {
+        // No type name prints a `numgen` value: declared by the expressions, as nft does.
+        format!(
+            " {{ typeof {} : {family} daddr . th dport ;",
+            concat(&s.key, family)
+        )
     } else if s.endpoints {
         let addr = type_name(Field::Daddr, family);
         format!(" {{ type {key} : {addr} . inet_service ;")

@@ -59,6 +59,8 @@ impl Tracer<'_> {
             Field::Daddr => KeyValue::Addr(self.pkt.daddr),
             Field::L4Proto => KeyValue::Proto(self.pkt.proto),
             Field::Dport => KeyValue::Port(self.pkt.dport),
+            // One of its values; a lookup keyed by it follows each (see `DnatLookup`).
+            Field::Random(_) => KeyValue::Slot(0),
         }
     }
 
@@ -219,11 +221,23 @@ impl Tracer<'_> {
                 }),
             )),
             Expr::DnatLookup { key, map } => {
-                let target = self
-                    .fake
-                    .lookup(self.family, self.table, map, &self.key(key))
-                    .and_then(|e| e.target);
-                out.push(self.dnat_to(target, mark));
+                // Every value a `numgen` component can take; a missing element makes the
+                // lookup (and so the rule) fail.
+                let values = match key.last() {
+                    Some(Field::Random(m)) => *m,
+                    _ => 1,
+                };
+                let mut k = self.key(key);
+                for v in 0..values {
+                    if let Some(KeyValue::Slot(s)) = k.last_mut() {
+                        *s = v;
+                    }
+                    let target = self
+                        .fake
+                        .lookup(self.family, self.table, map, &k)
+                        .and_then(|e| e.target);
+                    out.push(self.dnat_to(target, mark));
+                }
             }
             Expr::DnatMap {
                 modulus,

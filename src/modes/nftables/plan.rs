@@ -10,6 +10,7 @@
 //! rules with per-endpoint affinity sets. Hairpin masquerade goes through one
 //! `saddr . daddr` set.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::model::topology::categorize_family;
@@ -180,27 +181,16 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
         }],
     )];
     // The one chain of every service port with one endpoint and nothing of its own (see
-    // `ONE_ENDPOINT_SERVICES`): what each one's chain would do, its endpoint looked up by
-    // the packet's address and port. Only their ClusterIP reaches it, through `service-ips`
-    // (so that two Services claiming one address and port are settled there, as for any).
-    let one_chain = ONE_ENDPOINT_CHAIN;
-    let mut one_rules = Vec::new();
-    if cfg.masquerade_all {
-        one_rules.push(r(one_chain, vec![jump(MARK_FOR_MASQUERADE)]));
-    } else if let Some(not_pod) = from_pod(&cfg.local_detector, family, CmpOp::Neq) {
-        one_rules.push(
-            r(one_chain, vec![not_pod, jump(MARK_FOR_MASQUERADE)])
-                .with_comment("masquerade traffic from outside the cluster"),
-        );
-    }
-    one_rules.push(r(
-        one_chain,
-        vec![Expr::DnatLookup {
-            key: addr_key(),
-            map: ONE_ENDPOINT_SERVICES.into(),
-        }],
-    ));
-    rs.chain(Chain::regular(one_chain), one_rules);
+    // `ONE_ENDPOINT_SERVICES`). Only their ClusterIP reaches it, through `service-ips` (so
+    // that two Services claiming one address and port are settled there, as for any).
+    shared_service_chain(
+        rs,
+        cfg,
+        family,
+        ONE_ENDPOINT_CHAIN,
+        ONE_ENDPOINT_SERVICES,
+        addr_key(),
+    );
     for g in guards {
         let mut e = g.clone();
         e.push(Expr::Vmap {
@@ -226,7 +216,111 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
     for m in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS] {
         rs.set(Set::vmap(m, port_key()));
     }
-    rs.set(Set::endpoint_map_by(ONE_ENDPOINT_SERVICES, addr_key()));
+}
+
+/// A chain that many service ports share: what each one's own chain would do, masquerade
+/// and DNAT, its endpoint looked up in `map` by `key` (the packet's address and port, and
+/// for several endpoints a random number).
+fn shared_service_chain(
+    rs: &mut Fragment,
+    cfg: &ProxierConfig,
+    family: Family,
+    chain: &str,
+    map: &str,
+    key: Vec<Field>,
+) {
+    let mut rules = Vec::new();
+    if cfg.masquerade_all {
+        rules.push(Rule::new(chain, vec![jump(MARK_FOR_MASQUERADE)]));
+    } else if let Some(not_pod) = from_pod(&cfg.local_detector, family, CmpOp::Neq) {
+        rules.push(
+            Rule::new(chain, vec![not_pod, jump(MARK_FOR_MASQUERADE)])
+                .with_comment("masquerade traffic from outside the cluster"),
+        );
+    }
+    rules.push(Rule::new(
+        chain,
+        vec![Expr::DnatLookup {
+            key: key.clone(),
+            map: map.into(),
+        }],
+    ));
+    rs.chain(Chain::regular(chain), rules);
+    rs.set(Set::endpoint_map_by(map, key));
+}
+
+/// The key of the `balance-N` maps.
+fn balance_key(n: usize) -> Vec<Field> {
+    let mut k = addr_key();
+    k.push(Field::Random(n as u32));
+    k
+}
+
+/// How many service ports use each `balance-N` chain: the base has the chains and maps of
+/// the N in use, no others. Kept by the syncer across partial syncs. Pure.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BalanceWidths(BTreeMap<usize, usize>);
+
+impl BalanceWidths {
+    /// The N of the `balance-N` chain a fragment's service port uses: the number of its
+    /// elements in a `balance-N` map (a fragment's elements are a few per endpoint).
+    pub fn of(f: &Fragment) -> Option<usize> {
+        let n = f
+            .elements
+            .iter()
+            .filter(|e| e.set.starts_with(BALANCE_PREFIX))
+            .count();
+        (n > 0).then_some(n)
+    }
+    pub fn add(&mut self, f: &Fragment) {
+        if let Some(n) = Self::of(f) {
+            *self.0.entry(n).or_default() += 1;
+        }
+    }
+    pub fn remove(&mut self, f: &Fragment) {
+        if let Some(n) = Self::of(f) {
+            if let Some(c) = self.0.get_mut(&n) {
+                *c -= 1;
+                if *c == 0 {
+                    self.0.remove(&n);
+                }
+            }
+        }
+    }
+    /// The N in use, in order.
+    pub fn in_use(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.keys().copied()
+    }
+    /// Whether both use the same chains (whatever the counts).
+    pub fn same_chains(&self, o: &BalanceWidths) -> bool {
+        self.0.keys().eq(o.0.keys())
+    }
+}
+
+/// The base of the nftables mode's table: [`build_base`], `maps` slot endpoint maps and the
+/// `balance-N` chains and maps of `widths`.
+pub fn nftables_base(
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    family: Family,
+    maps: u32,
+    widths: &BalanceWidths,
+) -> Fragment {
+    let mut base = build_base(cfg, node, family);
+    for i in 0..maps {
+        base.set(Set::endpoint_map(endpoint_map_name(i)));
+    }
+    for n in widths.in_use() {
+        shared_service_chain(
+            &mut base,
+            cfg,
+            family,
+            &balance_chain(n),
+            &balance_map(n),
+            balance_key(n),
+        );
+    }
+    base
 }
 
 /// The load-balancing rules of one chain: affinity lookups first, then a cascade in which
@@ -428,6 +522,33 @@ fn service_port_rules(
             SERVICE_IPS,
             key(cluster_ip, proto, sp.port),
             Verdict::Goto(ONE_ENDPOINT_CHAIN.into()),
+            &comment,
+        ));
+        return;
+    }
+    // Several, and nothing of its own: its endpoints are elements 0..N of its address and
+    // port in the `balance-N` map, which the shared `balance-N` chain picks from at random
+    // (one endpoint change is element updates: no chain of its own for the kernel to walk
+    // on every commit). No comment on those elements: `service-ips` names the service
+    // port, and ~20 bytes per endpoint add up (10⁶ endpoints at 100k × 10).
+    let n = cat.cluster.len();
+    if nothing_of_its_own && (2..=MAX_BALANCED_ENDPOINTS).contains(&n) {
+        let map = shared_name(&balance_map(n));
+        for (i, ep) in cat.cluster.iter().enumerate() {
+            let mut k = key(cluster_ip, proto, sp.port);
+            k.push(KeyValue::Slot(i as u32));
+            rs.element(Element {
+                set: map.clone(),
+                key: k,
+                verdict: None,
+                target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+                comment: None,
+            });
+        }
+        rs.element(elem(
+            SERVICE_IPS,
+            key(cluster_ip, proto, sp.port),
+            Verdict::Goto(balance_chain(n).into()),
             &comment,
         ));
         return;
@@ -650,17 +771,34 @@ pub fn build_ruleset_with_slots(
     family: Family,
     slots: &mut SlotAllocator,
 ) -> Ruleset {
-    let mut base = build_base(cfg, &state.node, family);
-    for i in 0..slots.maps() {
-        base.set(Set::endpoint_map(endpoint_map_name(i)));
-    }
+    build_ruleset_counted(state, cfg, family, slots).0
+}
+
+/// [`build_ruleset_with_slots`], with how many service ports use each `balance-N` chain
+/// (the syncer keeps that for partial syncs too).
+pub fn build_ruleset_counted(
+    state: &ProxyState,
+    cfg: &ProxierConfig,
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> (Ruleset, BalanceWidths) {
+    let mut widths = BalanceWidths::default();
+    let fragments: Vec<(&crate::model::ServicePortName, Fragment)> = state
+        .services
+        .iter()
+        .map(|(spn, sp)| {
+            let eps = state.endpoints_of(spn);
+            let f = build_service(cfg, &state.node, sp, eps, family, slots);
+            widths.add(&f);
+            (spn, f)
+        })
+        .collect();
+    let base = nftables_base(cfg, &state.node, family, slots.maps(), &widths);
     let mut rs = Ruleset::new(table(cfg, family), base);
-    for (spn, sp) in &state.services {
-        let eps = state.endpoints_of(spn);
-        let f = build_service(cfg, &state.node, sp, eps, family, slots);
+    for (spn, f) in fragments {
         rs.set_service(spn, Some(Arc::new(f)));
     }
-    rs
+    (rs, widths)
 }
 
 #[cfg(test)]
@@ -701,19 +839,37 @@ mod tests {
     }
 
     #[test]
-    fn several_endpoints_are_one_rule_over_an_endpoint_map() {
+    fn several_endpoints_and_nothing_else_are_elements_of_the_balance_map_without_a_chain() {
         let t = text(
             &state(&["10.180.0.1", "10.180.0.2"]),
             &ProxierConfig::default(),
             Family::Ip,
         );
+        for want in [
+            "add map ip kube-nlproxy balance-2-services { typeof ip daddr . meta l4proto . th \
+             dport . numgen random mod 2 : ip daddr . th dport ; }",
+            "add rule ip kube-nlproxy balance-2 dnat ip to ip daddr . meta l4proto . th dport . \
+             numgen random mod 2 map @balance-2-services",
+            "add element ip kube-nlproxy balance-2-services { 172.30.0.10 . tcp . 80 . 0 : \
+             10.180.0.1 . 8080 }",
+            "add element ip kube-nlproxy balance-2-services { 172.30.0.10 . tcp . 80 . 1 : \
+             10.180.0.2 . 8080 }",
+            "add element ip kube-nlproxy service-ips { 172.30.0.10 . tcp . 80 comment \
+             \"ns/web:http\" : goto balance-2 }",
+        ] {
+            assert!(t.contains(want), "{want}\n{t}");
+        }
+        assert!(!t.contains("add chain ip kube-nlproxy svc-"), "{t}");
+        assert!(!t.contains("offset"), "no slots: {t}");
+        assert!(!t.contains("balance-3"), "only the widths in use: {t}");
+        // A NodePort: its own chain, one rule over a block of endpoint-map slots.
+        let mut st = state(&["10.180.0.1", "10.180.0.2"]);
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).node_port = Some(30080);
+        let t = text(&st, &ProxierConfig::default(), Family::Ip);
         assert!(t.contains("numgen random mod 2 offset"), "{t}");
         assert!(t.contains("map @endpoints-"), "{t}");
-        assert!(
-            t.contains("10.180.0.1 . 8080") && t.contains("10.180.0.2 . 8080"),
-            "{t}"
-        );
-        assert!(!t.contains("dnat to 10.180.0.1:8080"), "{t}");
+        assert!(!t.contains("balance-2"), "{t}");
     }
 
     #[test]

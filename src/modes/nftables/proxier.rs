@@ -11,12 +11,16 @@ use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::{render, Family, Nftables, Transaction};
 use crate::model::{NodeInfo, ProxyState, ServicePortName};
 use crate::proxy::conntrack::reconcile_conntrack;
+use crate::proxy::ruleset::Change;
 use crate::proxy::{
     plan_transaction, DetectLocal, LocalDetectorResolver, Proxier, ProxierConfig, SyncError,
     SyncStats, TableSync,
 };
 
-use super::plan::{build_ruleset, build_ruleset_with_slots, build_service, release_service_slots};
+use super::plan::{
+    build_ruleset, build_ruleset_counted, build_service, nftables_base, release_service_slots,
+    BalanceWidths,
+};
 use super::slots::SlotAllocator;
 
 /// Keeps our table in step with the model.
@@ -36,6 +40,8 @@ pub struct NftablesProxier<N: Nftables> {
     last_node: Option<NodeInfo>,
     /// Endpoint-map slots per family, as committed.
     slots: BTreeMap<Family, SlotAllocator>,
+    /// Users of each `balance-N` chain per family, as committed.
+    widths: BTreeMap<Family, BalanceWidths>,
 }
 
 impl<N: Nftables> NftablesProxier<N> {
@@ -53,6 +59,7 @@ impl<N: Nftables> NftablesProxier<N> {
             last_cfg: None,
             last_node: None,
             slots: BTreeMap::new(),
+            widths: BTreeMap::new(),
         }
     }
 
@@ -158,10 +165,11 @@ impl<N: Nftables> NftablesProxier<N> {
         let mut first_err = None;
         for family in self.families.clone() {
             let mut slots = SlotAllocator::for_services(state.services.len());
-            let rs = build_ruleset_with_slots(state, cfg, family, &mut slots);
+            let (rs, widths) = build_ruleset_counted(state, cfg, family, &mut slots);
             match self.table.sync(&mut self.nft, rs, true, stats) {
                 Ok(()) => {
                     self.slots.insert(family, slots);
+                    self.widths.insert(family, widths);
                 }
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -189,6 +197,7 @@ impl<N: Nftables> NftablesProxier<N> {
         let mut first_err = None;
         for family in self.families.clone() {
             let slots = self.slots.entry(family).or_default();
+            let maps = slots.maps();
             let build = |spn: &ServicePortName| {
                 release_service_slots(spn, slots);
                 state.services.get(spn).map(|sp| {
@@ -196,11 +205,37 @@ impl<N: Nftables> NftablesProxier<N> {
                     build_service(cfg, &state.node, sp, eps, family, slots)
                 })
             };
-            if let Err(e) = self
-                .table
-                .sync_changes(&mut self.nft, family, &changed, build, stats)
-            {
-                first_err.get_or_insert(e);
+            // The base follows the `balance-N` chains in use: a service port may be the
+            // first to use one or the last to leave it.
+            let widths = self.widths.entry(family).or_default();
+            let mut next_widths = None;
+            let rebase = |changes: &[Change]| {
+                let mut w = widths.clone();
+                for c in changes {
+                    if let Some(old) = &c.old {
+                        w.remove(old);
+                    }
+                    if let Some(new) = &c.new {
+                        w.add(new);
+                    }
+                }
+                let base = (!w.same_chains(widths))
+                    .then(|| nftables_base(cfg, &state.node, family, maps, &w));
+                next_widths = Some(w);
+                base
+            };
+            let res =
+                self.table
+                    .sync_changes(&mut self.nft, family, &changed, build, rebase, stats);
+            match res {
+                Ok(()) => {
+                    if let Some(w) = next_widths {
+                        *widths = w;
+                    }
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
         first_err.map_or(Ok(()), Err)

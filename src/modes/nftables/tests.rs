@@ -501,8 +501,9 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
             .map(|i| ep(&format!("10.180.1.{}", i + 1), false))
             .collect()
     };
-    let svc = || service("web", "172.30.0.10", |_| {});
-    let other = || service("other", "172.30.0.11", |_| {});
+    // NodePorts: service ports with a chain of their own (see the `balance-N` test below).
+    let svc = || service("web", "172.30.0.10", |s| s.node_port = Some(30010));
+    let other = || service("other", "172.30.0.11", |s| s.node_port = Some(30011));
     let p = pkt("10.180.9.9", "172.30.0.10", 80);
     let targets = |s: &mut NftablesProxier<FakeNftables>| dnat_targets(s, &p);
     let want =
@@ -529,16 +530,10 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
     s.sync(&state(vec![(svc(), eps(5)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(5));
-    // Down to one endpoint: an element of the one-endpoint map, the 8-slot block's gone.
+    // Down to one endpoint: one slot, the 8-slot block's gone.
     s.sync(&state(vec![(svc(), eps(1)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(1));
-    assert_eq!(
-        s.nft()
-            .elements(Family::Ip, TABLE, names::ONE_ENDPOINT_SERVICES)
-            .map(|v| v.len()),
-        Some(1)
-    );
     let slots: usize = (0..names::ENDPOINT_MAPS)
         .map(|i| {
             s.nft()
@@ -546,12 +541,105 @@ fn endpoint_count_changes_rewrite_one_rule_and_keep_or_move_the_slot_block() {
                 .map_or(0, |v| v.len())
         })
         .sum();
-    assert_eq!(slots, 2, "the other service's two endpoints remain");
+    assert_eq!(
+        slots, 3,
+        "its one endpoint and the other service's two remain"
+    );
     // A full sync from scratch produces the same behaviour.
     s.force_full_sync();
     s.sync(&state(vec![(svc(), eps(6)), (other(), eps(2))]))
         .unwrap();
     assert_eq!(targets(&mut s), want(6));
+}
+
+/// The chains and sets of the fake's table, by name.
+fn objects(s: &mut NftablesProxier<FakeNftables>) -> (BTreeSet<String>, BTreeSet<String>) {
+    let chains = s.nft().list_chains(Family::Ip, TABLE).unwrap();
+    let sets = s.nft().list_sets(Family::Ip, TABLE).unwrap();
+    (chains.into_iter().collect(), sets.into_iter().collect())
+}
+
+#[test]
+fn several_endpoints_and_nothing_else_share_the_balance_chain_of_their_count() {
+    let mut s = syncer();
+    let eps = |n: usize| -> Vec<Endpoint> {
+        (0..n)
+            .map(|i| ep(&format!("10.180.1.{}", i + 1), false))
+            .collect()
+    };
+    let svc = || service("web", "172.30.0.10", |_| {});
+    let other = || service("other", "172.30.0.11", |_| {});
+    let p = pkt("10.180.9.9", "172.30.0.10", 80);
+    let want =
+        |n: usize| -> BTreeSet<String> { (0..n).map(|i| format!("10.180.1.{}", i + 1)).collect() };
+    let last_text = |s: &mut NftablesProxier<FakeNftables>| {
+        crate::kernel::nft::render::transaction(&s.nft().last_transaction.clone().unwrap())
+    };
+    s.sync(&state(vec![(svc(), eps(3)), (other(), eps(3))]))
+        .unwrap();
+    assert_eq!(dnat_targets(&mut s, &p), want(3));
+    let (chains, sets) = objects(&mut s);
+    assert!(chains.contains("balance-3") && sets.contains("balance-3-services"));
+    assert!(
+        !chains.iter().any(|c| c.contains("ns1/web")),
+        "no chain of its own: {chains:?}"
+    );
+    // From outside the cluster: masqueraded by the shared chain, as by its own.
+    assert_eq!(
+        nat(&mut s, &pkt("203.0.113.9", "172.30.0.10", 80)),
+        want(3).iter().map(|a| dnat(a, true)).collect()
+    );
+    // Replacing an endpoint: element updates, no rule, no chain.
+    let mut moved = eps(3);
+    moved[1] = ep("10.180.2.2", false);
+    s.sync(&state(vec![(svc(), moved), (other(), eps(3))]))
+        .unwrap();
+    let text = last_text(&mut s);
+    assert!(
+        !text.contains(" rule ") && !text.contains(" chain "),
+        "{text}"
+    );
+    assert_eq!(
+        dnat_targets(&mut s, &p),
+        ["10.180.1.1", "10.180.2.2", "10.180.1.3"]
+            .map(String::from)
+            .into()
+    );
+    // 3 -> 4 with another still at 3: the first user of balance-4 brings its chain and map.
+    s.sync(&state(vec![(svc(), eps(4)), (other(), eps(3))]))
+        .unwrap();
+    assert_eq!(dnat_targets(&mut s, &p), want(4));
+    let (chains, sets) = objects(&mut s);
+    assert!(chains.contains("balance-3") && chains.contains("balance-4"));
+    assert!(sets.contains("balance-3-services") && sets.contains("balance-4-services"));
+    // The other leaves 3: the last user of balance-3 takes its map along, and its chain is
+    // deleted by the next sync (flushed first: kernels before 6.2 refuse both in one batch).
+    s.sync(&state(vec![(svc(), eps(4)), (other(), eps(2))]))
+        .unwrap();
+    assert!(s.has_pending_deletes());
+    let (_, sets) = objects(&mut s);
+    assert!(!sets.contains("balance-3-services"), "{sets:?}");
+    s.sync(&state(vec![(svc(), eps(4)), (other(), eps(2))]))
+        .unwrap();
+    let (chains, sets) = objects(&mut s);
+    assert!(!chains.contains("balance-3"), "{chains:?}");
+    // What partial syncs built is what a full sync builds.
+    let mut full = syncer();
+    full.sync(&state(vec![(svc(), eps(4)), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(objects(&mut full), (chains, sets));
+    assert_eq!(s.committed(Family::Ip), full.committed(Family::Ip));
+    // More than MAX_BALANCED_ENDPOINTS: a chain of its own, as with a NodePort.
+    let many = names::MAX_BALANCED_ENDPOINTS + 1;
+    let wide: Vec<Endpoint> = (0..many)
+        .map(|i| ep(&format!("10.180.{}.{}", 3 + i / 200, 1 + i % 200), false))
+        .collect();
+    s.sync(&state(vec![(svc(), wide), (other(), eps(2))]))
+        .unwrap();
+    assert_eq!(dnat_targets(&mut s, &p).len(), many);
+    let (chains, _) = objects(&mut s);
+    assert!(chains.iter().any(|c| c.contains("ns1/web")), "{chains:?}");
+    assert!(!chains.contains("balance-4") || s.has_pending_deletes());
 }
 
 #[test]
