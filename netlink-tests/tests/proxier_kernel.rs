@@ -413,3 +413,84 @@ fn colliding_sequences_never_wedge_the_kernel_table() {
         });
     }
 }
+
+/// Service ports that share a `balance-N` chain change their endpoint count through partial
+/// syncs: the first user of an N brings its chain and map into the base, the last one takes
+/// the map along (in the batch that flushes the chain's rule) and the chain goes in the next
+/// sync. The kernel takes every batch, and agrees with the fake after each.
+#[test]
+fn balance_chains_come_and_go_through_partial_syncs() {
+    require_root();
+    const EPS: [&str; 5] = [
+        "10.180.0.1",
+        "10.180.0.2",
+        "10.180.0.3",
+        "10.180.0.4",
+        "10.180.0.5",
+    ];
+    let claims = |web: usize, api: usize| -> ProxyState {
+        claims_state(&[
+            ("web", "10.96.0.10", None, None, Some(1), &EPS[..web]),
+            ("api", "10.96.0.11", None, None, Some(2), &EPS[..api]),
+        ])
+    };
+    let ns = NetNs::new("balance");
+    ns.run(move || {
+        let mut k = NftablesProxier::new(
+            NetlinkNftables::open().unwrap(),
+            cfg(),
+            DetectLocal::ClusterCidr(vec![]),
+        );
+        let mut f =
+            NftablesProxier::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
+        let counts = [
+            (3, 3),
+            (4, 3),
+            (4, 2),
+            (4, 2),
+            (1, 2),
+            (0, 0),
+            (5, 2),
+            (2, 2),
+        ];
+        for (i, (web, api)) in counts.into_iter().enumerate() {
+            let st = claims(web, api);
+            let stats = k.sync(&st).unwrap();
+            assert_eq!(stats.full, i == 0, "step {i}");
+            f.sync(&st).unwrap();
+            let what = format!("after web {web}, api {api}");
+            compare(k.nft(), f.nft(), &what);
+            let chains = k
+                .nft()
+                .list_chains(Family::Ip, names::DEFAULT_TABLE)
+                .unwrap();
+            for n in [web, api] {
+                if n >= 2 {
+                    assert!(
+                        chains.contains(&names::balance_chain(n)),
+                        "{what}: {chains:?}"
+                    );
+                }
+            }
+            let sets = k.nft().list_sets(Family::Ip, names::DEFAULT_TABLE).unwrap();
+            for n in 2..=5 {
+                assert_eq!(
+                    sets.contains(&names::balance_map(n)),
+                    web == n || api == n,
+                    "{what}: {sets:?}"
+                );
+            }
+        }
+        // Nothing left pending: one more sync deletes the last unused chain.
+        k.sync(&claims(2, 2)).unwrap();
+        let chains = k
+            .nft()
+            .list_chains(Family::Ip, names::DEFAULT_TABLE)
+            .unwrap();
+        let balance: Vec<_> = chains
+            .iter()
+            .filter(|c| c.starts_with(names::BALANCE_PREFIX))
+            .collect();
+        assert_eq!(balance, ["balance-2"], "{chains:?}");
+    });
+}
