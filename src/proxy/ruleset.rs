@@ -55,8 +55,24 @@ impl PartialEq for ElemKey {
 }
 impl Eq for ElemKey {}
 impl std::hash::Hash for ElemKey {
+    /// The set name's bytes, then each key component as one integer: equal keys hash
+    /// equally, and a 100k × 10 full sync (2.2M keys, each hashed at least twice) spent
+    /// 1.7 s in the derived hash's many small writes (discriminants, lengths).
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        self.parts().hash(h)
+        h.write(self.0.set.as_bytes());
+        for k in &self.0.key {
+            match k {
+                KeyValue::Addr(std::net::IpAddr::V4(a)) => {
+                    h.write_u32(u32::from_ne_bytes(a.octets()))
+                }
+                KeyValue::Addr(std::net::IpAddr::V6(a)) => {
+                    h.write_u128(u128::from_ne_bytes(a.octets()))
+                }
+                KeyValue::Proto(p) => h.write_u8(*p),
+                KeyValue::Port(p) => h.write_u16(*p),
+                KeyValue::Slot(s) => h.write_u32(*s),
+            }
+        }
     }
 }
 impl PartialOrd for ElemKey {
@@ -294,11 +310,41 @@ pub struct Plan {
     pub stale_chains: Vec<String>,
 }
 
-fn sorted_elements(rs: &Ruleset) -> Vec<&Arc<Element>> {
-    let mut v: Vec<&Arc<Element>> = rs.refs.values().map(|s| &s.el).collect();
-    // Keys are unique per set: an unstable sort orders them the same, faster.
-    v.sort_unstable_by(|a, b| (&a.set, &a.key).cmp(&(&b.set, &b.key)));
-    v
+/// Every element once (the one in force for its key), grouped by set, sets in name order
+/// (consecutive elements of one set share a netlink message), and within a set in fragment
+/// order: the base, then service ports by name. Deterministic without sorting by key, which
+/// at 100k × 10 (2.2M elements, each comparison two pointer chases) was 4 s of a 17 s full
+/// sync.
+fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&Arc<Element>>> {
+    let mut index: FxHashMap<&str, usize> = FxHashMap::default();
+    let mut groups: Vec<(&str, Vec<&Arc<Element>>)> = Vec::new();
+    // A fragment's elements come in runs of one set: look the name up once per run.
+    let mut last: Option<(&Arc<str>, usize)> = None;
+    for f in rs.fragments() {
+        for e in &f.elements {
+            let in_force = rs
+                .refs
+                .get(&key_of(e))
+                .is_some_and(|s| Arc::ptr_eq(&s.el, e));
+            if !in_force {
+                continue; // another contributor's copy, or another owner's data
+            }
+            let g = match last {
+                Some((name, g)) if Arc::ptr_eq(name, &e.set) => g,
+                _ => {
+                    let g = *index.entry(&e.set).or_insert_with(|| {
+                        groups.push((&e.set, Vec::new()));
+                        groups.len() - 1
+                    });
+                    last = Some((&e.set, g));
+                    g
+                }
+            };
+            groups[g].1.push(e);
+        }
+    }
+    groups.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    groups.into_iter().map(|(_, v)| v).collect()
 }
 
 /// Plans a full sync: re-asserts everything in `next`, flushing what the kernel already has
@@ -338,7 +384,7 @@ pub fn plan_full(next: &Ruleset, existing: Option<&Existing>, pending_deletes: &
             tx.flush((*s).clone());
         }
     }
-    for e in sorted_elements(next) {
+    for e in grouped_elements(next).into_iter().flatten() {
         tx.add(e.clone());
     }
     let mut stale_chains = Vec::new();
@@ -711,6 +757,45 @@ pub(crate) mod tests {
 
     fn in_force<'a>(rs: &'a Ruleset, set: &str) -> Vec<&'a Element> {
         rs.elements().filter(|e| &*e.set == set).collect()
+    }
+
+    /// A full plan adds each key once, the element in force, with a set's elements
+    /// together and sets in name order, whatever order the fragments arrived in.
+    #[test]
+    fn a_full_plan_adds_each_key_once_grouped_by_set() {
+        let elements = |order: &[&str]| -> Vec<(String, Vec<KeyValue>, Option<Verdict>)> {
+            let mut rs = ruleset(&[]);
+            for n in order {
+                // b and c claim one address (b owns it by name); a has its own.
+                let addr = if *n == "a" { "1.2.3.1" } else { "1.2.3.4" };
+                rs.set_service(&spn(n), Some(claim(n, addr)));
+            }
+            plan_full(&rs, None, &[])
+                .tx
+                .ops
+                .iter()
+                .filter_map(|o| match o.object() {
+                    crate::kernel::nft::Object::Element(e) => {
+                        Some((e.set.to_string(), e.key.clone(), e.verdict.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let got = elements(&["c", "a", "b"]);
+        assert_eq!(got, elements(&["a", "b", "c"]), "deterministic");
+        let sets: Vec<&str> = got.iter().map(|(s, _, _)| s.as_str()).collect();
+        assert_eq!(sets, ["ips", "ips", "vm", "vm"]);
+        let shared = got
+            .iter()
+            .filter(|(s, k, _)| s == "vm" && *k == [KeyValue::Addr("1.2.3.4".parse().unwrap())])
+            .collect::<Vec<_>>();
+        assert_eq!(shared.len(), 1, "{got:?}");
+        assert_eq!(
+            shared[0].2,
+            Some(Verdict::Goto("svc-b".into())),
+            "b owns it"
+        );
     }
 
     #[test]
