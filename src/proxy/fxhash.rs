@@ -51,9 +51,12 @@ impl Hasher for FxHasher {
     fn write_usize(&mut self, i: usize) {
         self.add(i as u64);
     }
+    /// The multiply leaves its best-mixed bits at the top, and the map indexes buckets with
+    /// the low bits: rotated down (as rustc-hash 2 does). Without it the 2.2M element keys
+    /// of a 100k × 10 ruleset (addresses and small slot numbers) crowded into few buckets.
     #[inline]
     fn finish(&self) -> u64 {
-        self.hash
+        self.hash.rotate_left(26)
     }
 }
 

@@ -50,7 +50,9 @@ impl ElemKey {
 
 impl PartialEq for ElemKey {
     fn eq(&self, o: &Self) -> bool {
-        self.parts() == o.parts()
+        // One element is its own key: a fragment's element looked up in the index usually
+        // finds itself, without reading the set name or key.
+        Arc::ptr_eq(&self.0, &o.0) || self.parts() == o.parts()
     }
 }
 impl Eq for ElemKey {}
@@ -185,6 +187,30 @@ impl Ruleset {
             rules: 0,
         };
         rs.set_base(Arc::new(base));
+        rs
+    }
+    /// A ruleset of `base` and every service port's fragment at once: the index sized once
+    /// and the name map built in one pass, where adding the fragments one by one regrew the
+    /// index ~20 times (each time hashing every key again) and searched the map for each:
+    /// 2.6 of the 3.6 s of building a 100k × 10 ruleset.
+    pub fn with_services(
+        table: Table,
+        base: Fragment,
+        services: impl IntoIterator<Item = (ServicePortName, Arc<Fragment>)>,
+    ) -> Ruleset {
+        let mut rs = Ruleset::new(table, base);
+        // One fragment per name (the last, as with `set_service`); the map's keys are unique.
+        let mut services: BTreeMap<ServicePortName, Arc<Fragment>> = services.into_iter().collect();
+        std::mem::swap(&mut rs.services, &mut services);
+        rs.refs
+            .reserve(rs.services.values().map(|f| f.elements.len()).sum());
+        let mut dirty = Vec::new();
+        let frags: Vec<Arc<Fragment>> = rs.services.values().cloned().collect();
+        for f in &frags {
+            rs.add_refs(f, &mut dirty);
+            rs.rules += rules_in(f);
+        }
+        rs.settle(dirty);
         rs
     }
     pub fn family(&self) -> Family {
@@ -352,6 +378,9 @@ fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&Arc<Element>>> {
 /// table, so established connections are untouched.
 pub fn plan_full(next: &Ruleset, existing: Option<&Existing>, pending_deletes: &[String]) -> Plan {
     let mut tx = Transaction::new(next.family(), next.table.name.clone());
+    // One operation per element, rule, chain and set (2.2M at 100k × 10): sized once.
+    tx.ops
+        .reserve(next.element_count() + next.rule_count() * 2 + 1024);
     let mut wanted_chains: BTreeMap<&str, &(Chain, Vec<Rule>)> = BTreeMap::new();
     for c in next.chains() {
         wanted_chains.insert(&c.0.name, c);
@@ -757,6 +786,48 @@ pub(crate) mod tests {
 
     fn in_force<'a>(rs: &'a Ruleset, set: &str) -> Vec<&'a Element> {
         rs.elements().filter(|e| &*e.set == set).collect()
+    }
+
+    /// Built at once or one fragment at a time: the same ruleset, shared keys' owners and
+    /// counts included.
+    #[test]
+    fn a_ruleset_built_at_once_equals_one_built_fragment_by_fragment() {
+        let frags = [("c", "1.2.3.4"), ("a", "1.2.3.1"), ("b", "1.2.3.4")];
+        let mut one_by_one = ruleset(&[]);
+        for (n, a) in frags {
+            one_by_one.set_service(&spn(n), Some(claim(n, a)));
+        }
+        let table = one_by_one.table.clone();
+        let at_once = Ruleset::with_services(
+            table,
+            base(),
+            frags.iter().map(|(n, a)| (spn(n), claim(n, a))),
+        );
+        assert_eq!(at_once, one_by_one);
+        assert_eq!(at_once.rule_count(), one_by_one.rule_count());
+        assert_eq!(at_once.element_count(), one_by_one.element_count());
+        let owner = |rs: &Ruleset| {
+            let mut v: Vec<_> = in_force(rs, "vm")
+                .iter()
+                .map(|e| e.verdict.clone())
+                .collect();
+            v.sort_by_key(|v| format!("{v:?}")); // the index's order is its own
+            v
+        };
+        assert_eq!(owner(&at_once), owner(&one_by_one));
+        // Removing one of the two claimants leaves the other's element in force.
+        let mut a = at_once.clone();
+        let mut b = one_by_one.clone();
+        a.set_service(&spn("b"), None);
+        b.set_service(&spn("b"), None);
+        assert_eq!(owner(&a), owner(&b));
+        assert_eq!(
+            owner(&a),
+            [
+                Some(Verdict::Goto("svc-a".into())),
+                Some(Verdict::Goto("svc-c".into()))
+            ]
+        );
     }
 
     /// A full plan adds each key once, the element in force, with a set's elements

@@ -170,7 +170,10 @@ impl TableSync {
         match res {
             Ok((rs, stale)) => {
                 self.pending_deletes.insert(family, stale);
-                self.last.insert(family, rs);
+                // Freeing a replaced 100k × 10 ruleset takes ~1 s: not on the sync path.
+                if let Some(old) = self.last.insert(family, rs) {
+                    super::reclaim::drop_in_background(old);
+                }
                 Ok(())
             }
             Err(error) => {

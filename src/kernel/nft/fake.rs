@@ -95,7 +95,7 @@ impl FakeNftables {
                     t.chains.insert(
                         c.name.clone(),
                         FakeChain {
-                            chain: c.clone(),
+                            chain: (**c).clone(),
                             rules: vec![],
                         },
                     );
@@ -150,7 +150,7 @@ impl FakeNftables {
                     .get_mut(&r.chain)
                     .expect("checked")
                     .rules
-                    .push(r.clone());
+                    .push((**r).clone());
             }
             (Op::Delete(_), Object::Rule(r)) if r.handle.is_some() => {
                 // Handles are the kernel's; only foreign rules are deleted by handle
@@ -182,7 +182,7 @@ impl FakeNftables {
                     t.sets.insert(
                         s.name.clone(),
                         FakeSet {
-                            set: s.clone(),
+                            set: (**s).clone(),
                             elements: BTreeMap::new(),
                         },
                     );

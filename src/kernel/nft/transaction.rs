@@ -7,10 +7,12 @@ use super::{Chain, Element, Family, Rule, Set, Table};
 /// An object an operation acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Object {
-    Table(Table),
-    Chain(Chain),
-    Rule(Rule),
-    Set(Set),
+    // Boxed: an operation is then 24 bytes, not 104, and a full sync at 100k × 10 holds
+    // 2.2M of them (229 MB before).
+    Table(Box<Table>),
+    Chain(Box<Chain>),
+    Rule(Box<Rule>),
+    Set(Box<Set>),
     /// Shared with the ruleset that planned it: a full sync of 250k elements copies none.
     Element(std::sync::Arc<Element>),
 }
@@ -94,22 +96,22 @@ impl Transaction {
 
 impl From<Table> for Object {
     fn from(v: Table) -> Object {
-        Object::Table(v)
+        Object::Table(Box::new(v))
     }
 }
 impl From<Chain> for Object {
     fn from(v: Chain) -> Object {
-        Object::Chain(v)
+        Object::Chain(Box::new(v))
     }
 }
 impl From<Rule> for Object {
     fn from(v: Rule) -> Object {
-        Object::Rule(v)
+        Object::Rule(Box::new(v))
     }
 }
 impl From<Set> for Object {
     fn from(v: Set) -> Object {
-        Object::Set(v)
+        Object::Set(Box::new(v))
     }
 }
 impl From<Element> for Object {

@@ -794,11 +794,13 @@ pub fn build_ruleset_counted(
         })
         .collect();
     let base = nftables_base(cfg, &state.node, family, slots.maps(), &widths);
-    let mut rs = Ruleset::new(table(cfg, family), base);
-    for (spn, f) in fragments {
-        rs.set_service(spn, Some(Arc::new(f)));
-    }
-    (rs, widths)
+    let services = fragments
+        .into_iter()
+        .map(|(spn, f)| (spn.clone(), Arc::new(f)));
+    (
+        Ruleset::with_services(table(cfg, family), base, services),
+        widths,
+    )
 }
 
 #[cfg(test)]
