@@ -171,9 +171,7 @@ impl TableSync {
             Ok((rs, stale)) => {
                 self.pending_deletes.insert(family, stale);
                 // Freeing a replaced 100k × 10 ruleset takes ~1 s: not on the sync path.
-                if let Some(old) = self.last.insert(family, rs) {
-                    super::reclaim::drop_in_background(old);
-                }
+                self.last.insert(family, rs);
                 Ok(())
             }
             Err(error) => {
