@@ -197,19 +197,27 @@ fn compare_routing(kernel: &mut NetlinkNftables, fake: &mut FakeNftables, when: 
     }
 }
 
+/// A proxier on the kernel (in the calling thread's namespace) and one on the fake, alike.
+fn kernel_and_fake() -> (
+    NftablesProxier<NetlinkNftables>,
+    NftablesProxier<FakeNftables>,
+) {
+    let k = NftablesProxier::new(
+        NetlinkNftables::open().unwrap(),
+        cfg(),
+        DetectLocal::ClusterCidr(vec![]),
+    );
+    let f = NftablesProxier::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
+    (k, f)
+}
+
 #[test]
 fn kernel_and_fake_agree_through_full_and_partial_syncs() {
     require_root();
     let ns = NetNs::new("pk");
     ns.run(|| {
         let mut st = example_state();
-        let mut k = NftablesProxier::new(
-            NetlinkNftables::open().unwrap(),
-            cfg(),
-            DetectLocal::ClusterCidr(vec![]),
-        );
-        let mut f =
-            NftablesProxier::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
+        let (mut k, mut f) = kernel_and_fake();
         k.sync(&st).unwrap();
         f.sync(&st).unwrap();
         compare(k.nft(), f.nft(), "after the full sync");
@@ -436,13 +444,7 @@ fn balance_chains_come_and_go_through_partial_syncs() {
     };
     let ns = NetNs::new("balance");
     ns.run(move || {
-        let mut k = NftablesProxier::new(
-            NetlinkNftables::open().unwrap(),
-            cfg(),
-            DetectLocal::ClusterCidr(vec![]),
-        );
-        let mut f =
-            NftablesProxier::new(FakeNftables::new(), cfg(), DetectLocal::ClusterCidr(vec![]));
+        let (mut k, mut f) = kernel_and_fake();
         let counts = [
             (3, 3),
             (4, 3),
