@@ -42,8 +42,9 @@ fn endpoint_map_udata(family: Family) -> &'static [u8] {
 
 /// libnftnl user data of `typeof ip daddr . meta l4proto . th dport . numgen random mod N :
 /// ip daddr . th dport`, as nft 1.0.6 sends it for N = 2 and the kernel returns it (read back
-/// with `NFT_MSG_GETSET`); N sits at [`BALANCE_MODULUS_AT`] (host byte order), `ip6` differs
-/// only in the payload descriptions of daddr. Without it `nft list` cannot print the key.
+/// with `NFT_MSG_GETSET`); N sits at [`BALANCE_MODULUS_AT`] (host byte order). For `ip6` nft
+/// sends the same bytes but for the two descriptions of `daddr` ([`BALANCE_DADDR_AT`]).
+/// Without it `nft list` cannot print the key.
 const BALANCE_UDATA_IP: &[u8] = &[
     0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x60, 0x00, 0x04,
     0x0d, 0x00, 0x00, 0x00, 0x01, 0x58, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c,
@@ -57,21 +58,11 @@ const BALANCE_UDATA_IP: &[u8] = &[
     0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c, 0x00, 0x04, 0x0b, 0x00, 0x00, 0x00, 0x01, 0x04,
     0x02, 0x00, 0x00, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
 ];
-const BALANCE_UDATA_IP6: &[u8] = &[
-    0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x60, 0x00, 0x04,
-    0x0d, 0x00, 0x00, 0x00, 0x01, 0x58, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c,
-    0x00, 0x04, 0x0d, 0x00, 0x00, 0x00, 0x01, 0x04, 0x09, 0x00, 0x00, 0x00, 0x01, 0x0e, 0x00, 0x04,
-    0x09, 0x00, 0x00, 0x00, 0x01, 0x06, 0x00, 0x04, 0x10, 0x00, 0x00, 0x00, 0x02, 0x14, 0x00, 0x04,
-    0x07, 0x00, 0x00, 0x00, 0x01, 0x0c, 0x00, 0x04, 0x0b, 0x00, 0x00, 0x00, 0x01, 0x04, 0x02, 0x00,
-    0x00, 0x00, 0x03, 0x1a, 0x00, 0x04, 0x17, 0x00, 0x00, 0x00, 0x01, 0x12, 0x00, 0x04, 0x01, 0x00,
-    0x00, 0x00, 0x01, 0x04, 0x02, 0x00, 0x00, 0x00, 0x02, 0x04, 0x00, 0x00, 0x00, 0x00, 0x04, 0x34,
-    0x00, 0x04, 0x0d, 0x00, 0x00, 0x00, 0x01, 0x2c, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00,
-    0x01, 0x0c, 0x00, 0x04, 0x0d, 0x00, 0x00, 0x00, 0x01, 0x04, 0x09, 0x00, 0x00, 0x00, 0x01, 0x14,
-    0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c, 0x00, 0x04, 0x0b, 0x00, 0x00, 0x00, 0x01, 0x04,
-    0x02, 0x00, 0x00, 0x00, 0x06, 0x04, 0x00, 0x00, 0x00, 0x00,
-];
-/// Where N is in [`BALANCE_UDATA_IP`] and [`BALANCE_UDATA_IP6`].
+/// Where N is in [`BALANCE_UDATA_IP`].
 const BALANCE_MODULUS_AT: usize = 100;
+/// Where the key's and the data's `daddr` say their protocol description and field: nft's
+/// `ip` header is description 12, its daddr field 12; `ip6`'s are 13 and 9.
+const BALANCE_DADDR_AT: [usize; 2] = [34, 132];
 
 /// The user data of an endpoint map keyed `daddr . l4proto . dport . numgen random mod N`
 /// (the only key ending in a `numgen` we create), or `None` for any other key.
@@ -79,11 +70,13 @@ fn balance_map_udata(key: &[Field], family: Family) -> Option<Vec<u8>> {
     let [Field::Daddr, Field::L4Proto, Field::Dport, Field::Random(n)] = key else {
         return None;
     };
-    let mut u = match family {
-        Family::Ip => BALANCE_UDATA_IP,
-        Family::Ip6 => BALANCE_UDATA_IP6,
+    let mut u = BALANCE_UDATA_IP.to_vec();
+    if family == Family::Ip6 {
+        for at in BALANCE_DADDR_AT {
+            u[at] = 13; // description: ip6
+            u[at + 6] = 9; // field: daddr
+        }
     }
-    .to_vec();
     u[BALANCE_MODULUS_AT..BALANCE_MODULUS_AT + 4].copy_from_slice(&n.to_ne_bytes());
     Some(u)
 }
@@ -671,7 +664,20 @@ mod tests {
             .map(|b| format!("{b:02x}"))
             .collect();
         assert_eq!(got, nft_mod_7.replace(char::is_whitespace, ""));
-        assert_eq!(BALANCE_UDATA_IP.len(), BALANCE_UDATA_IP6.len());
+        // `ip6 daddr`, N = 2, as nft sends it.
+        let nft_ip6_mod_2 =
+            "000400000000010400000000036000040d00000001580014000407000000010c00040d00000001040900\
+            0000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a\
+            0004170000000112000401000000010402000000020400000000043400040d000000012c001400040700\
+            0000010c00040d0000000104090000000114000407000000010c00040b00000001040200000006040000\
+            0000";
+        let key6 = [Field::Daddr, Field::L4Proto, Field::Dport, Field::Random(2)];
+        let got6: String = balance_map_udata(&key6, Family::Ip6)
+            .unwrap()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(got6, nft_ip6_mod_2.replace(char::is_whitespace, ""));
         assert!(balance_map_udata(&key[..3], Family::Ip).is_none());
     }
     use crate::kernel::netlink::msg::{parse_msgs, Attrs};
