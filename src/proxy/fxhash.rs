@@ -75,4 +75,18 @@ mod tests {
         }
         assert_eq!(m.len(), 1000);
     }
+
+    /// Keys that differ only in high bits (an address's last octets, written as a
+    /// native-endian integer) still differ in the low bits the map picks buckets with.
+    #[test]
+    fn keys_differing_in_high_bits_spread_over_low_bits() {
+        let low: std::collections::HashSet<u64> = (0..4096u32)
+            .map(|i| {
+                let mut h = FxHasher::default();
+                h.write_u32(i << 20);
+                h.finish() & 0xfff
+            })
+            .collect();
+        assert!(low.len() > 2000, "{} distinct of 4096", low.len());
+    }
 }

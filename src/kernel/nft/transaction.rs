@@ -124,3 +124,12 @@ impl From<std::sync::Arc<Element>> for Object {
         Object::Element(v)
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    /// A full sync at 100k × 10 holds 2.2M operations: each stays a pointer and a tag.
+    #[test]
+    fn an_operation_is_a_few_words() {
+        assert!(std::mem::size_of::<super::Op>() <= 24);
+    }
+}
