@@ -200,16 +200,16 @@ impl Ruleset {
     ) -> Ruleset {
         let mut rs = Ruleset::new(table, base);
         // One fragment per name (the last, as with `set_service`); the map's keys are unique.
-        let mut services: BTreeMap<ServicePortName, Arc<Fragment>> = services.into_iter().collect();
-        std::mem::swap(&mut rs.services, &mut services);
+        let services: BTreeMap<ServicePortName, Arc<Fragment>> = services.into_iter().collect();
         rs.refs
-            .reserve(rs.services.values().map(|f| f.elements.len()).sum());
+            .reserve(services.values().map(|f| f.elements.len()).sum());
         let mut dirty = Vec::new();
-        let frags: Vec<Arc<Fragment>> = rs.services.values().cloned().collect();
-        for f in &frags {
+        for f in services.values() {
             rs.add_refs(f, &mut dirty);
             rs.rules += rules_in(f);
         }
+        // Owners of disputed keys are settled over every fragment: all of them in place.
+        rs.services = services;
         rs.settle(dirty);
         rs
     }
