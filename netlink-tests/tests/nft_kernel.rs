@@ -144,7 +144,7 @@ fn sample(family: Family) -> Transaction {
     for (slot, port) in [(4u32, 8080u16), (5, 8443)] {
         tx.add(Element {
             set: "endpoints".into(),
-            key: vec![KeyValue::Slot(slot)],
+            key: vec![KeyValue::Slot(slot)].into(),
             verdict: None,
             target: Some(std::net::SocketAddr::new(b.parse().unwrap(), port)),
             comment: None,
@@ -183,7 +183,7 @@ fn sample(family: Family) -> Transaction {
             k.extend(slot.map(KeyValue::Slot));
             tx.add(Element {
                 set: map.into(),
-                key: k,
+                key: k.into(),
                 verdict: None,
                 target: Some(std::net::SocketAddr::new(
                     b.parse().unwrap(),
@@ -223,7 +223,8 @@ fn sample(family: Family) -> Transaction {
             KeyValue::Addr(a.parse().unwrap()),
             KeyValue::Proto(6),
             KeyValue::Port(80),
-        ],
+        ]
+        .into(),
         verdict: Some(Verdict::Goto("svc1".into())),
         target: None,
         comment: Some("ns1/svc1:http".into()),
@@ -233,7 +234,8 @@ fn sample(family: Family) -> Transaction {
         key: vec![
             KeyValue::Addr(b.parse().unwrap()),
             KeyValue::Addr(b.parse().unwrap()),
-        ],
+        ]
+        .into(),
         verdict: None,
         target: None,
         comment: None,
@@ -411,7 +413,8 @@ fn large_batch_goes_through() {
                     KeyValue::Addr(std::net::Ipv4Addr::from(0x0a00_0000 + i).into()),
                     KeyValue::Proto(6),
                     KeyValue::Port(80),
-                ],
+                ]
+                .into(),
                 verdict: Some(Verdict::Goto("c".into())),
                 target: None,
                 comment: Some("some/namespace/service:port".into()),
@@ -467,7 +470,8 @@ fn big_tx(table: &str, n: u32) -> Transaction {
             set: "s".into(),
             key: vec![KeyValue::Addr(
                 std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
-            )],
+            )]
+            .into(),
             verdict: None,
             target: None,
             comment: None,

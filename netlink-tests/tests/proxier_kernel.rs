@@ -163,7 +163,7 @@ fn fake_slots(f: &mut FakeNftables, family: Family) -> Slots {
                 .unwrap()
                 .into_iter()
                 .filter_map(|e| {
-                    let KeyValue::Slot(k) = e.key[0] else {
+                    let Some(KeyValue::Slot(k)) = e.key.get(0) else {
                         return None;
                     };
                     Some((k, e.target.map(|t| target_bytes(&t)).unwrap_or_default()))

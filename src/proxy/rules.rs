@@ -204,7 +204,7 @@ pub fn reject_chain(f: &mut Fragment) {
 pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &Name) -> Element {
     Element {
         set: shared_name(set),
-        key,
+        key: key.into(),
         verdict,
         target: None,
         comment: Some(c.clone()),

@@ -221,7 +221,7 @@ fn element_changes<'a>(
         let shown = || match typed_key(set, family, k) {
             Some(kv) => kv
                 .iter()
-                .map(render::key_value)
+                .map(|k| render::key_value(&k))
                 .collect::<Vec<_>>()
                 .join(" . "),
             None => format!("{k:02x?}"),

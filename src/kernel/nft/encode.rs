@@ -686,7 +686,7 @@ mod tests {
     fn el(set: &str, i: u8) -> Element {
         Element {
             set: set.into(),
-            key: vec![KeyValue::Addr(std::net::Ipv4Addr::new(10, 0, 0, i).into())],
+            key: vec![KeyValue::Addr(std::net::Ipv4Addr::new(10, 0, 0, i).into())].into(),
             verdict: None,
             target: None,
             comment: None,
@@ -734,7 +734,7 @@ mod tests {
         let mut tx = Transaction::new(Family::Ip, "t");
         for i in 0..5000u32 {
             let mut e = el("a", 0);
-            e.key = vec![KeyValue::Addr(std::net::Ipv4Addr::from(i).into())];
+            e.key = [KeyValue::Addr(std::net::Ipv4Addr::from(i).into())].into();
             e.comment = Some("ns/some-service:port".into());
             tx.add(e);
         }

@@ -21,7 +21,7 @@ struct FakeChain {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct FakeSet {
     set: Set,
-    elements: BTreeMap<Vec<KeyValue>, Element>,
+    elements: BTreeMap<super::Key, Element>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -215,7 +215,7 @@ impl FakeNftables {
                     .get_mut(&*e.set)
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
                 let key_fits = if fs.set.endpoints && fs.set.key.is_empty() {
-                    matches!(e.key[..], [KeyValue::Slot(_)])
+                    matches!(e.key.to_vec()[..], [KeyValue::Slot(_)])
                 } else {
                     // Each component of the kind its field holds, as the kernel's key length
                     // and the set's typeof would require.
@@ -241,7 +241,7 @@ impl FakeNftables {
                         return Err(reject(op, EEXIST, "element exists with other data"))
                     }
                     _ => {
-                        fs.elements.insert(e.key.clone(), (**e).clone());
+                        fs.elements.insert(e.key, (**e).clone());
                     }
                 }
             }
@@ -300,7 +300,7 @@ impl FakeNftables {
             .sets
             .get(set)?
             .elements
-            .get(key)
+            .get(&super::Key::try_from_values(key).ok()?)
     }
 
     pub fn has_table(&self, family: Family, table: &str) -> bool {
@@ -476,7 +476,7 @@ mod tests {
         base(&mut tx);
         tx.add(Element {
             set: "m".into(),
-            key: vec![KeyValue::Proto(6), KeyValue::Port(80)],
+            key: vec![KeyValue::Proto(6), KeyValue::Port(80)].into(),
             verdict: Some(Verdict::Goto("b".into())),
             target: None,
             comment: None,
@@ -494,7 +494,7 @@ mod tests {
         base(&mut tx);
         let mut e = Element {
             set: "m".into(),
-            key: vec![KeyValue::Proto(6), KeyValue::Port(80)],
+            key: vec![KeyValue::Proto(6), KeyValue::Port(80)].into(),
             verdict: Some(Verdict::Goto("a".into())),
             target: None,
             comment: None,

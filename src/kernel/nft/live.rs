@@ -250,21 +250,20 @@ fn planned_set(s: &Set, family: Family) -> LiveSet {
     }
 }
 
-/// The typed key of `bytes` in `set` (the inverse of the element encoding), if it decodes.
-pub fn typed_key(set: &Set, family: Family, bytes: &[u8]) -> Option<Vec<super::KeyValue>> {
-    use super::{Field, KeyValue};
+/// The typed key of `bytes` in `set` (the inverse of the element encoding), if it decodes
+/// (and fits a [`Key`](super::Key)).
+pub fn typed_key(set: &Set, family: Family, bytes: &[u8]) -> Option<super::Key> {
+    use super::{Field, Key, KeyValue};
     if set.endpoints && set.key.is_empty() {
-        return Some(vec![KeyValue::Slot(u32::from_ne_bytes(
-            bytes.try_into().ok()?,
-        ))]);
+        return Some([KeyValue::Slot(u32::from_ne_bytes(bytes.try_into().ok()?))].into());
     }
     let single = set.key.len() == 1;
-    let mut out = Vec::new();
+    let mut out = Key::new();
     let mut at = 0;
     for f in &set.key {
         let len = f.len(family);
         let v = bytes.get(at..at + len)?;
-        out.push(match f {
+        out.try_push(match f {
             Field::Saddr | Field::Daddr => KeyValue::Addr(match family {
                 Family::Ip => std::net::IpAddr::from(<[u8; 4]>::try_from(v).ok()?),
                 Family::Ip6 => std::net::IpAddr::from(<[u8; 16]>::try_from(v).ok()?),
@@ -272,7 +271,8 @@ pub fn typed_key(set: &Set, family: Family, bytes: &[u8]) -> Option<Vec<super::K
             Field::L4Proto => KeyValue::Proto(v[0]),
             Field::Dport => KeyValue::Port(u16::from_be_bytes([v[0], v[1]])),
             Field::Random(_) => KeyValue::Slot(u32::from_ne_bytes(v.try_into().ok()?)),
-        });
+        })
+        .ok()?;
         at += if single { len } else { f.reg_len(family) };
     }
     (at == bytes.len()).then_some(out)

@@ -4,6 +4,7 @@
 use super::uapi::*;
 
 use super::{CmpOp, Expr, Family, Field, KeyValue, Verdict};
+use std::borrow::Borrow;
 
 /// A kernel expression, one `NFTA_LIST_ELEM` of `NFTA_RULE_EXPRESSIONS`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,10 +177,14 @@ fn u32_host(v: u32) -> Vec<u8> {
 pub use crate::kernel::netlink::msg::ip_bytes;
 
 /// Encodes a set key: each component in its own 32-bit-aligned slot.
-pub fn key_bytes(key: &[KeyValue]) -> Vec<u8> {
+pub fn key_bytes<I>(key: I) -> Vec<u8>
+where
+    I: IntoIterator,
+    I::Item: Borrow<KeyValue>,
+{
     let mut out = Vec::new();
     for k in key {
-        match k {
+        match k.borrow() {
             KeyValue::Addr(a) => out.extend(ip_bytes(a)),
             KeyValue::Proto(p) => out.extend([*p, 0, 0, 0]),
             KeyValue::Port(p) => out.extend([(p >> 8) as u8, *p as u8, 0, 0]),
@@ -463,7 +468,7 @@ mod tests {
 
     #[test]
     fn key_bytes_pad_each_component() {
-        let b = key_bytes(&[
+        let b = key_bytes([
             KeyValue::Addr("10.0.0.1".parse().unwrap()),
             KeyValue::Proto(6),
             KeyValue::Port(80),

@@ -9,6 +9,7 @@ pub mod encode;
 pub mod eval;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod key;
 pub mod live;
 pub mod lower;
 pub mod monitor;
@@ -28,6 +29,7 @@ pub use crate::model::net::{Cidr, Family};
 
 #[cfg(any(test, feature = "testing"))]
 pub use fake::FakeNftables;
+pub use key::Key;
 pub use plan_only::PlanOnly;
 pub use transaction::{Object, Op, Transaction};
 
@@ -277,7 +279,7 @@ pub fn shared_name(s: &str) -> Name {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
     pub set: Name,
-    pub key: Vec<KeyValue>,
+    pub key: Key,
     /// The verdict, for verdict maps.
     pub verdict: Option<Verdict>,
     /// The endpoint, for endpoint maps.

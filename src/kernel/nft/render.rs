@@ -134,7 +134,12 @@ pub fn key_value(k: &KeyValue) -> String {
 
 /// An element in nft syntax (`10.96.0.1 . tcp . 80 : goto svc`).
 pub fn element(e: &Element) -> String {
-    let mut s = e.key.iter().map(key_value).collect::<Vec<_>>().join(" . ");
+    let mut s = e
+        .key
+        .iter()
+        .map(|k| key_value(&k))
+        .collect::<Vec<_>>()
+        .join(" . ");
     if let Some(c) = &e.comment {
         write!(s, " comment {}", quote(c)).unwrap();
     }
@@ -238,7 +243,12 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
             format!("add element {t} {} {{ {} }}", e.set, element(e))
         }
         (Op::Delete(_), Object::Element(e)) => {
-            let key = e.key.iter().map(key_value).collect::<Vec<_>>().join(" . ");
+            let key = e
+                .key
+                .iter()
+                .map(|k| key_value(&k))
+                .collect::<Vec<_>>()
+                .join(" . ");
             format!("delete element {t} {} {{ {key} }}", e.set)
         }
         (Op::Flush(_), Object::Element(e)) => format!("flush set {t} {}", e.set),
@@ -278,7 +288,8 @@ mod tests {
                 KeyValue::Addr("10.96.0.1".parse().unwrap()),
                 KeyValue::Proto(6),
                 KeyValue::Port(443),
-            ],
+            ]
+            .into(),
             verdict: Some(Verdict::Goto("svc".into())),
             target: None,
             comment: None,

@@ -17,8 +17,8 @@ use crate::model::topology::categorize_family;
 use std::sync::Arc;
 
 use crate::kernel::nft::{
-    shared_name, Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Name,
-    Rule, Set, Table, Verdict,
+    shared_name, Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, Key, KeyValue,
+    Name, Rule, Set, Table, Verdict,
 };
 use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
 
@@ -345,7 +345,7 @@ fn balance_rules(
         for (i, ep) in eps.iter().enumerate() {
             rs.element(Element {
                 set: map.clone(),
-                key: vec![KeyValue::Slot(offset + i as u32)],
+                key: vec![KeyValue::Slot(offset + i as u32)].into(),
                 verdict: None,
                 target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
                 comment: None,
@@ -418,15 +418,16 @@ fn balance_rules(
     }
 }
 
-fn key(addr: IpAddr, proto: u8, port: u16) -> Vec<KeyValue> {
-    vec![
+fn key(addr: IpAddr, proto: u8, port: u16) -> Key {
+    [
         KeyValue::Addr(addr),
         KeyValue::Proto(proto),
         KeyValue::Port(port),
     ]
+    .into()
 }
 
-fn elem(set: &str, key: Vec<KeyValue>, v: Verdict, comment: &Name) -> Element {
+fn elem(set: &str, key: Key, v: Verdict, comment: &Name) -> Element {
     Element {
         set: shared_name(set),
         key,
@@ -491,7 +492,7 @@ fn service_port_rules(
     for ep in &cat.all_reachable {
         rs.element(Element {
             set: shared_name(HAIRPIN),
-            key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
+            key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)].into(),
             verdict: None,
             target: None,
             comment: None,
@@ -499,7 +500,7 @@ fn service_port_rules(
     }
     rs.element(Element {
         set: shared_name(CLUSTER_IPS),
-        key: vec![KeyValue::Addr(cluster_ip)],
+        key: vec![KeyValue::Addr(cluster_ip)].into(),
         verdict: None,
         target: None,
         comment: None,
@@ -685,7 +686,7 @@ fn service_port_rules(
         if uses_ext_chain {
             rs.element(elem(
                 SERVICE_IPS,
-                k.clone(),
+                k,
                 Verdict::Goto(ext_chain.as_str().into()),
                 &comment,
             ));
@@ -695,11 +696,11 @@ fn service_port_rules(
         }
     }
     if let Some(np) = sp.node_port {
-        let k = vec![KeyValue::Proto(proto), KeyValue::Port(np)];
+        let k: Key = [KeyValue::Proto(proto), KeyValue::Port(np)].into();
         if uses_ext_chain {
             rs.element(elem(
                 SERVICE_NODEPORTS,
-                k.clone(),
+                k,
                 Verdict::Goto(ext_chain.as_str().into()),
                 &comment,
             ));
