@@ -16,7 +16,10 @@ fn in_use_mib() -> f64 {
     // SAFETY: both only read or trim the allocator's own state.
     unsafe {
         libc::malloc_trim(0);
-        libc::mallinfo2().uordblks as f64 / 1048576.0
+        // Heap chunks in use plus blocks mmapped on their own (large tables, such as the
+        // element index: `uordblks` alone leaves them out).
+        let m = libc::mallinfo2();
+        (m.uordblks + m.hblkhd) as f64 / 1048576.0
     }
 }
 

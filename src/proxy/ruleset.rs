@@ -3,6 +3,7 @@
 //! [`Transaction`]. A partial sync touches only the fragments that changed: its planning and
 //! kernel cost follow the change, not the cluster size, and it never lists the table.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -84,7 +85,9 @@ pub struct Ruleset {
     pub table: Table,
     pub base: Arc<Fragment>,
     pub services: BTreeMap<ServicePortName, Arc<Fragment>>,
-    /// Every element key with the fragments' contribution to it.
+    /// Every element key, held by the element in force for it, with the fragments'
+    /// contribution to it. The in-force element is the entry's key (no second pointer in
+    /// the value): an entry is 16 bytes, ~4 MiB less at 10k × 10's ~220k keys.
     refs: FxHashMap<ElemKey, Slot>,
     rules: usize,
 }
@@ -103,12 +106,12 @@ fn key_of(e: &Arc<Element>) -> ElemKey {
     ElemKey(e.clone())
 }
 
-/// What the fragments say about one element key: how many add it, the element in force,
-/// and whether they disagree about its data (two Services claiming one address and port).
-#[derive(Debug, Clone)]
+/// What the fragments say about one element key: how many add it, and whether they
+/// disagree about its data (two Services claiming one address and port). The element in
+/// force is the index entry's key.
+#[derive(Debug, Clone, Copy)]
 struct Slot {
-    count: usize,
-    el: Arc<Element>,
+    count: u32,
     mixed: bool,
 }
 
@@ -208,23 +211,19 @@ impl Ruleset {
     }
     fn add_refs(&mut self, f: &Fragment, dirty: &mut Vec<ElemKey>) {
         for e in &f.elements {
-            let k = key_of(e);
-            match self.refs.get_mut(&k) {
-                Some(slot) => {
-                    slot.count += 1;
-                    if slot.mixed || !same_data(&slot.el, e) {
-                        dirty.push(k);
+            match self.refs.entry(key_of(e)) {
+                Entry::Occupied(mut o) => {
+                    let disputed = o.get().mixed || !same_data(&o.key().0, e);
+                    o.get_mut().count += 1;
+                    if disputed {
+                        dirty.push(key_of(e));
                     }
                 }
-                None => {
-                    self.refs.insert(
-                        k,
-                        Slot {
-                            count: 1,
-                            el: e.clone(),
-                            mixed: false,
-                        },
-                    );
+                Entry::Vacant(v) => {
+                    v.insert(Slot {
+                        count: 1,
+                        mixed: false,
+                    });
                 }
             }
         }
@@ -248,15 +247,12 @@ impl Ruleset {
         dirty.dedup();
         for k in dirty {
             let (first, mixed) = owner_of(&self.base, &self.services, &BTreeMap::new(), &k);
-            match (first.cloned(), self.refs.get_mut(&k)) {
+            match (first.cloned(), self.refs.remove(&k)) {
+                // The entry is keyed by the element in force: re-keyed by the new owner's.
                 (Some(el), Some(slot)) => {
-                    slot.el = el;
-                    slot.mixed = mixed;
+                    self.refs.insert(ElemKey(el), Slot { mixed, ..slot });
                 }
-                (None, _) => {
-                    self.refs.remove(&k);
-                }
-                (Some(_), None) => {}
+                (None, _) | (Some(_), None) => {}
             }
         }
     }
@@ -296,7 +292,7 @@ impl Ruleset {
     }
     /// Every element, once.
     pub fn elements(&self) -> impl Iterator<Item = &Element> {
-        self.refs.values().map(|s| &*s.el)
+        self.refs.keys().map(|k| &*k.0)
     }
     pub fn has_chain(&self, name: &str) -> bool {
         self.chains().any(|(c, _)| c.name == name)
@@ -340,8 +336,8 @@ fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&Arc<Element>>> {
         for e in &f.elements {
             let in_force = rs
                 .refs
-                .get(&key_of(e))
-                .is_some_and(|s| Arc::ptr_eq(&s.el, e));
+                .get_key_value(&key_of(e))
+                .is_some_and(|(k, _)| Arc::ptr_eq(&k.0, e));
             if !in_force {
                 continue; // another contributor's copy, or another owner's data
             }
@@ -515,16 +511,20 @@ pub fn plan_changes(
     }
     let mut adds = Vec::new();
     for (k, (removed, added)) in &delta {
-        let before = last.refs.get(k);
-        let before_el = before.map(|s| &s.el);
-        let remaining = before.map_or(0, |s| s.count).saturating_sub(*removed);
+        let (before_el, before) = match last.refs.get_key_value(k) {
+            Some((in_force, s)) => (Some(&in_force.0), Some(s)),
+            None => (None, None),
+        };
+        let remaining = before
+            .map_or(0, |s| s.count as usize)
+            .saturating_sub(*removed);
         let agree = |e: &&Arc<Element>, with: &Element| same_data(e, with);
         let after_el: Option<&Arc<Element>> = match (before, added.first()) {
             (Some(s), _) if s.mixed => owner_of(new_base, &last.services, &overrides, k).0,
             (_, None) if remaining > 0 => before_el,
             (_, None) => None,
-            (Some(s), Some(_)) if remaining > 0 => {
-                if added.iter().all(|e| agree(e, &s.el)) {
+            (Some(_), Some(_)) if remaining > 0 => {
+                if before_el.is_some_and(|b| added.iter().all(|e| agree(e, b))) {
                     before_el
                 } else {
                     owner_of(new_base, &last.services, &overrides, k).0
@@ -667,9 +667,9 @@ pub(crate) mod tests {
         let rs = ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.2")]);
         for (name, f) in &rs.services {
             let e = &f.elements[0];
-            let slot = rs.refs.get(&key_of(e)).expect("indexed");
+            let (in_force, _) = rs.refs.get_key_value(&key_of(e)).expect("indexed");
             assert!(
-                Arc::ptr_eq(&slot.el, e),
+                Arc::ptr_eq(&in_force.0, e),
                 "{name}: a copy, not the fragment's element"
             );
         }
