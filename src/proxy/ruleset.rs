@@ -247,12 +247,10 @@ impl Ruleset {
         dirty.dedup();
         for k in dirty {
             let (first, mixed) = owner_of(&self.base, &self.services, &BTreeMap::new(), &k);
-            match (first.cloned(), self.refs.remove(&k)) {
-                // The entry is keyed by the element in force: re-keyed by the new owner's.
-                (Some(el), Some(slot)) => {
-                    self.refs.insert(ElemKey(el), Slot { mixed, ..slot });
-                }
-                (None, _) | (Some(_), None) => {}
+            // The entry is keyed by the element in force: re-keyed by the new owner's (no
+            // owner left: the key goes).
+            if let (Some(el), Some(slot)) = (first.cloned(), self.refs.remove(&k)) {
+                self.refs.insert(ElemKey(el), Slot { mixed, ..slot });
             }
         }
     }
