@@ -5,8 +5,8 @@
 
 use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
 use kube_nlproxy::kernel::nft::{
-    render, Chain, ChainType, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Nftables, Rule,
-    Set, Table, Transaction, Verdict,
+    render, Chain, ChainType, CmpOp, ElemData, Element, Expr, Family, Field, Hook, KeyValue,
+    Nftables, Rule, Set, Table, Transaction, Verdict,
 };
 use netlink_tests::ns::{require_root, NetNs};
 
@@ -145,8 +145,7 @@ fn sample(family: Family) -> Transaction {
         tx.add(Element {
             set: "endpoints".into(),
             key: vec![KeyValue::Slot(slot)].into(),
-            verdict: None,
-            target: Some(std::net::SocketAddr::new(b.parse().unwrap(), port)),
+            data: ElemData::Target(std::net::SocketAddr::new(b.parse().unwrap(), port)),
             comment: None,
         });
     }
@@ -184,8 +183,7 @@ fn sample(family: Family) -> Transaction {
             tx.add(Element {
                 set: map.into(),
                 key: k.into(),
-                verdict: None,
-                target: Some(std::net::SocketAddr::new(
+                data: ElemData::Target(std::net::SocketAddr::new(
                     b.parse().unwrap(),
                     8080 + i as u16,
                 )),
@@ -225,8 +223,7 @@ fn sample(family: Family) -> Transaction {
             KeyValue::Port(80),
         ]
         .into(),
-        verdict: Some(Verdict::Goto("svc1".into())),
-        target: None,
+        data: ElemData::Verdict(Verdict::Goto("svc1".into())),
         comment: Some("ns1/svc1:http".into()),
     });
     tx.add(Element {
@@ -236,8 +233,7 @@ fn sample(family: Family) -> Transaction {
             KeyValue::Addr(b.parse().unwrap()),
         ]
         .into(),
-        verdict: None,
-        target: None,
+        data: ElemData::None,
         comment: None,
     });
     tx
@@ -415,8 +411,7 @@ fn large_batch_goes_through() {
                     KeyValue::Port(80),
                 ]
                 .into(),
-                verdict: Some(Verdict::Goto("c".into())),
-                target: None,
+                data: ElemData::Verdict(Verdict::Goto("c".into())),
                 comment: Some("some/namespace/service:port".into()),
             });
         }
@@ -472,8 +467,7 @@ fn big_tx(table: &str, n: u32) -> Transaction {
                 std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
             )]
             .into(),
-            verdict: None,
-            target: None,
+            data: ElemData::None,
             comment: None,
         });
     }

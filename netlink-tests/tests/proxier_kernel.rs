@@ -54,7 +54,7 @@ fn fake_listing(f: &mut FakeNftables, family: Family) -> Listing {
             .elements(family, t, &s)
             .unwrap()
             .into_iter()
-            .map(|e| (key_bytes(&e.key), e.verdict.clone()))
+            .map(|e| (key_bytes(&e.key), e.verdict().cloned()))
             .collect();
         v.sort();
         elems.insert(s, v);
@@ -166,7 +166,7 @@ fn fake_slots(f: &mut FakeNftables, family: Family) -> Slots {
                     let Some(KeyValue::Slot(k)) = e.key.get(0) else {
                         return None;
                     };
-                    Some((k, e.target.map(|t| target_bytes(&t)).unwrap_or_default()))
+                    Some((k, e.target().map(|t| target_bytes(&t)).unwrap_or_default()))
                 });
             out.insert(s, m.collect());
         }

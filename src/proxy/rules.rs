@@ -5,8 +5,8 @@
 use std::net::IpAddr;
 
 use crate::kernel::nft::{
-    shared_name, Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, KeyValue, Name,
-    Rule, Verdict,
+    shared_name, Chain, ChainType, Cidr, CmpOp, ElemData, Element, Expr, Family, Field, Hook,
+    KeyValue, Name, Rule, Verdict,
 };
 use crate::model::{NodeInfo, ServicePort};
 
@@ -205,8 +205,7 @@ pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &Name
     Element {
         set: shared_name(set),
         key: key.into(),
-        verdict,
-        target: None,
+        data: verdict.map_or(ElemData::None, ElemData::Verdict),
         comment: Some(c.clone()),
     }
 }

@@ -117,7 +117,7 @@ struct Slot {
 
 /// Whether two elements of one key carry the same data.
 fn same_data(a: &Element, b: &Element) -> bool {
-    a.verdict == b.verdict && a.target == b.target && a.comment == b.comment
+    a.data == b.data && a.comment == b.comment
 }
 
 /// The element in force for `k` when fragments disagree: the first contributor in a fixed
@@ -601,7 +601,7 @@ pub fn plan_transaction(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::kernel::nft::{Expr, Field, KeyValue, Verdict};
+    use crate::kernel::nft::{ElemData, Expr, Field, KeyValue, Verdict};
     use crate::model::Protocol;
 
     pub(crate) fn spn(name: &str) -> ServicePortName {
@@ -628,8 +628,7 @@ pub(crate) mod tests {
         Element {
             set: "ips".into(),
             key: vec![KeyValue::Addr(addr.parse().unwrap())].into(),
-            verdict: None,
-            target: None,
+            data: ElemData::None,
             comment: None,
         }
     }
@@ -765,8 +764,7 @@ pub(crate) mod tests {
         f.element(Element {
             set: "vm".into(),
             key: vec![KeyValue::Addr(addr.parse().unwrap())].into(),
-            verdict: Some(Verdict::Goto(format!("svc-{name}").into())),
-            target: None,
+            data: ElemData::Verdict(Verdict::Goto(format!("svc-{name}").into())),
             comment: Some(name.into()),
         });
         Arc::new(f)
@@ -797,7 +795,7 @@ pub(crate) mod tests {
         let owner = |rs: &Ruleset| {
             let mut v: Vec<_> = in_force(rs, "vm")
                 .iter()
-                .map(|e| e.verdict.clone())
+                .map(|e| e.verdict().cloned())
                 .collect();
             v.sort_by_key(|v| format!("{v:?}")); // the index's order is its own
             v
@@ -835,7 +833,7 @@ pub(crate) mod tests {
                 .iter()
                 .filter_map(|o| match o.object() {
                     crate::kernel::nft::Object::Element(e) => {
-                        Some((e.set.to_string(), e.key, e.verdict.clone()))
+                        Some((e.set.to_string(), e.key, e.verdict().cloned()))
                     }
                     _ => None,
                 })
@@ -868,7 +866,7 @@ pub(crate) mod tests {
             let vm = in_force(&rs, "vm");
             assert_eq!(vm.len(), 1);
             assert_eq!(
-                vm[0].verdict,
+                vm[0].verdict().cloned(),
                 Some(Verdict::Goto("svc-a".into())),
                 "{order:?}"
             );
@@ -890,7 +888,7 @@ pub(crate) mod tests {
                 .iter()
                 .filter_map(|o| match o {
                     Op::Add(crate::kernel::nft::Object::Element(e)) if &*e.set == "vm" => {
-                        Some(e.verdict.clone())
+                        Some(e.verdict().cloned())
                     }
                     _ => None,
                 })
@@ -899,7 +897,7 @@ pub(crate) mod tests {
         let mut next = prev.clone();
         next.set_service(&spn("a"), None);
         assert_eq!(
-            in_force(&next, "vm")[0].verdict,
+            in_force(&next, "vm")[0].verdict().cloned(),
             Some(Verdict::Goto("svc-b".into()))
         );
         // b going too removes the key.
@@ -922,7 +920,7 @@ pub(crate) mod tests {
                 rs.set_service(&spn(n), Some(aged(n, created)));
             }
             assert_eq!(
-                in_force(&rs, "vm")[0].verdict,
+                in_force(&rs, "vm")[0].verdict().cloned(),
                 Some(Verdict::Goto("svc-b".into())),
                 "{order:?}"
             );
@@ -932,7 +930,7 @@ pub(crate) mod tests {
         rs.set_service(&spn("a"), Some(aged("a", None)));
         rs.set_service(&spn("b"), Some(aged("b", Some(5))));
         assert_eq!(
-            in_force(&rs, "vm")[0].verdict,
+            in_force(&rs, "vm")[0].verdict().cloned(),
             Some(Verdict::Goto("svc-b".into()))
         );
         // Equal times: the name.
@@ -940,7 +938,7 @@ pub(crate) mod tests {
         rs.set_service(&spn("b"), Some(aged("b", Some(5))));
         rs.set_service(&spn("a"), Some(aged("a", Some(5))));
         assert_eq!(
-            in_force(&rs, "vm")[0].verdict,
+            in_force(&rs, "vm")[0].verdict().cloned(),
             Some(Verdict::Goto("svc-a".into()))
         );
     }

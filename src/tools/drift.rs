@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::kernel::nft::live::{
     canonical_rule, element_key, typed_key, LiveData, LiveRule, LiveSet, LiveTable,
 };
-use crate::kernel::nft::{render, Chain, Element, Rule, Set, Transaction, Verdict};
+use crate::kernel::nft::{render, Chain, ElemData, Element, Rule, Set, Transaction};
 use crate::proxy::ruleset::Ruleset;
 
 /// How the live table differs from the plan.
@@ -272,8 +272,7 @@ fn delete_element(
         tx.delete(Element {
             set: set_name.into(),
             key: k,
-            verdict: None::<Verdict>,
-            target: None,
+            data: ElemData::None,
             comment: None,
         });
     }

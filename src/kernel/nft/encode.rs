@@ -7,7 +7,9 @@ pub use super::uapi::*;
 use crate::kernel::netlink::msg::{MsgWriter, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
 
 use super::lower::{key_bytes, lower, KExpr};
-use super::{Chain, Element, Family, Field, Object, Op, Rule, Set, Table, Transaction, Verdict};
+use super::{
+    Chain, ElemData, Element, Family, Field, Object, Op, Rule, Set, Table, Transaction, Verdict,
+};
 
 /// The kernel caps user data; nft caps comments at 128 bytes.
 pub const MAX_COMMENT: usize = 127;
@@ -442,13 +444,16 @@ fn element_entry(w: &mut MsgWriter, e: &Element, with_data: bool) {
     w.attr(NFTA_DATA_VALUE, &key_bytes(&e.key));
     w.nest_end();
     if with_data {
-        if let Some(v) = &e.verdict {
-            w.nest_start(NFTA_SET_ELEM_DATA);
-            verdict_data(w, v);
-            w.nest_end();
-        }
-        if let Some(t) = &e.target {
-            data_value(w, NFTA_SET_ELEM_DATA, &super::lower::target_bytes(t));
+        match &e.data {
+            ElemData::Verdict(v) => {
+                w.nest_start(NFTA_SET_ELEM_DATA);
+                verdict_data(w, v);
+                w.nest_end();
+            }
+            ElemData::Target(t) => {
+                data_value(w, NFTA_SET_ELEM_DATA, &super::lower::target_bytes(t));
+            }
+            ElemData::None => {}
         }
         if let Some(c) = &e.comment {
             w.attr(NFTA_SET_ELEM_USERDATA, &udata_comment(UDATA_COMMENT, c));
@@ -687,8 +692,7 @@ mod tests {
         Element {
             set: set.into(),
             key: vec![KeyValue::Addr(std::net::Ipv4Addr::new(10, 0, 0, i).into())].into(),
-            verdict: None,
-            target: None,
+            data: ElemData::None,
             comment: None,
         }
     }

@@ -61,7 +61,7 @@ impl FakeTable {
                 .sets
                 .values()
                 .flat_map(|s| s.elements.values())
-                .any(|e| e.verdict.as_ref().and_then(|v| v.target()) == Some(name))
+                .any(|e| e.verdict().and_then(|v| v.target()) == Some(name))
     }
     fn set_referenced(&self, name: &str) -> bool {
         self.chains
@@ -205,7 +205,7 @@ impl FakeNftables {
                 t.sets.remove(&s.name);
             }
             (Op::Add(_), Object::Element(e)) => {
-                if let Some(c) = e.verdict.as_ref().and_then(|v| v.target()) {
+                if let Some(c) = e.verdict().and_then(|v| v.target()) {
                     if !t.chains.contains_key(c) {
                         return Err(reject(op, ENOENT, &format!("verdict to missing chain {c}")));
                     }
@@ -231,13 +231,13 @@ impl FakeNftables {
                         })
                 };
                 if !key_fits
-                    || fs.set.map != e.verdict.is_some()
-                    || fs.set.endpoints != e.target.is_some()
+                    || fs.set.map != e.verdict().is_some()
+                    || fs.set.endpoints != e.target().is_some()
                 {
                     return Err(reject(op, EINVAL, "element does not fit the set"));
                 }
                 match fs.elements.get(&e.key) {
-                    Some(old) if old.verdict != e.verdict || old.target != e.target => {
+                    Some(old) if old.data != e.data => {
                         return Err(reject(op, EEXIST, "element exists with other data"))
                     }
                     _ => {
@@ -437,7 +437,7 @@ impl Nftables for FakeNftables {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::nft::{Field, Table, Verdict};
+    use crate::kernel::nft::{ElemData, Field, Table, Verdict};
 
     fn base(tx: &mut Transaction) {
         tx.add(Table {
@@ -477,8 +477,7 @@ mod tests {
         tx.add(Element {
             set: "m".into(),
             key: vec![KeyValue::Proto(6), KeyValue::Port(80)].into(),
-            verdict: Some(Verdict::Goto("b".into())),
-            target: None,
+            data: ElemData::Verdict(Verdict::Goto("b".into())),
             comment: None,
         });
         f.apply(&tx).unwrap();
@@ -495,13 +494,12 @@ mod tests {
         let mut e = Element {
             set: "m".into(),
             key: vec![KeyValue::Proto(6), KeyValue::Port(80)].into(),
-            verdict: Some(Verdict::Goto("a".into())),
-            target: None,
+            data: ElemData::Verdict(Verdict::Goto("a".into())),
             comment: None,
         };
         tx.add(e.clone());
         f.apply(&tx).unwrap();
-        e.verdict = Some(Verdict::Goto("b".into()));
+        e.data = ElemData::Verdict(Verdict::Goto("b".into()));
         let mut tx = Transaction::new(Family::Ip, "t");
         tx.add(e);
         assert!(f.apply(&tx).unwrap_err().is_exists());

@@ -288,10 +288,10 @@ pub fn element_key(e: &Element, key_len: usize) -> Vec<u8> {
 fn planned_element(e: &Element, key_len: usize) -> (Vec<u8>, LiveData) {
     let mut key = key_bytes(&e.key);
     key.truncate(key_len);
-    let data = match (&e.verdict, &e.target) {
-        (Some(v), _) => LiveData::Verdict(v.clone()),
-        (None, Some(t)) => LiveData::Value(target_bytes(t)),
-        (None, None) => LiveData::None,
+    let data = match &e.data {
+        super::ElemData::Verdict(v) => LiveData::Verdict(v.clone()),
+        super::ElemData::Target(t) => LiveData::Value(target_bytes(t)),
+        super::ElemData::None => LiveData::None,
     };
     (key, data)
 }

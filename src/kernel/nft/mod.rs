@@ -280,11 +280,39 @@ pub fn shared_name(s: &str) -> Name {
 pub struct Element {
     pub set: Name,
     pub key: Key,
-    /// The verdict, for verdict maps.
-    pub verdict: Option<Verdict>,
-    /// The endpoint, for endpoint maps.
-    pub target: Option<std::net::SocketAddr>,
+    /// What the key maps to: nothing in a plain set, a verdict in a verdict map, an
+    /// endpoint in an endpoint map. One field, not two options: 32 bytes less per element,
+    /// which with the `Arc` around it is a 128-byte block instead of 160 (issue #18).
+    pub data: ElemData,
     pub comment: Option<Name>,
+}
+
+/// What a set element maps its key to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ElemData {
+    /// An element of a plain set.
+    None,
+    /// An element of a verdict map.
+    Verdict(Verdict),
+    /// An element of an endpoint map: the DNAT target.
+    Target(std::net::SocketAddr),
+}
+
+impl Element {
+    /// The verdict, for verdict maps.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        match &self.data {
+            ElemData::Verdict(v) => Some(v),
+            _ => None,
+        }
+    }
+    /// The endpoint, for endpoint maps.
+    pub fn target(&self) -> Option<std::net::SocketAddr> {
+        match self.data {
+            ElemData::Target(t) => Some(t),
+            _ => None,
+        }
+    }
 }
 
 /// Comparison of a field with a value or prefix.

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use super::{
-    proto, Chain, CmpOp, Element, Expr, Family, Field, KeyValue, Object, Op, Rule, Set,
+    proto, Chain, CmpOp, ElemData, Element, Expr, Family, Field, KeyValue, Object, Op, Rule, Set,
     Transaction, Verdict,
 };
 
@@ -143,11 +143,10 @@ pub fn element(e: &Element) -> String {
     if let Some(c) = &e.comment {
         write!(s, " comment {}", quote(c)).unwrap();
     }
-    if let Some(v) = &e.verdict {
-        write!(s, " : {}", verdict(v)).unwrap();
-    }
-    if let Some(t) = &e.target {
-        write!(s, " : {} . {}", t.ip(), t.port()).unwrap();
+    match &e.data {
+        ElemData::Verdict(v) => write!(s, " : {}", verdict(v)).unwrap(),
+        ElemData::Target(t) => write!(s, " : {} . {}", t.ip(), t.port()).unwrap(),
+        ElemData::None => {}
     }
     s
 }
@@ -290,8 +289,7 @@ mod tests {
                 KeyValue::Port(443),
             ]
             .into(),
-            verdict: Some(Verdict::Goto("svc".into())),
-            target: None,
+            data: ElemData::Verdict(Verdict::Goto("svc".into())),
             comment: None,
         });
         tx.add(Rule::new(

@@ -203,7 +203,7 @@ impl Tracer<'_> {
                     .lookup(self.family, self.table, map, &self.key(key))
                 {
                     Some(el) => {
-                        let v = el.verdict.clone().expect("vmap element has a verdict");
+                        let v = el.verdict().cloned().expect("vmap element has a verdict");
                         self.verdict(&v, mark, depth, out)
                     }
                     None => self.exprs(rest, mark, depth, out),
@@ -235,7 +235,7 @@ impl Tracer<'_> {
                     let target = self
                         .fake
                         .lookup(self.family, self.table, map, &k)
-                        .and_then(|e| e.target);
+                        .and_then(|e| e.target());
                     out.push(self.dnat_to(target, mark));
                 }
             }
@@ -250,7 +250,7 @@ impl Tracer<'_> {
                     let target = self
                         .fake
                         .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
-                        .and_then(|e| e.target);
+                        .and_then(|e| e.target());
                     out.push(self.dnat_to(target, mark));
                 }
             }

@@ -132,4 +132,11 @@ mod size_tests {
     fn an_operation_is_a_few_words() {
         assert!(std::mem::size_of::<super::Op>() <= 24);
     }
+
+    /// ~220k elements at 10k × 10, each in an `Arc`: 104 bytes of element and 16 of counts
+    /// make glibc's 128-byte block; 8 more bytes would make it 144.
+    #[test]
+    fn an_element_with_its_counts_fits_a_128_byte_block() {
+        assert!(std::mem::size_of::<super::Element>() <= 104);
+    }
 }

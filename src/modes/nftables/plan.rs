@@ -17,8 +17,8 @@ use crate::model::topology::categorize_family;
 use std::sync::Arc;
 
 use crate::kernel::nft::{
-    shared_name, Chain, ChainType, Cidr, CmpOp, Element, Expr, Family, Field, Hook, Key, KeyValue,
-    Name, Rule, Set, Table, Verdict,
+    shared_name, Chain, ChainType, Cidr, CmpOp, ElemData, Element, Expr, Family, Field, Hook, Key,
+    KeyValue, Name, Rule, Set, Table, Verdict,
 };
 use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
 
@@ -346,8 +346,7 @@ fn balance_rules(
             rs.element(Element {
                 set: map.clone(),
                 key: vec![KeyValue::Slot(offset + i as u32)].into(),
-                verdict: None,
-                target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+                data: ElemData::Target(std::net::SocketAddr::new(ep.ip, ep.port)),
                 comment: None,
             });
         }
@@ -431,8 +430,7 @@ fn elem(set: &str, key: Key, v: Verdict, comment: &Name) -> Element {
     Element {
         set: shared_name(set),
         key,
-        verdict: Some(v),
-        target: None,
+        data: ElemData::Verdict(v),
         comment: Some(comment.clone()),
     }
 }
@@ -493,16 +491,14 @@ fn service_port_rules(
         rs.element(Element {
             set: shared_name(HAIRPIN),
             key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)].into(),
-            verdict: None,
-            target: None,
+            data: ElemData::None,
             comment: None,
         });
     }
     rs.element(Element {
         set: shared_name(CLUSTER_IPS),
         key: vec![KeyValue::Addr(cluster_ip)].into(),
-        verdict: None,
-        target: None,
+        data: ElemData::None,
         comment: None,
     });
     // One endpoint and nothing of its own: an element of the one-endpoint map, and the
@@ -515,8 +511,7 @@ fn service_port_rules(
         rs.element(Element {
             set: shared_name(ONE_ENDPOINT_SERVICES),
             key: key(cluster_ip, proto, sp.port),
-            verdict: None,
-            target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+            data: ElemData::Target(std::net::SocketAddr::new(ep.ip, ep.port)),
             comment: Some(comment.clone()),
         });
         rs.element(elem(
@@ -541,8 +536,7 @@ fn service_port_rules(
             rs.element(Element {
                 set: map.clone(),
                 key: k,
-                verdict: None,
-                target: Some(std::net::SocketAddr::new(ep.ip, ep.port)),
+                data: ElemData::Target(std::net::SocketAddr::new(ep.ip, ep.port)),
                 comment: None,
             });
         }
