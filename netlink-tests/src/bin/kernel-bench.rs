@@ -512,7 +512,15 @@ fn manifest_daemon_first_sync(
             "--min-sync-period",
             "1s",
         ])
-        .env("RUST_LOG", netlink_tests::cluster::DAEMON_LOG)
+        // KBENCH_OURS_LOG adds directives (e.g. `kube_nlproxy::proxy::runner=debug`: the
+        // allocator's in-use and free bytes after each sync).
+        .env(
+            "RUST_LOG",
+            match std::env::var("KBENCH_OURS_LOG") {
+                Ok(more) => format!("{},{more}", netlink_tests::cluster::DAEMON_LOG),
+                Err(_) => netlink_tests::cluster::DAEMON_LOG.to_string(),
+            },
+        )
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -543,6 +551,9 @@ fn daemon_rows(rows: &mut Vec<Row>, sizes: &[usize], churn_secs: u64) {
         let (mut child, cold) = manifest_daemon_first_sync(&ns, &file, &dir);
         std::thread::sleep(Duration::from_millis(300));
         let (rss, cpu) = proc_stat(child.id());
+        if std::env::var_os("KBENCH_OURS_LOG").is_some() {
+            let _ = std::fs::copy(dir.join("log"), "/tmp/kbench-daemon.log");
+        }
         rows.push(row(
             format!(
                 "daemon cold start to first sync, {}k services from manifests",
@@ -917,6 +928,12 @@ fn first_sync(ns: &NetNs, pid: u32, what: &str) -> Option<FirstSync> {
                 "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"}",
             );
             let (rss, peak, cpu) = proc_usage(pid);
+            // A diagnostic: where the resident memory is (heap, arenas, stacks, text).
+            if let Some(dir) = std::env::var_os("KBENCH_SMAPS_DIR") {
+                let to =
+                    std::path::Path::new(&dir).join(format!("{}.smaps", what.replace(' ', "_")));
+                let _ = std::fs::copy(format!("/proc/{pid}/smaps"), to);
+            }
             return Some(FirstSync {
                 wall: t0.elapsed(),
                 reported,
@@ -1097,9 +1114,14 @@ fn bench_slice(i: usize, eps: usize, bump: bool) -> serde_json::Value {
 
 /// Starts ours in `ns` with `args` (its log in `dir`).
 fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::process::Child {
-    Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(proxy_bin())
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name]);
+    // A diagnostic: KBENCH_OURS_WRAP="heaptrack -o /tmp/ours" runs ours under a profiler
+    // (its rows then measure the profiler too).
+    if let Ok(wrap) = std::env::var("KBENCH_OURS_WRAP") {
+        cmd.args(wrap.split_whitespace());
+    }
+    cmd.arg(proxy_bin())
         .args(["--hostname-override", "node1"])
         .args(args)
         // KBENCH_OURS_LOG=kube_nlproxy=debug says where a change's time goes.

@@ -449,6 +449,8 @@ pub fn build_service(
         ..Fragment::default()
     };
     service_port_rules(&mut rs, cfg, node, sp, endpoints, family, slots);
+    // Kept as long as the port is: 22 elements (10 endpoints) sit in a list grown to 32.
+    rs.elements.shrink_to_fit();
     rs
 }
 
