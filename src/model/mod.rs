@@ -135,8 +135,10 @@ pub struct Endpoint {
     pub ready: bool,
     pub serving: bool,
     pub terminating: bool,
-    pub zone_hints: Vec<String>,
-    pub node_hints: Vec<String>,
+    /// Topology hints (usually none). Boxed slices, not vectors: 16 bytes less each, on
+    /// every endpoint (10⁵ at 10k × 10).
+    pub zone_hints: Box<[String]>,
+    pub node_hints: Box<[String]>,
 }
 
 impl Endpoint {
@@ -149,8 +151,8 @@ impl Endpoint {
             ready: true,
             serving: true,
             terminating: false,
-            zone_hints: vec![],
-            node_hints: vec![],
+            zone_hints: Box::default(),
+            node_hints: Box::default(),
         }
     }
 }
@@ -337,5 +339,12 @@ mod tests {
         assert_eq!(count_changes(&prev, &next), (3, 2));
         assert_eq!(count_changes(&next, &prev), (3, 2));
         assert_eq!(count_changes(&prev, &prev), (0, 0));
+    }
+
+    /// 10⁵ endpoints at 10k × 10, in every state: each stays within 56 bytes (72 with its
+    /// hints as vectors).
+    #[test]
+    fn an_endpoint_is_small() {
+        assert!(std::mem::size_of::<Endpoint>() <= 56);
     }
 }

@@ -245,9 +245,9 @@ mod tests {
     #[test]
     fn zone_hints_restrict_to_this_zone() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-a".into()];
+        a.zone_hints = vec!["zone-a".into()].into();
         let mut b = ready(4, false);
-        b.zone_hints = vec!["zone-b".into()];
+        b.zone_hints = vec!["zone-b".into()].into();
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn hints_ignored_unless_every_ready_endpoint_has_one() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-a".into()];
+        a.zone_hints = vec!["zone-a".into()].into();
         let b = ready(4, false);
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3, 4]);
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn hints_ignored_when_none_match_this_zone() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-b".into()];
+        a.zone_hints = vec!["zone-b".into()].into();
         let c = categorize_endpoints(&[a], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
@@ -272,9 +272,9 @@ mod tests {
     #[test]
     fn hints_ignored_when_node_has_no_zone() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-a".into()];
+        a.zone_hints = vec!["zone-a".into()].into();
         let mut b = ready(4, false);
-        b.zone_hints = vec!["zone-b".into()];
+        b.zone_hints = vec!["zone-b".into()].into();
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", None);
         assert_eq!(ips(&c.cluster), [3, 4]);
     }
@@ -282,11 +282,11 @@ mod tests {
     #[test]
     fn node_hints_prefer_same_node() {
         let mut a = ready(3, true);
-        a.node_hints = vec!["node1".into()];
-        a.zone_hints = vec!["zone-a".into()];
+        a.node_hints = vec!["node1".into()].into();
+        a.zone_hints = vec!["zone-a".into()].into();
         let mut b = ready(4, false);
-        b.node_hints = vec!["node2".into()];
-        b.zone_hints = vec!["zone-a".into()];
+        b.node_hints = vec!["node2".into()].into();
+        b.zone_hints = vec!["zone-a".into()].into();
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
