@@ -2,16 +2,17 @@
 //! ruleset holds ~220k elements; a key as a `Vec<KeyValue>` was a 24-byte header plus a
 //! heap block of 20 bytes per component (an `IpAddr` is 17), 48–96 bytes with the
 //! allocator's rounding, per element (issue #18). Packed, the longest key the planners build
-//! (an IPv6 address pair: 32 bytes) fits in 36 bytes with no allocation.
+//! (IPVS mode's hairpin set, `saddr . daddr . l4proto . dport`: 35 bytes with IPv6) fits in
+//! 40 bytes with no allocation.
 
 use std::borrow::Borrow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::KeyValue;
 
-/// Bytes of component data a key holds: an IPv6 `saddr . daddr` pair, or `daddr . l4proto .
-/// dport . slot` (16 + 1 + 2 + 4).
-const CAPACITY: usize = 32;
+/// Bytes of component data a key holds: IPVS mode's hairpin key `saddr . daddr . l4proto .
+/// dport` with IPv6 (16 + 16 + 1 + 2), rounded up to an even size.
+const CAPACITY: usize = 36;
 /// Components a key holds: `daddr . l4proto . dport . numgen` is the longest concatenation.
 const MAX_COMPONENTS: usize = 4;
 /// Bits per component in `kinds`.
@@ -53,7 +54,7 @@ impl Kind {
 /// A set element's key: up to four components, packed. Equal keys have equal bytes (unused
 /// bytes stay zero), so equality and hashing are plain byte comparisons; the order is that
 /// of the components (as a `Vec<KeyValue>` would sort).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
     /// Each component's [`Kind`], three bits each, the first in the lowest bits.
     kinds: u16,
@@ -62,6 +63,12 @@ pub struct Key {
     /// Bytes of `bytes` in use.
     used: u8,
     bytes: [u8; CAPACITY],
+}
+
+impl Default for Key {
+    fn default() -> Key {
+        Key::new()
+    }
 }
 
 /// A key with more components or bytes than [`Key`] holds.
@@ -114,8 +121,8 @@ impl Key {
         Ok(())
     }
 
-    /// Appends a component. Every key the planners build fits (at most an IPv6 pair, or
-    /// four components of 23 bytes); one that does not is a planner defect: the component
+    /// Appends a component. Every key the planners build fits (at most four components, 35
+    /// bytes); one that does not is a planner defect: the component
     /// is left out and the defect logged (the kernel then refuses the element for its
     /// length, naming its set), never a panic.
     pub fn push(&mut self, v: KeyValue) {
@@ -290,6 +297,8 @@ mod tests {
                 KeyValue::Port(53),
                 KeyValue::Slot(63),
             ],
+            // IPVS mode's hairpin set: the longest key any planner builds.
+            vec![a6, a6, KeyValue::Proto(6), KeyValue::Port(8080)],
             vec![KeyValue::Slot(u32::MAX)],
         ];
         for s in shapes {
@@ -304,10 +313,7 @@ mod tests {
     #[test]
     fn a_key_that_does_not_fit_is_refused_not_truncated() {
         let a6 = KeyValue::Addr("fd00::1".parse().unwrap());
-        assert_eq!(
-            Key::try_from_values([a6, a6, KeyValue::Proto(6)]),
-            Err(KeyTooLong)
-        );
+        assert_eq!(Key::try_from_values([a6, a6, a6]), Err(KeyTooLong));
         let five = [KeyValue::Proto(6); 5];
         assert_eq!(Key::try_from_values(five), Err(KeyTooLong));
         // push keeps what fitted and logs the rest
@@ -337,6 +343,6 @@ mod tests {
 
     #[test]
     fn a_key_is_small_and_inline() {
-        assert!(std::mem::size_of::<Key>() <= 36);
+        assert!(std::mem::size_of::<Key>() <= 40);
     }
 }

@@ -280,6 +280,35 @@ mod tests {
         }
     }
 
+    /// IPv6: the hairpin key `saddr . daddr . l4proto . dport` is 35 bytes, the longest key
+    /// any planner builds; every element reaches the (fake) kernel whole.
+    #[test]
+    fn the_kernel_accepts_what_we_build_for_ipv6() {
+        let mut st = ProxyState::default();
+        st.node.name = "node1".into();
+        let mut web = ServicePort::new(spn("web6"), ip("fd00:96::10"), 80);
+        web.node_port = Some(30080);
+        st.endpoints.insert(
+            web.name.clone(),
+            vec![Endpoint::ready(ip("fd00:244::2"), 8080, true)].into(),
+        );
+        st.services.insert(web.name.clone(), web.into());
+        let plan = build_plan(&st, &IpvsConfig::default(), &[ip("fd00:50::1")]);
+        let rs = build_ruleset(&st, &plan, &cfg(), Family::Ip6);
+        let hairpin: Vec<_> = rs.elements().filter(|e| &*e.set == HAIRPIN).collect();
+        assert_eq!(hairpin.len(), 1, "{hairpin:?}");
+        assert_eq!(hairpin[0].key.len(), 4, "{:?}", hairpin[0].key);
+        let mut nft = FakeNftables::default();
+        nft.apply(&plan_transaction(None, &rs, None, &[]).tx)
+            .unwrap();
+        assert!(
+            nft.dump(Family::Ip6, DEFAULT_TABLE)
+                .contains("fd00:244::2 . fd00:244::2 . tcp . 8080"),
+            "{}",
+            nft.dump(Family::Ip6, DEFAULT_TABLE)
+        );
+    }
+
     #[test]
     fn an_endpoint_change_touches_only_its_elements() {
         let st = sample();
