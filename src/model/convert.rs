@@ -689,6 +689,18 @@ mod tests {
         serde_yaml::from_str(y).unwrap()
     }
 
+    /// The API source keeps a slice's conversion as long as the slice exists: its list of
+    /// ports holds no spare room.
+    #[test]
+    fn a_converted_slice_has_no_spare_room() {
+        let o: EndpointSlice = parse(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [10.1.0.1]}]\n",
+        );
+        let c = convert_slice(&o, "n1", &mut Vec::new());
+        assert_eq!(c.ports.len(), 1);
+        assert_eq!(c.ports.capacity(), c.ports.len());
+    }
+
     fn svc(spec: &str) -> Service {
         parse(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: ns}}\nspec:\n{spec}"

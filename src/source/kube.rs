@@ -1207,6 +1207,20 @@ mod tests {
         assert_eq!(p.held_until(), None);
     }
 
+    /// The store keeps a Service's ports for as long as the Service exists: the list holds
+    /// no spare room (it had room for four, ~770 bytes a Service).
+    #[test]
+    fn a_stored_port_list_has_no_spare_room() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}
+        }))
+        .unwrap();
+        let ports = logged(|w| service_ports(&svc, w));
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports.capacity(), ports.len());
+    }
+
     #[test]
     fn an_undecodable_object_is_skipped_and_its_list_still_applies() {
         let before = UNDECODABLE_OBJECTS.get();
