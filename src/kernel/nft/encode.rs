@@ -663,11 +663,8 @@ mod tests {
             0407000000010c00040c00000001040c0000000114000407000000010c00040b0000000104020000000604\
             00000000";
         let key = [Field::Daddr, Field::L4Proto, Field::Dport, Field::Random(7)];
-        let got: String = balance_map_udata(&key, Family::Ip)
-            .unwrap()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex = |b: Vec<u8>| -> String { b.iter().map(|b| format!("{b:02x}")).collect() };
+        let got = hex(balance_map_udata(&key, Family::Ip).unwrap());
         assert_eq!(got, nft_mod_7.replace(char::is_whitespace, ""));
         // `ip6 daddr`, N = 2, as nft sends it.
         let nft_ip6_mod_2 =
@@ -677,11 +674,7 @@ mod tests {
             0000010c00040d0000000104090000000114000407000000010c00040b00000001040200000006040000\
             0000";
         let key6 = [Field::Daddr, Field::L4Proto, Field::Dport, Field::Random(2)];
-        let got6: String = balance_map_udata(&key6, Family::Ip6)
-            .unwrap()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let got6 = hex(balance_map_udata(&key6, Family::Ip6).unwrap());
         assert_eq!(got6, nft_ip6_mod_2.replace(char::is_whitespace, ""));
         assert!(balance_map_udata(&key[..3], Family::Ip).is_none());
     }
