@@ -164,7 +164,8 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     // One copy of each name for all of the Service's ports.
-    let (ns_shared, name_shared): (Arc<str>, Arc<str>) = (ns.as_str().into(), name.as_str().into());
+    let (ns_shared, name_shared): (Arc<str>, Arc<str>) =
+        (super::intern::shared(ns.as_str()), name.as_str().into());
     for p in spec.ports.iter().flatten() {
         let pname = p.name.clone().unwrap_or_default();
         let proto_s = p.protocol.as_deref().unwrap_or("TCP");
@@ -194,7 +195,7 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
         let spn = ServicePortName {
             namespace: ns_shared.clone(),
             name: name_shared.clone(),
-            port: pname.as_str().into(),
+            port: super::intern::shared(pname.as_str()),
             protocol,
         };
         if !seen.insert(spn.clone()) {
@@ -320,7 +321,7 @@ pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
 pub struct SliceEndpoints {
     /// The slice's namespace and `kubernetes.io/service-name` label, when it has one (the
     /// trigger time applies to that Service even when the slice itself is skipped).
-    pub service: Option<(String, String)>,
+    pub service: Option<(Arc<str>, Arc<str>)>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`.
     pub trigger_time: Option<std::time::SystemTime>,
     /// The endpoints of each of the slice's ports, in [`merge_endpoints`]' order (by
@@ -340,8 +341,10 @@ pub fn convert_slice(
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let labels = meta.labels.as_ref();
     let label = |k: &str| labels.and_then(|l| l.get(k));
+    // The namespace and Service name, shared with every port's name below.
+    let ns_shared = super::intern::shared(ns);
     let mut out = SliceEndpoints {
-        service: label(LABEL_SERVICE_NAME).map(|s| (ns.to_string(), s.clone())),
+        service: label(LABEL_SERVICE_NAME).map(|s| (ns_shared.clone(), s.as_str().into())),
         trigger_time: meta
             .annotations
             .as_ref()
@@ -369,7 +372,10 @@ pub fn convert_slice(
             return out;
         }
     };
-    let (ns_shared, svc_shared): (Arc<str>, Arc<str>) = (ns.into(), svc_name.as_str().into());
+    let svc_shared = match &out.service {
+        Some((_, s)) => s.clone(),
+        None => svc_name.as_str().into(),
+    };
     for port in slice.ports.iter().flatten() {
         let Some(num) = port.port else { continue };
         if !(1..=65535).contains(&num) {
@@ -388,7 +394,7 @@ pub fn convert_slice(
         let spn = ServicePortName {
             namespace: ns_shared.clone(),
             name: svc_shared.clone(),
-            port: port.name.clone().unwrap_or_default().into(),
+            port: super::intern::shared(port.name.as_deref().unwrap_or_default()),
             protocol,
         };
         let mut eps = Vec::with_capacity(slice.endpoints.len());
@@ -423,22 +429,26 @@ pub fn convert_slice(
             let cond = ep.conditions.as_ref();
             let ready = cond.and_then(|c| c.ready).unwrap_or(true);
             let hints = ep.hints.as_ref();
-            eps.push(Endpoint {
+            let mut e = Endpoint {
                 ip,
                 port: num as u16,
                 is_local: ep.node_name.as_deref() == Some(node_name),
                 ready,
                 serving: cond.and_then(|c| c.serving).unwrap_or(ready),
                 terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-                zone_hints: hints
+                hints: None,
+            };
+            e.set_hints(
+                hints
                     .and_then(|h| h.for_zones.as_ref())
                     .map(|z| z.iter().map(|z| z.name.clone()).collect())
                     .unwrap_or_default(),
-                node_hints: hints
+                hints
                     .and_then(|h| h.for_nodes.as_ref())
                     .map(|n| n.iter().map(|n| n.name.clone()).collect())
                     .unwrap_or_default(),
-            });
+            );
+            eps.push(e);
         }
         out.ports.push((spn, Arc::new(merge_endpoints(eps.iter()))));
     }
@@ -560,8 +570,8 @@ pub fn assemble<'a>(
         // a range, not a scan of every port (the EndpointSlice controller stamps every
         // slice, and a scan per slice made 10k Services take 1.9 s instead of ~0.1 s).
         let first = ServicePortName {
-            namespace: ns.clone().into(),
-            name: svc.clone().into(),
+            namespace: ns.clone(),
+            name: svc.clone(),
             port: "".into(),
             protocol: Protocol::Tcp,
         };
@@ -699,6 +709,18 @@ mod tests {
         let c = convert_slice(&o, "n1", &mut Vec::new());
         assert_eq!(c.ports.len(), 1);
         assert_eq!(c.ports.capacity(), c.ports.len());
+    }
+
+    #[test]
+    fn a_slices_topology_hints_reach_its_endpoints() {
+        let o: EndpointSlice = parse(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.1.0.1], hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}}\n- {addresses: [10.1.0.2]}\n",
+        );
+        let c = convert_slice(&o, "n1", &mut Vec::new());
+        let eps = &c.ports[0].1;
+        assert_eq!(eps[0].zone_hints(), ["z1"]);
+        assert_eq!(eps[0].node_hints(), ["n1"]);
+        assert!(eps[1].hints.is_none(), "no hints: nothing kept");
     }
 
     fn svc(spec: &str) -> Service {

@@ -30,14 +30,14 @@ fn topology_mode(endpoints: &[Endpoint], node: &str, zone: Option<&str>) -> Topo
     let mut has_for_zone = false;
     let mut all_zone_hints = true;
     for ep in endpoints.iter().filter(|e| e.ready) {
-        if ep.node_hints.is_empty() {
+        if ep.node_hints().is_empty() {
             all_node_hints = false;
-        } else if ep.node_hints.iter().any(|n| n == node) {
+        } else if ep.node_hints().iter().any(|n| n == node) {
             has_for_node = true;
         }
-        if ep.zone_hints.is_empty() {
+        if ep.zone_hints().is_empty() {
             all_zone_hints = false;
-        } else if zone.is_some_and(|z| ep.zone_hints.iter().any(|h| h == z)) {
+        } else if zone.is_some_and(|z| ep.zone_hints().iter().any(|h| h == z)) {
             has_for_zone = true;
         }
     }
@@ -53,8 +53,8 @@ fn topology_mode(endpoints: &[Endpoint], node: &str, zone: Option<&str>) -> Topo
 fn available(ep: &Endpoint, mode: TopologyMode, node: &str, zone: Option<&str>) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::SameNode => ep.node_hints.iter().any(|n| n == node),
-        TopologyMode::SameZone => zone.is_some_and(|z| ep.zone_hints.iter().any(|h| h == z)),
+        TopologyMode::SameNode => ep.node_hints().iter().any(|n| n == node),
+        TopologyMode::SameZone => zone.is_some_and(|z| ep.zone_hints().iter().any(|h| h == z)),
     }
 }
 
@@ -245,9 +245,9 @@ mod tests {
     #[test]
     fn zone_hints_restrict_to_this_zone() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-a".into()].into();
+        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
         let mut b = ready(4, false);
-        b.zone_hints = vec!["zone-b".into()].into();
+        b.hints.get_or_insert_default().zones = vec!["zone-b".into()].into();
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn hints_ignored_unless_every_ready_endpoint_has_one() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-a".into()].into();
+        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
         let b = ready(4, false);
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3, 4]);
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn hints_ignored_when_none_match_this_zone() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-b".into()].into();
+        a.hints.get_or_insert_default().zones = vec!["zone-b".into()].into();
         let c = categorize_endpoints(&[a], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
@@ -272,9 +272,9 @@ mod tests {
     #[test]
     fn hints_ignored_when_node_has_no_zone() {
         let mut a = ready(3, false);
-        a.zone_hints = vec!["zone-a".into()].into();
+        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
         let mut b = ready(4, false);
-        b.zone_hints = vec!["zone-b".into()].into();
+        b.hints.get_or_insert_default().zones = vec!["zone-b".into()].into();
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", None);
         assert_eq!(ips(&c.cluster), [3, 4]);
     }
@@ -282,11 +282,11 @@ mod tests {
     #[test]
     fn node_hints_prefer_same_node() {
         let mut a = ready(3, true);
-        a.node_hints = vec!["node1".into()].into();
-        a.zone_hints = vec!["zone-a".into()].into();
+        a.hints.get_or_insert_default().nodes = vec!["node1".into()].into();
+        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
         let mut b = ready(4, false);
-        b.node_hints = vec!["node2".into()].into();
-        b.zone_hints = vec!["zone-a".into()].into();
+        b.hints.get_or_insert_default().nodes = vec!["node2".into()].into();
+        b.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }

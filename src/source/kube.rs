@@ -30,13 +30,15 @@ use crate::model::{Lineage, NodeInfo, ProxyState, ServicePort, ServicePortName};
 pub const SELECTOR: &str =
     "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
 
-type Key = (String, String);
+/// An object's namespace and name: the namespace shared among objects (20k objects at 10k
+/// Services held ~20k copies of a handful of namespaces).
+type Key = (Arc<str>, Arc<str>);
 
 fn key_of<K: Resource>(o: &K) -> Key {
     let m = o.meta();
     (
-        m.namespace.clone().unwrap_or_default(),
-        m.name.clone().unwrap_or_default(),
+        crate::model::intern::shared(m.namespace.as_deref().unwrap_or_default()),
+        m.name.as_deref().unwrap_or_default().into(),
     )
 }
 
@@ -306,7 +308,7 @@ impl Stores {
         let mut services: BTreeMap<Key, Vec<Arc<ServicePort>>> = BTreeMap::new();
         for (spn, sp) in &state.services {
             services
-                .entry((spn.namespace.to_string(), spn.name.to_string()))
+                .entry((spn.namespace.clone(), spn.name.clone()))
                 .or_default()
                 .push(sp.clone());
         }
@@ -320,7 +322,7 @@ impl Stores {
                 slice,
             )));
         }
-        let node = (String::new(), state.node.name.clone());
+        let node = ("".into(), state.node.name.as_str().into());
         s.apply(Update::Node(Change::InitApply(node, state.node.clone())));
         s.apply(Update::Service(Change::InitDone));
         s.apply(Update::Slice(Change::InitDone));
@@ -337,14 +339,14 @@ impl Stores {
 
     fn slice_key(spn: &ServicePortName) -> Key {
         (
-            spn.namespace.to_string(),
-            format!("{}-{}", spn.name, spn.port),
+            spn.namespace.clone(),
+            format!("{}-{}", spn.name, spn.port).into(),
         )
     }
 
     fn slice_of(spn: &ServicePortName, eps: Arc<Vec<crate::model::Endpoint>>) -> SliceEndpoints {
         SliceEndpoints {
-            service: Some((spn.namespace.to_string(), spn.name.to_string())),
+            service: Some((spn.namespace.clone(), spn.name.clone())),
             trigger_time: None,
             ports: vec![(spn.clone(), eps)],
         }

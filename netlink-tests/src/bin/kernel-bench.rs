@@ -1649,7 +1649,42 @@ const SCALE_SHAPES: &[(usize, usize, Duration, Duration)] = &[
     ),
 ];
 
+/// The modes and options `main` understands; anything else prints this and exits, so a
+/// mistyped flag (or `--help`) never starts the ~35-minute full run.
+const USAGE: &str = "usage: kernel-bench [--quick] [MODE]
+modes (default: the full run, ~35 min):
+  --side-by-side-only            ours vs upstream for each source
+  --side-by-side-shape NxE [--ours-only]
+  --churn-only [SECONDS]         10k x 10 through the real apiserver, then the churn row
+  --daemon-only [SERVICES]       the daemon rows from manifests
+  --scale-only [NxE]             the in-process scale shapes
+  --partial-only | --latency-only | --conntrack-only
+  --ipvs-only                    IPVS rows (run inside the VM)";
+
 fn main() {
+    const KNOWN: &[&str] = &[
+        "--quick",
+        "--ipvs-only",
+        "--daemon-only",
+        "--scale-only",
+        "--partial-only",
+        "--latency-only",
+        "--conntrack-only",
+        "--side-by-side-shape",
+        "--ours-only",
+        "--churn-only",
+        "--side-by-side-only",
+    ];
+    if let Some(bad) = std::env::args()
+        .skip(1)
+        .find(|a| a.starts_with('-') && !KNOWN.contains(&a.as_str()))
+    {
+        if bad != "--help" && bad != "-h" {
+            eprintln!("kernel-bench: unknown option {bad}");
+        }
+        eprintln!("{USAGE}");
+        std::process::exit(2);
+    }
     require_root();
     // One side-by-side run keeps its namespaces for up to ~13 minutes (FIRST_SYNC_LIMIT).
     netlink_tests::deadline::set_limit(Duration::from_secs(3600));

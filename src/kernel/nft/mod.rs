@@ -255,25 +255,8 @@ impl Set {
 pub type Name = std::sync::Arc<str>;
 
 /// The shared [`Name`] of a set or other name that recurs across fragments (set names:
-/// ~10, plus the endpoint maps, ≤ 256). A per-thread cache; it is only a cache, so it is
-/// emptied when it grows past 4096 names (names stay valid: each holds its own count).
-pub fn shared_name(s: &str) -> Name {
-    thread_local! {
-        static NAMES: std::cell::RefCell<std::collections::HashSet<Name>> = Default::default();
-    }
-    NAMES.with(|n| {
-        let mut n = n.borrow_mut();
-        if let Some(x) = n.get(s) {
-            return x.clone();
-        }
-        if n.len() >= 4096 {
-            n.clear();
-        }
-        let x: Name = s.into();
-        n.insert(x.clone());
-        x
-    })
-}
+/// ~10, plus the endpoint maps, ≤ 256).
+pub use crate::model::intern::shared as shared_name;
 
 /// An element of a set or verdict map.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,53 @@
+//! One shared copy of names that recur: set names across a ruleset's ~220k elements, and
+//! namespaces and port names across 10k Services and their EndpointSlices (issue #18: each
+//! object held its own copy of `default` and `http`). Pure; a leaf.
+
+use std::sync::Arc;
+
+/// Names kept per thread before the cache is emptied (names stay valid: each holds its own
+/// count; only sharing stops until they recur).
+const CAPACITY: usize = 4096;
+
+/// The shared `Arc<str>` of `s`, from a per-thread cache. Use it for names with few distinct
+/// values (namespaces, port names, set names), not for per-object names, which would only
+/// churn the cache.
+pub fn shared(s: &str) -> Arc<str> {
+    thread_local! {
+        static NAMES: std::cell::RefCell<std::collections::HashSet<Arc<str>>> = Default::default();
+    }
+    NAMES.with(|n| {
+        let mut n = n.borrow_mut();
+        if let Some(x) = n.get(s) {
+            return x.clone();
+        }
+        if n.len() >= CAPACITY {
+            n.clear();
+        }
+        let x: Arc<str> = s.into();
+        n.insert(x.clone());
+        x
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_names_share_one_allocation() {
+        let (a, b) = (shared("default"), shared(&String::from("default")));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(&*a, "default");
+        assert!(!Arc::ptr_eq(&a, &shared("kube-system")));
+    }
+
+    #[test]
+    fn a_full_cache_starts_over_and_names_stay_valid() {
+        let first = shared("name-0");
+        for i in 1..=CAPACITY + 1 {
+            shared(&format!("name-{i}"));
+        }
+        assert_eq!(&*first, "name-0");
+        assert_eq!(&*shared("name-0"), "name-0");
+    }
+}
