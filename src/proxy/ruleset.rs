@@ -266,14 +266,24 @@ impl Ruleset {
     /// Sets (or with `None` removes) one service port's fragment.
     pub fn set_service(&mut self, name: &ServicePortName, frag: Option<Arc<Fragment>>) {
         let mut dirty = Vec::new();
-        if let Some(old) = self.services.remove(name) {
+        // A changed fragment replaces the old one in its place: removing and inserting it
+        // split the bulk-built map's full nodes, one more node for every ~6 changed service
+        // ports until the map had doubled (+0.7 MiB at 10k × 10 over the churn row).
+        let old = match (&frag, self.services.get_mut(name)) {
+            (Some(f), Some(slot)) => Some(std::mem::replace(slot, f.clone())),
+            (Some(f), None) => {
+                self.services.insert(name.clone(), f.clone());
+                None
+            }
+            (None, _) => self.services.remove(name),
+        };
+        if let Some(old) = old {
             self.drop_refs(&old, &mut dirty);
             self.rules -= rules_in(&old);
         }
         if let Some(f) = frag {
             self.add_refs(&f, &mut dirty);
             self.rules += rules_in(&f);
-            self.services.insert(name.clone(), f);
         }
         self.settle(dirty);
     }
