@@ -106,7 +106,7 @@ fn main() {
         p.sync_shared(&st).expect("partial sync");
     }
     println!(
-        "after {} one-endpoint changes in {rounds} syncs (proxier and stores): {:+.1} MiB ({})",
+        "after {} one-endpoint changes in {rounds} syncs (proxier and stores; this probe's own original state, and the proxier's previous state, are counted too): {:+.1} MiB ({})",
         rounds * per_round,
         in_use_mib() - before,
         rss()

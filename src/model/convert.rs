@@ -355,7 +355,7 @@ pub fn convert_slice(
     if label(LABEL_SERVICE_PROXY_NAME).is_some() || label(LABEL_HEADLESS).is_some() {
         return out;
     }
-    let Some(svc_name) = label(LABEL_SERVICE_NAME) else {
+    let Some(svc_shared) = out.service.as_ref().map(|(_, s)| s.clone()) else {
         warnings.push(format!(
             "EndpointSlice {id}: no {LABEL_SERVICE_NAME} label; skipped"
         ));
@@ -371,10 +371,6 @@ pub fn convert_slice(
             ));
             return out;
         }
-    };
-    let svc_shared = match &out.service {
-        Some((_, s)) => s.clone(),
-        None => svc_name.as_str().into(),
     };
     for port in slice.ports.iter().flatten() {
         let Some(num) = port.port else { continue };
@@ -709,6 +705,24 @@ mod tests {
         let c = convert_slice(&o, "n1", &mut Vec::new());
         assert_eq!(c.ports.len(), 1);
         assert_eq!(c.ports.capacity(), c.ports.len());
+    }
+
+    /// Namespaces and port names are held once, and a slice's Service name once for the
+    /// slice and its ports (issue #18: 10k Services' slices each held their own copies).
+    #[test]
+    fn converted_slices_share_their_names() {
+        let slice = |name: &str| -> EndpointSlice {
+            parse(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.1]}}]\n"
+            ))
+        };
+        let a = convert_slice(&slice("a"), "n1", &mut Vec::new());
+        let b = convert_slice(&slice("b"), "n1", &mut Vec::new());
+        let (sa, sb) = (&a.ports[0].0, &b.ports[0].0);
+        assert!(Arc::ptr_eq(&sa.namespace, &sb.namespace));
+        assert!(Arc::ptr_eq(&sa.port, &sb.port));
+        let (ns, svc) = a.service.as_ref().unwrap();
+        assert!(Arc::ptr_eq(ns, &sa.namespace) && Arc::ptr_eq(svc, &sa.name));
     }
 
     #[test]

@@ -468,10 +468,10 @@ fn manifests(n: usize, bump: usize) -> String {
 }
 
 /// [`proc_stat`] once the RSS has settled after a first sync: the transaction and the
-/// states it replaced are freed on another thread after the commit, which at 100k × 10
-/// takes longer than a fixed wait (a 300 ms wait read 741 MiB in one run and 549 MiB in
-/// another). Polls every 250 ms until two reads in a row move less than 1 MiB, for at most
-/// 10 s.
+/// states it replaced are freed on another thread after the commit, which at 100k × 10 may
+/// outlast a fixed wait (a 300 ms wait read 741 MiB in one run and 549 MiB in another; the
+/// cause is likely, not shown). Polls every 250 ms until two reads in a row move less than
+/// 1 MiB, for at most 10 s.
 fn settled(pid: u32) -> (u64, f64) {
     let t0 = Instant::now();
     let mut last = proc_stat(pid);
