@@ -145,7 +145,7 @@ fn sample(family: Family) -> Transaction {
         tx.add(Element {
             set: "endpoints".into(),
             key: vec![KeyValue::Slot(slot)].into(),
-            data: ElemData::Target(std::net::SocketAddr::new(b.parse().unwrap(), port)),
+            data: ElemData::Target(std::net::SocketAddr::new(b.parse().unwrap(), port).into()),
             comment: None,
         });
     }
@@ -183,10 +183,9 @@ fn sample(family: Family) -> Transaction {
             tx.add(Element {
                 set: map.into(),
                 key: k.into(),
-                data: ElemData::Target(std::net::SocketAddr::new(
-                    b.parse().unwrap(),
-                    8080 + i as u16,
-                )),
+                data: ElemData::Target(
+                    std::net::SocketAddr::new(b.parse().unwrap(), 8080 + i as u16).into(),
+                ),
                 comment: None,
             });
         }

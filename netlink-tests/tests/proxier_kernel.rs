@@ -166,7 +166,12 @@ fn fake_slots(f: &mut FakeNftables, family: Family) -> Slots {
                     let Some(KeyValue::Slot(k)) = e.key.get(0) else {
                         return None;
                     };
-                    Some((k, e.target().map(|t| target_bytes(&t)).unwrap_or_default()))
+                    Some((
+                        k,
+                        e.target()
+                            .map(|t| target_bytes(&t.into()))
+                            .unwrap_or_default(),
+                    ))
                 });
             out.insert(s, m.collect());
         }

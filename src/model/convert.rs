@@ -11,6 +11,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use crate::model::intern::ArcStr;
 use crate::model::net::Cidr;
 
 /// Label that hands a Service to another proxy.
@@ -164,7 +165,7 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     // One copy of each name for all of the Service's ports.
-    let (ns_shared, name_shared): (Arc<str>, Arc<str>) =
+    let (ns_shared, name_shared): (ArcStr, ArcStr) =
         (super::intern::shared(ns.as_str()), name.as_str().into());
     for p in spec.ports.iter().flatten() {
         let pname = p.name.clone().unwrap_or_default();
@@ -321,7 +322,7 @@ pub fn parse_rfc3339(s: &str) -> Option<std::time::SystemTime> {
 pub struct SliceEndpoints {
     /// The slice's namespace and `kubernetes.io/service-name` label, when it has one (the
     /// trigger time applies to that Service even when the slice itself is skipped).
-    pub service: Option<(Arc<str>, Arc<str>)>,
+    pub service: Option<(ArcStr, ArcStr)>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`.
     pub trigger_time: Option<std::time::SystemTime>,
     /// The endpoints of each of the slice's ports, in [`merge_endpoints`]' order (by
@@ -719,10 +720,10 @@ mod tests {
         let a = convert_slice(&slice("a"), "n1", &mut Vec::new());
         let b = convert_slice(&slice("b"), "n1", &mut Vec::new());
         let (sa, sb) = (&a.ports[0].0, &b.ports[0].0);
-        assert!(Arc::ptr_eq(&sa.namespace, &sb.namespace));
-        assert!(Arc::ptr_eq(&sa.port, &sb.port));
+        assert!(ArcStr::ptr_eq(&sa.namespace, &sb.namespace));
+        assert!(ArcStr::ptr_eq(&sa.port, &sb.port));
         let (ns, svc) = a.service.as_ref().unwrap();
-        assert!(Arc::ptr_eq(ns, &sa.namespace) && Arc::ptr_eq(svc, &sa.name));
+        assert!(ArcStr::ptr_eq(ns, &sa.namespace) && ArcStr::ptr_eq(svc, &sa.name));
     }
 
     #[test]
@@ -794,7 +795,7 @@ mod tests {
         let mut w = Vec::new();
         let ports = convert_service(&s, &mut w);
         assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0].name.port, "d".into());
+        assert_eq!(ports[0].name.port, "d");
         assert_eq!(ports[0].name.protocol, Protocol::Udp);
         assert_eq!(w.len(), 3, "{w:?}");
         assert!(
@@ -889,7 +890,7 @@ mod tests {
         let tcp0 = st
             .services
             .keys()
-            .find(|k| k.port == "p0".into() && k.protocol == Protocol::Tcp)
+            .find(|k| k.port == "p0" && k.protocol == Protocol::Tcp)
             .unwrap();
         assert_eq!(st.endpoints[tcp0].len(), 1000);
         assert!(w.iter().any(|m| m.contains("IPv4-mapped")), "{w:?}");
@@ -1043,8 +1044,8 @@ mod tests {
         let (state, _) = build_state(&snap, "n");
         let c = collisions_of(&state);
         assert_eq!(c.len(), 1);
-        assert_eq!(c[0].owner.name, "b-older".into());
-        assert_eq!(c[0].other.name, "a-newer".into());
+        assert_eq!(c[0].owner.name, "b-older");
+        assert_eq!(c[0].other.name, "a-newer");
         let text = c[0].to_string();
         assert!(
             text.contains(&format!("; {} gets that traffic", c[0].owner)),

@@ -2,18 +2,20 @@
 //! namespaces and port names across 10k Services and their EndpointSlices (issue #18: each
 //! object held its own copy of `default` and `http`). Pure; a leaf.
 
-use std::sync::Arc;
+/// A shared name: one pointer (8 bytes, not `Arc<str>`'s 16), so an element, a Service
+/// port name or a store key that holds several is smaller (issue #18).
+pub use arcstr::ArcStr;
 
 /// Names kept per thread before the cache is emptied (names stay valid: each holds its own
 /// count; only sharing stops until they recur).
 const CAPACITY: usize = 4096;
 
-/// The shared `Arc<str>` of `s`, from a per-thread cache. Use it for names with few distinct
+/// The shared [`ArcStr`] of `s`, from a per-thread cache. Use it for names with few distinct
 /// values (namespaces, port names, set names), not for per-object names, which would only
 /// churn the cache.
-pub fn shared(s: &str) -> Arc<str> {
+pub fn shared(s: &str) -> ArcStr {
     thread_local! {
-        static NAMES: std::cell::RefCell<std::collections::HashSet<Arc<str>>> = Default::default();
+        static NAMES: std::cell::RefCell<std::collections::HashSet<ArcStr>> = Default::default();
     }
     NAMES.with(|n| {
         let mut n = n.borrow_mut();
@@ -23,7 +25,7 @@ pub fn shared(s: &str) -> Arc<str> {
         if n.len() >= CAPACITY {
             n.clear();
         }
-        let x: Arc<str> = s.into();
+        let x = ArcStr::from(s);
         n.insert(x.clone());
         x
     })
@@ -36,9 +38,9 @@ mod tests {
     #[test]
     fn equal_names_share_one_allocation() {
         let (a, b) = (shared("default"), shared(&String::from("default")));
-        assert!(Arc::ptr_eq(&a, &b));
+        assert!(ArcStr::ptr_eq(&a, &b));
         assert_eq!(&*a, "default");
-        assert!(!Arc::ptr_eq(&a, &shared("kube-system")));
+        assert!(!ArcStr::ptr_eq(&a, &shared("kube-system")));
     }
 
     #[test]

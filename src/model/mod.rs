@@ -13,6 +13,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+pub use intern::ArcStr;
 use net::Cidr;
 
 /// L4 protocol of a service port.
@@ -53,9 +54,9 @@ impl Protocol {
 /// Identifies one port of one Service: `namespace/name:port-name` plus protocol.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePortName {
-    pub namespace: Arc<str>,
-    pub name: Arc<str>,
-    pub port: Arc<str>,
+    pub namespace: ArcStr,
+    pub name: ArcStr,
+    pub port: ArcStr,
     pub protocol: Protocol,
 }
 

@@ -7,7 +7,9 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::kernel::nft::{Chain, Element, Family, Key, Op, Rule, Set, Table, Transaction};
+use crate::kernel::nft::{
+    Chain, Element, Family, Key, Name, Op, Rule, Set, SharedElement, Table, Transaction,
+};
 use crate::model::ServicePortName;
 use crate::proxy::fxhash::FxHashMap;
 
@@ -19,7 +21,7 @@ pub struct Fragment {
     /// Elements of shared sets and maps (several fragments may add the same key). Shared
     /// (`Arc`) with the ruleset's index, so each element is held once: at 10k Services
     /// × 10 endpoints that is ~250k elements, which the index used to copy.
-    pub elements: Vec<Arc<Element>>,
+    pub elements: Vec<SharedElement>,
     /// The owning Service's creation time (Unix seconds): of two service ports that add the
     /// same key with different data, the older one's element is in force.
     pub created: Option<i64>,
@@ -34,14 +36,14 @@ impl Fragment {
         self.sets.insert(set.name.clone(), set);
     }
     pub fn element(&mut self, e: Element) {
-        self.elements.push(Arc::new(e));
+        self.elements.push(SharedElement::new(e));
     }
 }
 
 /// An element by its set and key: the element itself, compared and hashed on those two
 /// (no copy of the set name and key per entry).
 #[derive(Debug, Clone)]
-struct ElemKey(Arc<Element>);
+struct ElemKey(SharedElement);
 
 impl ElemKey {
     fn parts(&self) -> (&str, &Key) {
@@ -53,7 +55,7 @@ impl PartialEq for ElemKey {
     fn eq(&self, o: &Self) -> bool {
         // One element is its own key: a fragment's element looked up in the index usually
         // finds itself, without reading the set name or key.
-        Arc::ptr_eq(&self.0, &o.0) || self.parts() == o.parts()
+        SharedElement::ptr_eq(&self.0, &o.0) || self.parts() == o.parts()
     }
 }
 impl Eq for ElemKey {}
@@ -102,7 +104,7 @@ fn rules_in(f: &Fragment) -> usize {
     f.chains.values().map(|(_, r)| r.len()).sum()
 }
 
-fn key_of(e: &Arc<Element>) -> ElemKey {
+fn key_of(e: &SharedElement) -> ElemKey {
     ElemKey(e.clone())
 }
 
@@ -131,7 +133,7 @@ fn owner_of<'a>(
     services: &'a BTreeMap<ServicePortName, Arc<Fragment>>,
     overrides: &BTreeMap<&'a ServicePortName, Option<&'a Fragment>>,
     k: &ElemKey,
-) -> (Option<&'a Arc<Element>>, bool) {
+) -> (Option<&'a SharedElement>, bool) {
     let matches = |f: &'a Fragment| {
         f.elements
             .iter()
@@ -335,22 +337,22 @@ pub struct Plan {
 /// order: the base, then service ports by name. Deterministic without sorting by key, which
 /// at 100k × 10 (2.2M elements, each comparison two pointer chases) was 4 s of a 17 s full
 /// sync.
-fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&Arc<Element>>> {
+fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&SharedElement>> {
     let mut index: FxHashMap<&str, usize> = FxHashMap::default();
-    let mut groups: Vec<(&str, Vec<&Arc<Element>>)> = Vec::new();
+    let mut groups: Vec<(&str, Vec<&SharedElement>)> = Vec::new();
     // A fragment's elements come in runs of one set: look the name up once per run.
-    let mut last: Option<(&Arc<str>, usize)> = None;
+    let mut last: Option<(&Name, usize)> = None;
     for f in rs.fragments() {
         for e in &f.elements {
             let in_force = rs
                 .refs
                 .get_key_value(&key_of(e))
-                .is_some_and(|(k, _)| Arc::ptr_eq(&k.0, e));
+                .is_some_and(|(k, _)| SharedElement::ptr_eq(&k.0, e));
             if !in_force {
                 continue; // another contributor's copy, or another owner's data
             }
             let g = match last {
-                Some((name, g)) if Arc::ptr_eq(name, &e.set) => g,
+                Some((name, g)) if Name::ptr_eq(name, &e.set) => g,
                 _ => {
                     let g = *index.entry(&e.set).or_insert_with(|| {
                         groups.push((&e.set, Vec::new()));
@@ -508,7 +510,7 @@ pub fn plan_changes(
         overrides.insert(&c.name, c.new.as_deref());
     }
     // (contributions removed, contributions added) per key.
-    let mut delta: BTreeMap<ElemKey, (usize, Vec<&Arc<Element>>)> = BTreeMap::new();
+    let mut delta: BTreeMap<ElemKey, (usize, Vec<&SharedElement>)> = BTreeMap::new();
     for (old, new) in &pairs {
         for e in &old.elements {
             delta.entry(key_of(e)).or_default().0 += 1;
@@ -526,8 +528,8 @@ pub fn plan_changes(
         let remaining = before
             .map_or(0, |s| s.count as usize)
             .saturating_sub(*removed);
-        let agree = |e: &&Arc<Element>, with: &Element| same_data(e, with);
-        let after_el: Option<&Arc<Element>> = match (before, added.first()) {
+        let agree = |e: &&SharedElement, with: &Element| same_data(e, with);
+        let after_el: Option<&SharedElement> = match (before, added.first()) {
             (Some(s), _) if s.mixed => owner_of(new_base, &last.services, &overrides, k).0,
             (_, None) if remaining > 0 => before_el,
             (_, None) => None,
@@ -676,7 +678,7 @@ pub(crate) mod tests {
             let e = &f.elements[0];
             let (in_force, _) = rs.refs.get_key_value(&key_of(e)).expect("indexed");
             assert!(
-                Arc::ptr_eq(&in_force.0, e),
+                SharedElement::ptr_eq(&in_force.0, e),
                 "{name}: a copy, not the fragment's element"
             );
         }

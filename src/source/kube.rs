@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 use crate::model::convert::{
     assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
 };
+use crate::model::intern::ArcStr;
 use crate::model::net::Cidr;
 use crate::model::{Lineage, NodeInfo, ProxyState, ServicePort, ServicePortName};
 
@@ -32,7 +33,7 @@ pub const SELECTOR: &str =
 
 /// An object's namespace and name: the namespace shared among objects (20k objects at 10k
 /// Services held ~20k copies of a handful of namespaces).
-type Key = (Arc<str>, Arc<str>);
+type Key = (ArcStr, ArcStr);
 
 fn key_of<K: Resource>(o: &K) -> Key {
     let m = o.meta();
@@ -646,7 +647,7 @@ pub async fn run(
     .default_backoff()
     .filter_map({
         // Endpoints on this node are marked local as they arrive.
-        let node: Arc<str> = node.as_str().into();
+        let node: ArcStr = node.as_str().into();
         move |r| {
             let node = node.clone();
             async move {
@@ -1020,7 +1021,7 @@ mod tests {
         let web: Vec<String> = built
             .endpoints
             .iter()
-            .find(|(k, _)| k.name == "web".into() && k.port == "http".into())
+            .find(|(k, _)| k.name == "web" && k.port == "http")
             .map(|(_, e)| e.iter().map(|e| e.to_string()).collect())
             .unwrap();
         assert_eq!(

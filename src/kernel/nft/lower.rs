@@ -195,7 +195,7 @@ where
 }
 
 /// The data of an endpoint-map element: address, then port in a 32-bit slot.
-pub fn target_bytes(t: &std::net::SocketAddr) -> Vec<u8> {
+pub fn target_bytes(t: &super::Target) -> Vec<u8> {
     let mut out = ip_bytes(&t.ip());
     out.extend([(t.port() >> 8) as u8, t.port() as u8, 0, 0]);
     out

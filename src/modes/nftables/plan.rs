@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::kernel::nft::{
     shared_name, Chain, ChainType, Cidr, CmpOp, ElemData, Element, Expr, Family, Field, Hook, Key,
-    KeyValue, Name, Rule, Set, Table, Verdict,
+    KeyValue, Name, Rule, Set, Table, Target, Verdict,
 };
 use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
 
@@ -346,7 +346,7 @@ fn balance_rules(
             rs.element(Element {
                 set: map.clone(),
                 key: vec![KeyValue::Slot(offset + i as u32)].into(),
-                data: ElemData::Target(std::net::SocketAddr::new(ep.ip, ep.port)),
+                data: ElemData::Target(Target::new(ep.ip, ep.port)),
                 comment: None,
             });
         }
@@ -513,7 +513,7 @@ fn service_port_rules(
         rs.element(Element {
             set: shared_name(ONE_ENDPOINT_SERVICES),
             key: key(cluster_ip, proto, sp.port),
-            data: ElemData::Target(std::net::SocketAddr::new(ep.ip, ep.port)),
+            data: ElemData::Target(Target::new(ep.ip, ep.port)),
             comment: Some(comment.clone()),
         });
         rs.element(elem(
@@ -538,7 +538,7 @@ fn service_port_rules(
             rs.element(Element {
                 set: map.clone(),
                 key: k,
-                data: ElemData::Target(std::net::SocketAddr::new(ep.ip, ep.port)),
+                data: ElemData::Target(Target::new(ep.ip, ep.port)),
                 comment: None,
             });
         }
