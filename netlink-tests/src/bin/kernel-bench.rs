@@ -901,6 +901,63 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
             if n >= 10_000 { "≥ 4×" } else { "(reported)" },
             (n >= 10_000).then_some(ratio >= 4.0),
         ));
+        // Where the rest of the whole sync goes: its other two parts alone, each in a
+        // fresh namespace, as the IPVS mode sends them.
+        let ns = NetNs::new("kbipvsvips");
+        let vips: Vec<std::net::IpAddr> = plan.vips.iter().copied().collect();
+        let vip_time = ns.run(move || {
+            use kube_nlproxy::kernel::rtnl::{host_prefix, IfAddr, Links};
+            let mut links = NetlinkLinks::open().unwrap();
+            links.add_dummy("kube-ipvs0").unwrap();
+            let index = links.link("kube-ipvs0").unwrap().unwrap().index;
+            let addrs: Vec<IfAddr> = vips
+                .iter()
+                .map(|a| IfAddr {
+                    index,
+                    addr: *a,
+                    prefix_len: host_prefix(a),
+                })
+                .collect();
+            let t0 = Instant::now();
+            for r in links.change_addresses(true, &addrs) {
+                r.unwrap();
+            }
+            t0.elapsed()
+        });
+        drop(ns);
+        let ns = NetNs::new("kbipvstable");
+        let (st3, p3) = (st.clone(), plan.clone());
+        let table_time = ns.run(move || {
+            use kube_nlproxy::kernel::nft::Family;
+            use kube_nlproxy::proxy::{SyncStats, TableSync};
+            let pcfg = ProxierConfig {
+                table: kube_nlproxy::modes::ipvs::table::DEFAULT_TABLE.into(),
+                ..cfg()
+            };
+            let mut nft = NetlinkNftables::open().unwrap();
+            let mut sync = TableSync::new(pcfg.table.clone());
+            let t0 = Instant::now();
+            for family in Family::all() {
+                let rs = kube_nlproxy::modes::ipvs::table::build_ruleset(&st3, &p3, &pcfg, family);
+                sync.sync(&mut nft, rs, true, &mut SyncStats::default())
+                    .unwrap();
+            }
+            t0.elapsed()
+        });
+        drop(ns);
+        for (part, t) in [
+            (format!("{} VIPs on kube-ipvs0, pipelined", plan.vips.len()), vip_time),
+            ("the companion nftables table (both families)".to_string(), table_time),
+        ] {
+            rows.push(row(
+                format!("IPVS-mode full sync {n}×{EPS}, one part alone: {part}"),
+                secs(t),
+                format!("{} (the whole sync)", secs(whole)),
+                format!("{:.0}%", 100.0 * t.as_secs_f64() / whole.as_secs_f64()),
+                "(where the time goes)",
+                None,
+            ));
+        }
         eprintln!("ipvs {n}: done");
     }
 }
@@ -1676,7 +1733,7 @@ modes (default: the full run, ~35 min):
   --daemon-only [SERVICES]       the daemon rows from manifests
   --scale-only [NxE]             the in-process scale shapes
   --partial-only | --latency-only | --conntrack-only
-  --ipvs-only                    IPVS rows (run inside the VM)";
+  --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream";
 
 fn main() {
     const KNOWN: &[&str] = &[
@@ -1736,7 +1793,9 @@ fn main() {
     let mut rows = Vec::new();
     if args.iter().any(|a| a == "--ipvs-only") {
         // 1k: upstream's IPVS mode needs about 2 min for it under the VM's emulated CPU.
-        ipvs_side_by_side_rows(&mut rows, 1000, 5);
+        if !args.iter().any(|a| a == "--ours-only") {
+            ipvs_side_by_side_rows(&mut rows, 1000, 5);
+        }
         ipvs_rows(&mut rows, if quick { &[1000] } else { &[1000, 10_000] });
     } else if let Some(i) = args.iter().position(|a| a == "--daemon-only") {
         // `--daemon-only [SERVICES]`: 10k with 10 s of churn and the realistic manifests,
