@@ -3,7 +3,6 @@
 //! [`Transaction`]. A partial sync touches only the fragments that changed: its planning and
 //! kernel cost follow the change, not the cluster size, and it never lists the table.
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use crate::kernel::nft::{
     Chain, Element, Family, Key, Name, Op, Rule, Set, SharedElement, Table, Transaction,
 };
 use crate::model::ServicePortName;
-use crate::proxy::fxhash::FxHashMap;
+use crate::proxy::fxhash::{FxHashMap, FxHashSet};
 
 /// The objects one service port (or the static base) contributes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -88,9 +87,8 @@ pub struct Ruleset {
     pub base: Arc<Fragment>,
     pub services: BTreeMap<ServicePortName, Arc<Fragment>>,
     /// Every element key, held by the element in force for it, with the fragments'
-    /// contribution to it. The in-force element is the entry's key (no second pointer in
-    /// the value): an entry is 16 bytes, ~4 MiB less at 10k × 10's ~220k keys.
-    refs: FxHashMap<ElemKey, Slot>,
+    /// contribution to it.
+    index: ElementIndex,
     rules: usize,
 }
 
@@ -111,10 +109,87 @@ fn key_of(e: &SharedElement) -> ElemKey {
 /// What the fragments say about one element key: how many add it, and whether they
 /// disagree about its data (two Services claiming one address and port). The element in
 /// force is the index entry's key.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Slot {
     count: u32,
     mixed: bool,
+}
+
+impl Slot {
+    /// One contributor, so nothing to disagree about: most keys (an endpoint's slot in its
+    /// balance map, a ClusterIP).
+    const ONE: Slot = Slot {
+        count: 1,
+        mixed: false,
+    };
+}
+
+/// Every element key once, held by the element in force for it, and its [`Slot`] where that
+/// is not [`Slot::ONE`]. Most keys have one contributor: a set of pointers for all keys (8
+/// bytes an entry) and a small map for the rest, where one map of key to slot took 16 bytes
+/// an entry. At 100k × 10's 2.2M keys that map had 4M buckets of 17 bytes (71 MiB); the set's
+/// are 9 bytes (38 MiB; issue #18).
+#[derive(Debug, Clone, Default)]
+struct ElementIndex {
+    keys: FxHashSet<ElemKey>,
+    /// Keys with more than one contributor, or whose contributors disagree.
+    shared: FxHashMap<ElemKey, Slot>,
+}
+
+impl ElementIndex {
+    fn reserve(&mut self, n: usize) {
+        self.keys.reserve(n);
+    }
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+    fn elements(&self) -> impl Iterator<Item = &Element> {
+        self.keys.iter().map(|k| &*k.0)
+    }
+    /// The element in force for `k`.
+    fn in_force(&self, k: &ElemKey) -> Option<&SharedElement> {
+        self.keys.get(k).map(|k| &k.0)
+    }
+    /// The element in force for `k`, with what the fragments say about it.
+    fn get(&self, k: &ElemKey) -> Option<(&SharedElement, Slot)> {
+        let in_force = self.in_force(k)?;
+        let slot = match self.shared.is_empty() {
+            true => Slot::ONE,
+            false => self.shared.get(k).copied().unwrap_or(Slot::ONE),
+        };
+        Some((in_force, slot))
+    }
+    /// One more contributor of `e`'s key: whether its contributors (may) disagree now.
+    fn add(&mut self, e: &SharedElement) -> bool {
+        let k = key_of(e);
+        let Some(in_force) = self.keys.get(&k) else {
+            self.keys.insert(k);
+            return false;
+        };
+        let differs = !same_data(&in_force.0, e);
+        let slot = self.shared.entry(k).or_insert(Slot::ONE);
+        slot.count += 1;
+        slot.mixed || differs
+    }
+    /// Records `slot` for `k`, an indexed key: with no contributor left the key goes.
+    fn set_slot(&mut self, k: &ElemKey, slot: Slot) {
+        if slot.count == 0 {
+            self.keys.remove(k);
+            self.shared.remove(k);
+        } else if slot == Slot::ONE {
+            self.shared.remove(k);
+        } else if let Some(s) = self.shared.get_mut(k) {
+            *s = slot;
+        } else {
+            self.shared.insert(k.clone(), slot);
+        }
+    }
+    /// Makes `el` the element in force for its key, an indexed one, with `slot`.
+    fn rekey(&mut self, el: SharedElement, slot: Slot) {
+        let k = ElemKey(el);
+        self.keys.replace(k.clone());
+        self.set_slot(&k, slot);
+    }
 }
 
 /// Whether two elements of one key carry the same data.
@@ -178,7 +253,7 @@ impl Ruleset {
             table,
             base: Arc::new(Fragment::default()),
             services: BTreeMap::new(),
-            refs: FxHashMap::default(),
+            index: ElementIndex::default(),
             rules: 0,
         };
         rs.set_base(Arc::new(base));
@@ -196,7 +271,7 @@ impl Ruleset {
         let mut rs = Ruleset::new(table, base);
         // One fragment per name (the last, as with `set_service`); the map's keys are unique.
         let services: BTreeMap<ServicePortName, Arc<Fragment>> = services.into_iter().collect();
-        rs.refs
+        rs.index
             .reserve(services.values().map(|f| f.elements.len()).sum());
         let mut dirty = Vec::new();
         for f in services.values() {
@@ -213,31 +288,21 @@ impl Ruleset {
     }
     fn add_refs(&mut self, f: &Fragment, dirty: &mut Vec<ElemKey>) {
         for e in &f.elements {
-            match self.refs.entry(key_of(e)) {
-                Entry::Occupied(mut o) => {
-                    let disputed = o.get().mixed || !same_data(&o.key().0, e);
-                    o.get_mut().count += 1;
-                    if disputed {
-                        dirty.push(key_of(e));
-                    }
-                }
-                Entry::Vacant(v) => {
-                    v.insert(Slot {
-                        count: 1,
-                        mixed: false,
-                    });
-                }
+            if self.index.add(e) {
+                dirty.push(key_of(e));
             }
         }
     }
     fn drop_refs(&mut self, f: &Fragment, dirty: &mut Vec<ElemKey>) {
         for e in &f.elements {
             let k = key_of(e);
-            if let Some(slot) = self.refs.get_mut(&k) {
-                slot.count -= 1;
-                if slot.count == 0 {
-                    self.refs.remove(&k);
-                } else if slot.mixed {
+            if let Some((_, slot)) = self.index.get(&k) {
+                let left = Slot {
+                    count: slot.count - 1,
+                    ..slot
+                };
+                self.index.set_slot(&k, left);
+                if left.count > 0 && left.mixed {
                     dirty.push(k);
                 }
             }
@@ -251,8 +316,8 @@ impl Ruleset {
             let (first, mixed) = owner_of(&self.base, &self.services, &BTreeMap::new(), &k);
             // The entry is keyed by the element in force: re-keyed by the new owner's (no
             // owner left: the key goes).
-            if let (Some(el), Some(slot)) = (first.cloned(), self.refs.remove(&k)) {
-                self.refs.insert(ElemKey(el), Slot { mixed, ..slot });
+            if let (Some(el), Some((_, slot))) = (first.cloned(), self.index.get(&k)) {
+                self.index.rekey(el, Slot { mixed, ..slot });
             }
         }
     }
@@ -302,7 +367,7 @@ impl Ruleset {
     }
     /// Every element, once.
     pub fn elements(&self) -> impl Iterator<Item = &Element> {
-        self.refs.keys().map(|k| &*k.0)
+        self.index.elements()
     }
     pub fn has_chain(&self, name: &str) -> bool {
         self.chains().any(|(c, _)| c.name == name)
@@ -311,7 +376,7 @@ impl Ruleset {
         self.rules
     }
     pub fn element_count(&self) -> usize {
-        self.refs.len()
+        self.index.len()
     }
 }
 
@@ -345,9 +410,9 @@ fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&SharedElement>> {
     for f in rs.fragments() {
         for e in &f.elements {
             let in_force = rs
-                .refs
-                .get_key_value(&key_of(e))
-                .is_some_and(|(k, _)| SharedElement::ptr_eq(&k.0, e));
+                .index
+                .in_force(&key_of(e))
+                .is_some_and(|k| SharedElement::ptr_eq(k, e));
             if !in_force {
                 continue; // another contributor's copy, or another owner's data
             }
@@ -521,8 +586,8 @@ pub fn plan_changes(
     }
     let mut adds = Vec::new();
     for (k, (removed, added)) in &delta {
-        let (before_el, before) = match last.refs.get_key_value(k) {
-            Some((in_force, s)) => (Some(&in_force.0), Some(s)),
+        let (before_el, before) = match last.index.get(k) {
+            Some((in_force, s)) => (Some(in_force), Some(s)),
             None => (None, None),
         };
         let remaining = before
@@ -676,9 +741,9 @@ pub(crate) mod tests {
         let rs = ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.2")]);
         for (name, f) in &rs.services {
             let e = &f.elements[0];
-            let (in_force, _) = rs.refs.get_key_value(&key_of(e)).expect("indexed");
+            let in_force = rs.index.in_force(&key_of(e)).expect("indexed");
             assert!(
-                SharedElement::ptr_eq(&in_force.0, e),
+                SharedElement::ptr_eq(in_force, e),
                 "{name}: a copy, not the fragment's element"
             );
         }
@@ -715,6 +780,46 @@ pub(crate) mod tests {
         let p = plan_transaction(Some(&prev), &rs, None, &[]);
         assert!(verbs(&p.tx).contains(&"delete element of ips".to_string()));
         assert_eq!(rs.element_count(), 0);
+    }
+
+    #[test]
+    fn the_index_keeps_counts_only_for_keys_with_several_contributors() {
+        let mut rs = ruleset(&[("a", "10.0.0.1"), ("b", "10.0.0.1"), ("c", "10.0.0.2")]);
+        assert_eq!(rs.element_count(), 2);
+        let shared_key = key_of(&rs.services[&spn("a")].elements[0]);
+        let own_key = key_of(&rs.services[&spn("c")].elements[0]);
+        assert_eq!(
+            rs.index.shared.len(),
+            1,
+            "only 10.0.0.1 has two contributors"
+        );
+        assert_eq!(rs.index.get(&shared_key).unwrap().1.count, 2);
+        assert_eq!(rs.index.get(&own_key).unwrap().1, Slot::ONE);
+        rs.set_service(&spn("b"), None);
+        assert!(rs.index.shared.is_empty(), "back to one contributor");
+        assert_eq!(rs.index.get(&shared_key).unwrap().1, Slot::ONE);
+        // Two owners that disagree: counted and marked until one is left.
+        let mut rs = ruleset(&[]);
+        rs.set_service(&spn("a"), Some(claim("a", "1.2.3.4")));
+        rs.set_service(&spn("b"), Some(claim("b", "1.2.3.4")));
+        // Each claim adds the address to `ips` (the same data) and to `vm` (its own chain).
+        let k = key_of(&rs.services[&spn("a")].elements[1]);
+        let (in_force, slot) = rs.index.get(&k).unwrap();
+        assert!(SharedElement::ptr_eq(
+            in_force,
+            &rs.services[&spn("a")].elements[1]
+        ));
+        assert_eq!((slot.count, slot.mixed), (2, true));
+        rs.set_service(&spn("a"), None);
+        let (in_force, slot) = rs.index.get(&k).unwrap();
+        assert!(SharedElement::ptr_eq(
+            in_force,
+            &rs.services[&spn("b")].elements[1]
+        ));
+        assert_eq!(slot, Slot::ONE);
+        assert!(rs.index.shared.is_empty());
+        rs.set_service(&spn("b"), None);
+        assert!(rs.index.get(&k).is_none() && rs.element_count() == 0);
     }
 
     #[test]

@@ -946,8 +946,14 @@ fn ipvs_rows(rows: &mut Vec<Row>, sizes: &[usize]) {
         });
         drop(ns);
         for (part, t) in [
-            (format!("{} VIPs on kube-ipvs0, pipelined", plan.vips.len()), vip_time),
-            ("the companion nftables table (both families)".to_string(), table_time),
+            (
+                format!("{} VIPs on kube-ipvs0, pipelined", plan.vips.len()),
+                vip_time,
+            ),
+            (
+                "the companion nftables table (both families)".to_string(),
+                table_time,
+            ),
         ] {
             rows.push(row(
                 format!("IPVS-mode full sync {n}×{EPS}, one part alone: {part}"),
