@@ -142,12 +142,12 @@ fn sample(family: Family) -> Transaction {
         ],
     ));
     for (slot, port) in [(4u32, 8080u16), (5, 8443)] {
-        tx.add(Element {
-            set: "endpoints".into(),
-            key: vec![KeyValue::Slot(slot)].into(),
-            data: ElemData::Target(std::net::SocketAddr::new(b.parse().unwrap(), port).into()),
-            comment: None,
-        });
+        tx.add(Element::new(
+            "endpoints".into(),
+            vec![KeyValue::Slot(slot)],
+            ElemData::Target(std::net::SocketAddr::new(b.parse().unwrap(), port).into()),
+            None,
+        ));
     }
     // Endpoint maps keyed by packet fields: one endpoint per address and port, and several
     // picked by `numgen random mod N` (`nft list` prints their typeof from the user data).
@@ -180,14 +180,14 @@ fn sample(family: Family) -> Transaction {
                 KeyValue::Port(80),
             ];
             k.extend(slot.map(KeyValue::Slot));
-            tx.add(Element {
-                set: map.into(),
-                key: k.into(),
-                data: ElemData::Target(
+            tx.add(Element::new(
+                map.into(),
+                k,
+                ElemData::Target(
                     std::net::SocketAddr::new(b.parse().unwrap(), 8080 + i as u16).into(),
                 ),
-                comment: None,
-            });
+                None,
+            ));
         }
     }
     tx.add(Chain::base(
@@ -214,27 +214,25 @@ fn sample(family: Family) -> Transaction {
             Expr::Masquerade { fully_random: true },
         ],
     ));
-    tx.add(Element {
-        set: "service-ips".into(),
-        key: vec![
+    tx.add(Element::new(
+        "service-ips".into(),
+        vec![
             KeyValue::Addr(a.parse().unwrap()),
             KeyValue::Proto(6),
             KeyValue::Port(80),
-        ]
-        .into(),
-        data: ElemData::Verdict(Verdict::Goto("svc1".into())),
-        comment: Some("ns1/svc1:http".into()),
-    });
-    tx.add(Element {
-        set: "hairpin".into(),
-        key: vec![
+        ],
+        ElemData::Verdict(Verdict::Goto("svc1".into())),
+        Some("ns1/svc1:http".into()),
+    ));
+    tx.add(Element::new(
+        "hairpin".into(),
+        vec![
             KeyValue::Addr(b.parse().unwrap()),
             KeyValue::Addr(b.parse().unwrap()),
-        ]
-        .into(),
-        data: ElemData::None,
-        comment: None,
-    });
+        ],
+        ElemData::None,
+        None,
+    ));
     tx
 }
 
@@ -402,17 +400,16 @@ fn large_batch_goes_through() {
         ));
         tx.add(Chain::regular("c"));
         for i in 0..100_000u32 {
-            tx.add(Element {
-                set: "m".into(),
-                key: vec![
+            tx.add(Element::new(
+                "m".into(),
+                vec![
                     KeyValue::Addr(std::net::Ipv4Addr::from(0x0a00_0000 + i).into()),
                     KeyValue::Proto(6),
                     KeyValue::Port(80),
-                ]
-                .into(),
-                data: ElemData::Verdict(Verdict::Goto("c".into())),
-                comment: Some("some/namespace/service:port".into()),
-            });
+                ],
+                ElemData::Verdict(Verdict::Goto("c".into())),
+                Some("some/namespace/service:port".into()),
+            ));
         }
         let mut nft = NetlinkNftables::open().unwrap();
         nft.apply(&tx).unwrap();
@@ -460,15 +457,14 @@ fn big_tx(table: &str, n: u32) -> Transaction {
     tx.add(Set::plain("s", vec![Field::Daddr]));
     tx.add(Chain::regular("c"));
     for i in 0..n {
-        tx.add(Element {
-            set: "s".into(),
-            key: vec![KeyValue::Addr(
+        tx.add(Element::new(
+            "s".into(),
+            vec![KeyValue::Addr(
                 std::net::Ipv4Addr::from(0x0a00_0000 + i).into(),
-            )]
-            .into(),
-            data: ElemData::None,
-            comment: None,
-        });
+            )],
+            ElemData::None,
+            None,
+        ));
     }
     tx
 }

@@ -202,12 +202,12 @@ pub fn reject_chain(f: &mut Fragment) {
 }
 
 pub fn element(set: &str, key: Vec<KeyValue>, verdict: Option<Verdict>, c: &Name) -> Element {
-    Element {
-        set: shared_name(set),
-        key: key.into(),
-        data: verdict.map_or(ElemData::None, ElemData::Verdict),
-        comment: Some(c.clone()),
-    }
+    Element::new(
+        shared_name(set),
+        key,
+        verdict.map_or(ElemData::None, ElemData::Verdict),
+        Some(c.clone()),
+    )
 }
 
 /// loadBalancerSourceRanges of one LoadBalancer address (`addr_k`: address, protocol,

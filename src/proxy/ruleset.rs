@@ -46,7 +46,7 @@ struct ElemKey(SharedElement);
 
 impl ElemKey {
     fn parts(&self) -> (&str, &Key) {
-        (&self.0.set, &self.0.key)
+        (self.0.set(), &self.0.key)
     }
 }
 
@@ -63,7 +63,7 @@ impl std::hash::Hash for ElemKey {
     /// keys hash equally, and a 100k × 10 full sync (2.2M keys, each hashed at least twice)
     /// spent 1.7 s in a derived hash's many small writes (discriminants, lengths).
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        h.write(self.0.set.as_bytes());
+        h.write(self.0.set().as_bytes());
         let (bytes, kinds) = self.0.key.packed();
         h.write(bytes);
         h.write_u16(kinds);
@@ -194,7 +194,7 @@ impl ElementIndex {
 
 /// Whether two elements of one key carry the same data.
 fn same_data(a: &Element, b: &Element) -> bool {
-    a.data == b.data && a.comment == b.comment
+    a.same_data(b)
 }
 
 /// The element in force for `k` when fragments disagree: the first contributor in a fixed
@@ -212,7 +212,7 @@ fn owner_of<'a>(
     let matches = |f: &'a Fragment| {
         f.elements
             .iter()
-            .filter(move |e| (&*e.set, &e.key) == k.parts())
+            .filter(move |e| (&**e.set(), &e.key) == k.parts())
     };
     let mut names: BTreeSet<&ServicePortName> = services.keys().collect();
     names.extend(overrides.keys().copied());
@@ -417,13 +417,13 @@ fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&SharedElement>> {
                 continue; // another contributor's copy, or another owner's data
             }
             let g = match last {
-                Some((name, g)) if Name::ptr_eq(name, &e.set) => g,
+                Some((name, g)) if Name::ptr_eq(name, e.set()) => g,
                 _ => {
-                    let g = *index.entry(&e.set).or_insert_with(|| {
-                        groups.push((&e.set, Vec::new()));
+                    let g = *index.entry(e.set()).or_insert_with(|| {
+                        groups.push((e.set(), Vec::new()));
                         groups.len() - 1
                     });
-                    last = Some((&e.set, g));
+                    last = Some((e.set(), g));
                     g
                 }
             };
@@ -702,12 +702,12 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn element(addr: &str) -> Element {
-        Element {
-            set: "ips".into(),
-            key: vec![KeyValue::Addr(addr.parse().unwrap())].into(),
-            data: ElemData::None,
-            comment: None,
-        }
+        Element::new(
+            "ips".into(),
+            vec![KeyValue::Addr(addr.parse().unwrap())],
+            ElemData::None,
+            None,
+        )
     }
 
     /// A service port: its own chain and its address in the shared set.
@@ -878,17 +878,17 @@ pub(crate) mod tests {
     /// A service port whose element in the verdict map `vm` sends `addr` to its own chain.
     fn claim(name: &str, addr: &str) -> Arc<Fragment> {
         let mut f = (*service(name, addr)).clone();
-        f.element(Element {
-            set: "vm".into(),
-            key: vec![KeyValue::Addr(addr.parse().unwrap())].into(),
-            data: ElemData::Verdict(Verdict::Goto(format!("svc-{name}").into())),
-            comment: Some(name.into()),
-        });
+        f.element(Element::new(
+            "vm".into(),
+            vec![KeyValue::Addr(addr.parse().unwrap())],
+            ElemData::Verdict(Verdict::Goto(format!("svc-{name}").into())),
+            Some(name.into()),
+        ));
         Arc::new(f)
     }
 
     fn in_force<'a>(rs: &'a Ruleset, set: &str) -> Vec<&'a Element> {
-        rs.elements().filter(|e| &*e.set == set).collect()
+        rs.elements().filter(|e| &**e.set() == set).collect()
     }
 
     /// Built at once or one fragment at a time: the same ruleset, shared keys' owners and
@@ -950,7 +950,7 @@ pub(crate) mod tests {
                 .iter()
                 .filter_map(|o| match o.object() {
                     crate::kernel::nft::Object::Element(e) => {
-                        Some((e.set.to_string(), e.key, e.verdict().cloned()))
+                        Some((e.set().to_string(), e.key, e.verdict().cloned()))
                     }
                     _ => None,
                 })
@@ -1004,7 +1004,7 @@ pub(crate) mod tests {
             p.tx.ops
                 .iter()
                 .filter_map(|o| match o {
-                    Op::Add(crate::kernel::nft::Object::Element(e)) if &*e.set == "vm" => {
+                    Op::Add(crate::kernel::nft::Object::Element(e)) if &**e.set() == "vm" => {
                         Some(e.verdict().cloned())
                     }
                     _ => None,

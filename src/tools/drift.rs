@@ -45,8 +45,8 @@ pub fn drift(plan: &Ruleset, live: &LiveTable) -> Drift {
     let typed_sets: BTreeMap<&str, &Set> = plan.sets().map(|s| (s.name.as_str(), s)).collect();
     let mut typed_elements: BTreeMap<(&str, Vec<u8>), &Element> = BTreeMap::new();
     for e in plan.elements() {
-        if let Some(s) = planned.sets.get(&*e.set) {
-            typed_elements.insert((&*e.set, element_key(e, s.key_len as usize)), e);
+        if let Some(s) = planned.sets.get(&**e.set()) {
+            typed_elements.insert((&**e.set(), element_key(e, s.key_len as usize)), e);
         }
     }
     if live.chains.is_empty() && live.sets.is_empty() {
@@ -269,11 +269,6 @@ fn delete_element(
     tx: &mut Transaction,
 ) {
     if let Some(k) = typed_key(set, family, key) {
-        tx.delete(Element {
-            set: set_name.into(),
-            key: k,
-            data: ElemData::None,
-            comment: None,
-        });
+        tx.delete(Element::new(set_name.into(), k, ElemData::None, None));
     }
 }

@@ -166,7 +166,7 @@ pub fn encode_transaction(tx: &Transaction, first_seq: u32) -> Batch {
                 format!(
                     "{} {n} elements of {}",
                     if add { "add" } else { "delete" },
-                    first.set
+                    first.set()
                 )
             });
             i += n;
@@ -211,13 +211,13 @@ fn encode_elements(w: &mut MsgWriter, tx: &Transaction, ops: &[Op], add: bool, s
         begin(w, tx, NFT_MSG_DELSETELEM, 0, seq);
     }
     w.attr_str(NFTA_SET_ELEM_LIST_TABLE, &tx.table);
-    w.attr_str(NFTA_SET_ELEM_LIST_SET, &first.set);
+    w.attr_str(NFTA_SET_ELEM_LIST_SET, first.set());
     w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
     let start = w.len();
     let mut n = 0;
     for op in ops {
         match element_op(op) {
-            Some((a, e)) if a == add && e.set == first.set => {
+            Some((a, e)) if a == add && e.set() == first.set() => {
                 if n > 0 && w.len() - start > MAX_ELEMENTS_BYTES {
                     break;
                 }
@@ -308,7 +308,7 @@ fn encode_op(w: &mut MsgWriter, tx: &Transaction, op: &Op, seq: u32) {
         (Op::Flush(_), Object::Element(e)) => {
             begin(w, tx, NFT_MSG_DELSETELEM, 0, seq);
             w.attr_str(NFTA_SET_ELEM_LIST_TABLE, &tx.table);
-            w.attr_str(NFTA_SET_ELEM_LIST_SET, &e.set);
+            w.attr_str(NFTA_SET_ELEM_LIST_SET, e.set());
         }
     }
     w.end_msg();
@@ -431,7 +431,7 @@ fn set_attrs(w: &mut MsgWriter, table: &str, family: Family, s: &Set, set_id: u3
 
 fn element_attrs(w: &mut MsgWriter, table: &str, e: &Element, with_data: bool) {
     w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
-    w.attr_str(NFTA_SET_ELEM_LIST_SET, &e.set);
+    w.attr_str(NFTA_SET_ELEM_LIST_SET, e.set());
     w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
     element_entry(w, e, with_data);
     w.nest_end();
@@ -444,7 +444,7 @@ fn element_entry(w: &mut MsgWriter, e: &Element, with_data: bool) {
     w.attr(NFTA_DATA_VALUE, &key_bytes(&e.key));
     w.nest_end();
     if with_data {
-        match &e.data {
+        match &e.data() {
             ElemData::Verdict(v) => {
                 w.nest_start(NFTA_SET_ELEM_DATA);
                 verdict_data(w, v);
@@ -455,7 +455,7 @@ fn element_entry(w: &mut MsgWriter, e: &Element, with_data: bool) {
             }
             ElemData::None => {}
         }
-        if let Some(c) = &e.comment {
+        if let Some(c) = e.comment() {
             w.attr(NFTA_SET_ELEM_USERDATA, &udata_comment(UDATA_COMMENT, c));
         }
     }
@@ -682,12 +682,12 @@ mod tests {
     use crate::kernel::nft::{KeyValue, Transaction};
 
     fn el(set: &str, i: u8) -> Element {
-        Element {
-            set: set.into(),
-            key: vec![KeyValue::Addr(std::net::Ipv4Addr::new(10, 0, 0, i).into())].into(),
-            data: ElemData::None,
-            comment: None,
-        }
+        Element::new(
+            set.into(),
+            vec![KeyValue::Addr(std::net::Ipv4Addr::new(10, 0, 0, i).into())],
+            ElemData::None,
+            None,
+        )
     }
 
     fn elements_per_message(b: &Batch) -> Vec<(u16, usize)> {
@@ -732,8 +732,7 @@ mod tests {
         for i in 0..5000u32 {
             let mut e = el("a", 0);
             e.key = [KeyValue::Addr(std::net::Ipv4Addr::from(i).into())].into();
-            e.comment = Some("ns/some-service:port".into());
-            tx.add(e);
+            tx.add(e.with_comment(Some("ns/some-service:port".into())));
         }
         let per = elements_per_message(&encode_transaction(&tx, 1));
         assert!(per.len() > 1, "split: {per:?}");

@@ -212,7 +212,7 @@ impl FakeNftables {
                 }
                 let fs = t
                     .sets
-                    .get_mut(&*e.set)
+                    .get_mut(&**e.set())
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
                 let key_fits = if fs.set.endpoints && fs.set.key.is_empty() {
                     matches!(e.key.to_vec()[..], [KeyValue::Slot(_)])
@@ -237,7 +237,7 @@ impl FakeNftables {
                     return Err(reject(op, EINVAL, "element does not fit the set"));
                 }
                 match fs.elements.get(&e.key) {
-                    Some(old) if old.data != e.data => {
+                    Some(old) if old.data() != e.data() => {
                         return Err(reject(op, EEXIST, "element exists with other data"))
                     }
                     _ => {
@@ -248,7 +248,7 @@ impl FakeNftables {
             (Op::Delete(_), Object::Element(e)) => {
                 let fs = t
                     .sets
-                    .get_mut(&*e.set)
+                    .get_mut(&**e.set())
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
                 if fs.elements.remove(&e.key).is_none() {
                     return Err(reject(op, ENOENT, "no such element"));
@@ -256,7 +256,7 @@ impl FakeNftables {
             }
             (Op::Flush(_), Object::Element(e)) => {
                 t.sets
-                    .get_mut(&*e.set)
+                    .get_mut(&**e.set())
                     .ok_or_else(|| reject(op, ENOENT, "no such set"))?
                     .elements
                     .clear();
@@ -474,12 +474,12 @@ mod tests {
         let mut f = FakeNftables::new();
         let mut tx = Transaction::new(Family::Ip, "t");
         base(&mut tx);
-        tx.add(Element {
-            set: "m".into(),
-            key: vec![KeyValue::Proto(6), KeyValue::Port(80)].into(),
-            data: ElemData::Verdict(Verdict::Goto("b".into())),
-            comment: None,
-        });
+        tx.add(Element::new(
+            "m".into(),
+            vec![KeyValue::Proto(6), KeyValue::Port(80)],
+            ElemData::Verdict(Verdict::Goto("b".into())),
+            None,
+        ));
         f.apply(&tx).unwrap();
         let mut del = Transaction::new(Family::Ip, "t");
         del.delete(Chain::regular("b"));
@@ -491,15 +491,20 @@ mod tests {
         let mut f = FakeNftables::new();
         let mut tx = Transaction::new(Family::Ip, "t");
         base(&mut tx);
-        let mut e = Element {
-            set: "m".into(),
-            key: vec![KeyValue::Proto(6), KeyValue::Port(80)].into(),
-            data: ElemData::Verdict(Verdict::Goto("a".into())),
-            comment: None,
-        };
+        let e = Element::new(
+            "m".into(),
+            vec![KeyValue::Proto(6), KeyValue::Port(80)],
+            ElemData::Verdict(Verdict::Goto("a".into())),
+            None,
+        );
         tx.add(e.clone());
         f.apply(&tx).unwrap();
-        e.data = ElemData::Verdict(Verdict::Goto("b".into()));
+        let e = Element::new(
+            e.set().clone(),
+            e.key,
+            ElemData::Verdict(Verdict::Goto("b".into())),
+            None,
+        );
         let mut tx = Transaction::new(Family::Ip, "t");
         tx.add(e);
         assert!(f.apply(&tx).unwrap_err().is_exists());

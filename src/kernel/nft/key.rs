@@ -3,7 +3,7 @@
 //! heap block of 20 bytes per component (an `IpAddr` is 17), 48–96 bytes with the
 //! allocator's rounding, per element (issue #18). Packed, the longest key the planners build
 //! (IPVS mode's hairpin set, `saddr . daddr . l4proto . dport`: 35 bytes with IPv6) fits in
-//! 40 bytes with no allocation.
+//! 37 bytes with no allocation, aligned to one byte so that an element fits in 64 (issue #18).
 
 use std::borrow::Borrow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::KeyValue;
 
 /// Bytes of component data a key holds: IPVS mode's hairpin key `saddr . daddr . l4proto .
-/// dport` with IPv6 (16 + 16 + 1 + 2), rounded up to an even size.
-const CAPACITY: usize = 36;
+/// dport` with IPv6 (16 + 16 + 1 + 2).
+const CAPACITY: usize = 35;
 /// Components a key holds: `daddr . l4proto . dport . numgen` is the longest concatenation.
 const MAX_COMPONENTS: usize = 4;
 /// Bits per component in `kinds`.
@@ -56,12 +56,11 @@ impl Kind {
 /// of the components (as a `Vec<KeyValue>` would sort).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Key {
-    /// Each component's [`Kind`], three bits each, the first in the lowest bits.
-    kinds: u16,
-    /// Components held.
-    count: u8,
-    /// Bytes of `bytes` in use.
-    used: u8,
+    /// Each component's [`Kind`], three bits each, the first in the lowest bits, as a
+    /// little-endian `u16`: bytes, not a `u16`, so the key aligns to one byte and packs
+    /// after an element's 8-byte pointer with no padding. The number of components and of
+    /// bytes in use follow from it (a kind is never 0), so neither is stored.
+    kinds: [u8; 2],
     bytes: [u8; CAPACITY],
 }
 
@@ -80,11 +79,33 @@ impl Key {
     /// An empty key.
     pub const fn new() -> Key {
         Key {
-            kinds: 0,
-            count: 0,
-            used: 0,
+            kinds: [0; 2],
             bytes: [0; CAPACITY],
         }
+    }
+
+    fn kind_bits(&self) -> u16 {
+        u16::from_le_bytes(self.kinds)
+    }
+
+    /// The kind bits of component `i` (0 past the last).
+    fn kind_at(&self, i: usize) -> u16 {
+        (self.kind_bits() >> (KIND_BITS * i as u32)) & 0b111
+    }
+
+    /// Components held.
+    fn count(&self) -> usize {
+        (0..MAX_COMPONENTS)
+            .take_while(|&i| self.kind_at(i) != 0)
+            .count()
+    }
+
+    /// Bytes of `bytes` in use.
+    fn used(&self) -> usize {
+        (0..self.count())
+            .filter_map(|i| Kind::from_bits(self.kind_at(i)))
+            .map(|(_, len)| len)
+            .sum()
     }
 
     /// A key of `values`, or an error if they do not fit.
@@ -103,8 +124,9 @@ impl Key {
     /// Appends a component, or fails (leaving the key as it was) if it does not fit.
     pub fn try_push(&mut self, v: KeyValue) -> Result<(), KeyTooLong> {
         let (kind, len) = Kind::of(&v);
-        let at = self.used as usize;
-        if self.count as usize >= MAX_COMPONENTS || at + len > CAPACITY {
+        let at = self.used();
+        let count = self.count();
+        if count >= MAX_COMPONENTS || at + len > CAPACITY {
             return Err(KeyTooLong);
         }
         let dst = &mut self.bytes[at..at + len];
@@ -115,9 +137,8 @@ impl Key {
             KeyValue::Port(p) => dst.copy_from_slice(&p.to_be_bytes()),
             KeyValue::Slot(s) => dst.copy_from_slice(&s.to_be_bytes()),
         }
-        self.kinds |= (kind as u16) << (KIND_BITS * self.count as u32);
-        self.count += 1;
-        self.used += len as u8;
+        let kinds = self.kind_bits() | (kind as u16) << (KIND_BITS * count as u32);
+        self.kinds = kinds.to_le_bytes();
         Ok(())
     }
 
@@ -132,10 +153,10 @@ impl Key {
     }
 
     pub fn len(&self) -> usize {
-        self.count as usize
+        self.count()
     }
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.kinds == [0; 2]
     }
 
     /// The components, in order.
@@ -159,7 +180,7 @@ impl Key {
     /// The packed bytes in use (each component big-endian, unpadded): what equality and
     /// hashing compare.
     pub fn packed(&self) -> (&[u8], u16) {
-        (&self.bytes[..self.used as usize], self.kinds)
+        (&self.bytes[..self.used()], self.kind_bits())
     }
 }
 
@@ -173,11 +194,10 @@ pub struct KeyIter<'a> {
 impl Iterator for KeyIter<'_> {
     type Item = KeyValue;
     fn next(&mut self) -> Option<KeyValue> {
-        if self.index >= self.key.count as usize {
+        if self.index >= MAX_COMPONENTS {
             return None;
         }
-        let bits = (self.key.kinds >> (KIND_BITS * self.index as u32)) & 0b111;
-        let (kind, len) = Kind::from_bits(bits)?;
+        let (kind, len) = Kind::from_bits(self.key.kind_at(self.index))?;
         let b = &self.key.bytes[self.at..self.at + len];
         self.index += 1;
         self.at += len;
@@ -201,7 +221,8 @@ impl Iterator for KeyIter<'_> {
         })
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.key.count as usize - self.index.min(self.key.count as usize);
+        let count = self.key.count();
+        let n = count - self.index.min(count);
         (n, Some(n))
     }
 }
@@ -342,7 +363,8 @@ mod tests {
     }
 
     #[test]
-    fn a_key_is_small_and_inline() {
-        assert!(std::mem::size_of::<Key>() <= 40);
+    fn a_key_is_small_inline_and_byte_aligned() {
+        assert_eq!(std::mem::size_of::<Key>(), 37);
+        assert_eq!(std::mem::align_of::<Key>(), 1);
     }
 }

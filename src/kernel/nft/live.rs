@@ -177,9 +177,9 @@ impl LiveTable {
             t.sets.insert(s.name.clone(), planned_set(s, family));
         }
         for e in elements {
-            if let Some(s) = t.sets.get_mut(&*e.set) {
+            if let Some(s) = t.sets.get_mut(&**e.set()) {
                 let (k, d) = planned_element(e, s.key_len as usize);
-                if let Some(c) = e.comment.as_deref().and_then(stored_comment) {
+                if let Some(c) = e.comment().map(|c| &**c).and_then(stored_comment) {
                     s.comments.insert(k.clone(), c);
                 }
                 s.elements.insert(k, d);
@@ -288,7 +288,7 @@ pub fn element_key(e: &Element, key_len: usize) -> Vec<u8> {
 fn planned_element(e: &Element, key_len: usize) -> (Vec<u8>, LiveData) {
     let mut key = key_bytes(&e.key);
     key.truncate(key_len);
-    let data = match &e.data {
+    let data = match &e.data() {
         super::ElemData::Verdict(v) => LiveData::Verdict(v.clone()),
         super::ElemData::Target(t) => LiveData::Value(target_bytes(t)),
         super::ElemData::None => LiveData::None,

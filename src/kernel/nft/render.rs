@@ -140,10 +140,10 @@ pub fn element(e: &Element) -> String {
         .map(|k| key_value(&k))
         .collect::<Vec<_>>()
         .join(" . ");
-    if let Some(c) = &e.comment {
+    if let Some(c) = e.comment() {
         write!(s, " comment {}", quote(c)).unwrap();
     }
-    match &e.data {
+    match &e.data() {
         ElemData::Verdict(v) => write!(s, " : {}", verdict(v)).unwrap(),
         ElemData::Target(t) => write!(s, " : {} . {}", t.ip(), t.port()).unwrap(),
         ElemData::None => {}
@@ -239,7 +239,7 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
             format!("delete {kw} {t} {}", s.name)
         }
         (Op::Add(_), Object::Element(e)) => {
-            format!("add element {t} {} {{ {} }}", e.set, element(e))
+            format!("add element {t} {} {{ {} }}", e.set(), element(e))
         }
         (Op::Delete(_), Object::Element(e)) => {
             let key = e
@@ -248,9 +248,9 @@ pub fn op(o: &Op, family: Family, table: &str) -> String {
                 .map(|k| key_value(&k))
                 .collect::<Vec<_>>()
                 .join(" . ");
-            format!("delete element {t} {} {{ {key} }}", e.set)
+            format!("delete element {t} {} {{ {key} }}", e.set())
         }
-        (Op::Flush(_), Object::Element(e)) => format!("flush set {t} {}", e.set),
+        (Op::Flush(_), Object::Element(e)) => format!("flush set {t} {}", e.set()),
     }
 }
 
@@ -281,17 +281,16 @@ mod tests {
             "service-ips",
             vec![Field::Daddr, Field::L4Proto, Field::Dport],
         ));
-        tx.add(Element {
-            set: "service-ips".into(),
-            key: vec![
+        tx.add(Element::new(
+            "service-ips".into(),
+            vec![
                 KeyValue::Addr("10.96.0.1".parse().unwrap()),
                 KeyValue::Proto(6),
                 KeyValue::Port(443),
-            ]
-            .into(),
-            data: ElemData::Verdict(Verdict::Goto("svc".into())),
-            comment: None,
-        });
+            ],
+            ElemData::Verdict(Verdict::Goto("svc".into())),
+            None,
+        ));
         tx.add(Rule::new(
             "svc",
             vec![

@@ -295,7 +295,7 @@ mod tests {
         st.services.insert(web.name.clone(), web.into());
         let plan = build_plan(&st, &IpvsConfig::default(), &[ip("fd00:50::1")]);
         let rs = build_ruleset(&st, &plan, &cfg(), Family::Ip6);
-        let hairpin: Vec<_> = rs.elements().filter(|e| &*e.set == HAIRPIN).collect();
+        let hairpin: Vec<_> = rs.elements().filter(|e| &**e.set() == HAIRPIN).collect();
         assert_eq!(hairpin.len(), 1, "{hairpin:?}");
         assert_eq!(hairpin[0].key.len(), 4, "{:?}", hairpin[0].key);
         let mut nft = FakeNftables::default();

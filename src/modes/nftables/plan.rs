@@ -268,7 +268,7 @@ impl BalanceWidths {
         let n = f
             .elements
             .iter()
-            .filter(|e| e.set.starts_with(BALANCE_PREFIX))
+            .filter(|e| e.set().starts_with(BALANCE_PREFIX))
             .count();
         (n > 0).then_some(n)
     }
@@ -343,12 +343,12 @@ fn balance_rules(
         let offset = slots.assign(chain, n);
         let map = slots.map_for(chain);
         for (i, ep) in eps.iter().enumerate() {
-            rs.element(Element {
-                set: map.clone(),
-                key: vec![KeyValue::Slot(offset + i as u32)].into(),
-                data: ElemData::Target(Target::new(ep.ip, ep.port)),
-                comment: None,
-            });
+            rs.element(Element::new(
+                map.clone(),
+                vec![KeyValue::Slot(offset + i as u32)],
+                ElemData::Target(Target::new(ep.ip, ep.port)),
+                None,
+            ));
         }
         rules.push(Rule::new(
             chain,
@@ -427,12 +427,12 @@ fn key(addr: IpAddr, proto: u8, port: u16) -> Key {
 }
 
 fn elem(set: &str, key: Key, v: Verdict, comment: &Name) -> Element {
-    Element {
-        set: shared_name(set),
+    Element::new(
+        shared_name(set),
         key,
-        data: ElemData::Verdict(v),
-        comment: Some(comment.clone()),
-    }
+        ElemData::Verdict(v),
+        Some(comment.clone()),
+    )
 }
 
 /// The objects of one service port in one family (empty when it has no ClusterIP there).
@@ -490,19 +490,19 @@ fn service_port_rules(
     let from_pod = |op: CmpOp| from_pod(&cfg.local_detector, family, op);
 
     for ep in &cat.all_reachable {
-        rs.element(Element {
-            set: shared_name(HAIRPIN),
-            key: vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)].into(),
-            data: ElemData::None,
-            comment: None,
-        });
+        rs.element(Element::new(
+            shared_name(HAIRPIN),
+            vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
+            ElemData::None,
+            None,
+        ));
     }
-    rs.element(Element {
-        set: shared_name(CLUSTER_IPS),
-        key: vec![KeyValue::Addr(cluster_ip)].into(),
-        data: ElemData::None,
-        comment: None,
-    });
+    rs.element(Element::new(
+        shared_name(CLUSTER_IPS),
+        vec![KeyValue::Addr(cluster_ip)],
+        ElemData::None,
+        None,
+    ));
     // One endpoint and nothing of its own: an element of the one-endpoint map, and the
     // shared chain that masquerades and DNATs through it as this port's chain would have.
     let nothing_of_its_own = sp.affinity_timeout.is_none()
@@ -510,12 +510,12 @@ fn service_port_rules(
         && !sp.externally_accessible()
         && cat.local.is_empty();
     if let ([ep], true) = (&cat.cluster[..], nothing_of_its_own) {
-        rs.element(Element {
-            set: shared_name(ONE_ENDPOINT_SERVICES),
-            key: key(cluster_ip, proto, sp.port),
-            data: ElemData::Target(Target::new(ep.ip, ep.port)),
-            comment: Some(comment.clone()),
-        });
+        rs.element(Element::new(
+            shared_name(ONE_ENDPOINT_SERVICES),
+            key(cluster_ip, proto, sp.port),
+            ElemData::Target(Target::new(ep.ip, ep.port)),
+            Some(comment.clone()),
+        ));
         rs.element(elem(
             SERVICE_IPS,
             key(cluster_ip, proto, sp.port),
@@ -535,12 +535,12 @@ fn service_port_rules(
         for (i, ep) in cat.cluster.iter().enumerate() {
             let mut k = key(cluster_ip, proto, sp.port);
             k.push(KeyValue::Slot(i as u32));
-            rs.element(Element {
-                set: map.clone(),
-                key: k,
-                data: ElemData::Target(Target::new(ep.ip, ep.port)),
-                comment: None,
-            });
+            rs.element(Element::new(
+                map.clone(),
+                k,
+                ElemData::Target(Target::new(ep.ip, ep.port)),
+                None,
+            ));
         }
         rs.element(elem(
             SERVICE_IPS,
