@@ -52,6 +52,17 @@ fn secs(d: Duration) -> String {
     }
 }
 
+/// Whether an executable named `tool` is in a directory of `PATH`.
+fn on_path(tool: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::var_os("PATH").is_some_and(|p| {
+        std::env::split_paths(&p).any(|d| {
+            std::fs::metadata(d.join(tool))
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+    })
+}
+
 /// Times `cmd` (with stdin from `input`) inside `ns`.
 fn timed(ns: &NetNs, cmd: &[&str], input: &str) -> Duration {
     let path = std::env::temp_dir().join(format!("kbench-{}.in", ns.name));
@@ -1796,6 +1807,34 @@ fn main() {
             5000,
         )
     };
+    // The baselines each mode execs, checked before anything runs: a missing one found when
+    // its row comes up loses every row measured before it (the full run prints its table
+    // at the end, ~35 min in).
+    let needs: &[&str] = if args.iter().any(|a| a == "--ipvs-only") {
+        &["ipvsadm"]
+    } else if args.iter().any(|a| a == "--conntrack-only") {
+        &["conntrack"]
+    } else if args.iter().any(|a| a == "--latency-only") {
+        &["iptables-restore"]
+    } else if args
+        .iter()
+        .any(|a| a == "--daemon-only" || a == "--scale-only" || a == "--partial-only")
+        || args
+            .iter()
+            .any(|a| a.starts_with("--side-by-side") || a == "--churn-only")
+    {
+        &["nft"]
+    } else {
+        &["nft", "iptables-restore", "conntrack"]
+    };
+    let missing: Vec<&str> = needs.iter().copied().filter(|t| !on_path(t)).collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "kernel-bench: baseline tools not found on PATH: {} (apt-get install nftables iptables conntrack ipvsadm)",
+            missing.join(", ")
+        );
+        std::process::exit(2);
+    }
     let mut rows = Vec::new();
     if args.iter().any(|a| a == "--ipvs-only") {
         // 1k: upstream's IPVS mode needs about 2 min for it under the VM's emulated CPU.
