@@ -6,28 +6,51 @@
 /// port name or a store key that holds several is smaller (issue #18).
 pub use arcstr::ArcStr;
 
-/// Names kept per thread before the cache is emptied (names stay valid: each holds its own
-/// count; only sharing stops until they recur).
+/// Entries a [`BoundedCache`] keeps before it is emptied (values stay valid: each holds its
+/// own count; only sharing stops until they recur).
 const CAPACITY: usize = 4096;
+
+/// A per-thread cache of shared values for keys with few distinct values, emptied when it
+/// holds [`CAPACITY`] of them: names here, and the nftables layer's shared element heads.
+pub(crate) struct BoundedCache<K, V>(std::collections::HashMap<K, V>);
+
+impl<K, V> Default for BoundedCache<K, V> {
+    fn default() -> Self {
+        BoundedCache(std::collections::HashMap::new())
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone> BoundedCache<K, V> {
+    /// The value cached for `k`, else the entry `make` builds, cached.
+    pub(crate) fn get_or_insert<Q>(&mut self, k: &Q, make: impl FnOnce() -> (K, V)) -> V
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        if let Some(v) = self.0.get(k) {
+            return v.clone();
+        }
+        if self.0.len() >= CAPACITY {
+            self.0.clear();
+        }
+        let (k, v) = make();
+        self.0.insert(k, v.clone());
+        v
+    }
+}
 
 /// The shared [`ArcStr`] of `s`, from a per-thread cache. Use it for names with few distinct
 /// values (namespaces, port names, set names), not for per-object names, which would only
 /// churn the cache.
 pub fn shared(s: &str) -> ArcStr {
     thread_local! {
-        static NAMES: std::cell::RefCell<std::collections::HashSet<ArcStr>> = Default::default();
+        static NAMES: std::cell::RefCell<BoundedCache<ArcStr, ArcStr>> = Default::default();
     }
     NAMES.with(|n| {
-        let mut n = n.borrow_mut();
-        if let Some(x) = n.get(s) {
-            return x.clone();
-        }
-        if n.len() >= CAPACITY {
-            n.clear();
-        }
-        let x = ArcStr::from(s);
-        n.insert(x.clone());
-        x
+        n.borrow_mut().get_or_insert(s, || {
+            let x = ArcStr::from(s);
+            (x.clone(), x)
+        })
     })
 }
 

@@ -88,24 +88,19 @@ impl Key {
         u16::from_le_bytes(self.kinds)
     }
 
-    /// The kind bits of component `i` (0 past the last).
-    fn kind_at(&self, i: usize) -> u16 {
-        (self.kind_bits() >> (KIND_BITS * i as u32)) & 0b111
+    /// Each component's kind and length, in order.
+    fn components(&self) -> impl Iterator<Item = (Kind, usize)> {
+        components(self.kind_bits())
     }
 
     /// Components held.
     fn count(&self) -> usize {
-        (0..MAX_COMPONENTS)
-            .take_while(|&i| self.kind_at(i) != 0)
-            .count()
+        self.components().count()
     }
 
     /// Bytes of `bytes` in use.
     fn used(&self) -> usize {
-        (0..self.count())
-            .filter_map(|i| Kind::from_bits(self.kind_at(i)))
-            .map(|(_, len)| len)
-            .sum()
+        self.components().map(|(_, len)| len).sum()
     }
 
     /// A key of `values`, or an error if they do not fit.
@@ -163,7 +158,7 @@ impl Key {
     pub fn iter(&self) -> KeyIter<'_> {
         KeyIter {
             key: self,
-            index: 0,
+            bits: self.kind_bits(),
             at: 0,
         }
     }
@@ -184,22 +179,27 @@ impl Key {
     }
 }
 
+/// Each kind and length in `bits` (three bits a component, the first lowest), up to the
+/// first unused (0) one.
+fn components(bits: u16) -> impl Iterator<Item = (Kind, usize)> {
+    (0..MAX_COMPONENTS)
+        .map_while(move |i| Kind::from_bits((bits >> (KIND_BITS * i as u32)) & 0b111))
+}
+
 /// The components of a [`Key`].
 pub struct KeyIter<'a> {
     key: &'a Key,
-    index: usize,
+    /// The kinds of the components not yet returned, the next one lowest.
+    bits: u16,
     at: usize,
 }
 
 impl Iterator for KeyIter<'_> {
     type Item = KeyValue;
     fn next(&mut self) -> Option<KeyValue> {
-        if self.index >= MAX_COMPONENTS {
-            return None;
-        }
-        let (kind, len) = Kind::from_bits(self.key.kind_at(self.index))?;
+        let (kind, len) = components(self.bits).next()?;
         let b = &self.key.bytes[self.at..self.at + len];
-        self.index += 1;
+        self.bits >>= KIND_BITS;
         self.at += len;
         let mut a4 = [0u8; 4];
         Some(match kind {
@@ -221,8 +221,7 @@ impl Iterator for KeyIter<'_> {
         })
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let count = self.key.count();
-        let n = count - self.index.min(count);
+        let n = components(self.bits).count();
         (n, Some(n))
     }
 }

@@ -289,13 +289,12 @@ struct ElemHead {
 
 /// The shared head of the elements of `set` with no verdict and no comment, from a
 /// per-thread cache: the last one used (elements come set by set), else a map by name.
-/// Bounded as [`shared_name`]'s cache is; a head that misses the cache is a separate but
-/// equal head, which costs memory, never correctness.
+/// A head that misses the cache is a separate but equal head, which costs memory, never
+/// correctness.
 fn plain_head(set: Name) -> triomphe::Arc<ElemHead> {
-    const CAPACITY: usize = 4096;
     type Heads = (
         Option<triomphe::Arc<ElemHead>>,
-        std::collections::HashMap<Name, triomphe::Arc<ElemHead>>,
+        crate::model::intern::BoundedCache<Name, triomphe::Arc<ElemHead>>,
     );
     thread_local! {
         static HEADS: std::cell::RefCell<Heads> = Default::default();
@@ -305,21 +304,14 @@ fn plain_head(set: Name) -> triomphe::Arc<ElemHead> {
         if let Some(l) = last.as_ref().filter(|l| l.set == set) {
             return l.clone();
         }
-        let head = match by_name.get(&set) {
-            Some(x) => x.clone(),
-            None => {
-                if by_name.len() >= CAPACITY {
-                    by_name.clear();
-                }
-                let x = triomphe::Arc::new(ElemHead {
-                    set: set.clone(),
-                    verdict: None,
-                    comment: None,
-                });
-                by_name.insert(set, x.clone());
-                x
-            }
-        };
+        let head = by_name.get_or_insert(&set, || {
+            let head = triomphe::Arc::new(ElemHead {
+                set: set.clone(),
+                verdict: None,
+                comment: None,
+            });
+            (set.clone(), head)
+        });
         *last = Some(head.clone());
         head
     })
@@ -403,8 +395,6 @@ impl From<Target> for std::net::SocketAddr {
 
 impl Element {
     /// An element of `set` keyed by `key` that maps it to `data`, with an optional comment.
-    /// A verdict together with a target is not an element the kernel has: the target wins
-    /// (no planner builds one; [`ElemData`] cannot express it).
     pub fn new(set: Name, key: impl Into<Key>, data: ElemData, comment: Option<Name>) -> Element {
         let (verdict, target) = match data {
             ElemData::None => (None, None),
