@@ -13,4 +13,5 @@ pub mod deadline;
 pub mod differential;
 pub mod listing;
 pub mod ns;
+pub mod realnode;
 pub mod scenario;

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Test tooling: builds upstream's kube-proxy and kube-apiserver from k8s.io/kubernetes (this
-# directory's module pins every staging module to the matching v0.X.Y) and etcd from
-# go.etcd.io/etcd/server/v3 (etcd/, a module of its own so that etcd's client versions stay
-# apart from the apiserver's), caching them under /var/tmp/kube-nlproxy-upstream/VERSION as
-# the VM kernel is cached. The tests use them as oracles and as a real control plane; the
-# product never runs them.
+# Test tooling: builds upstream's binaries from their Go modules and caches them under
+# /var/tmp/kube-nlproxy-upstream/, keyed by version, as the VM kernel is cached. The tests use
+# them as oracles, as a real control plane and as real nodes; the product never runs them.
+#
+# - kube-proxy, kube-apiserver (this directory's module pins every staging module of
+#   k8s.io/kubernetes to the v0.X.Y matching v1.X.Y) and etcd (etcd/, a module of its own so
+#   that etcd's client versions stay apart from the apiserver's): VERSION/ and etcd-VERSION/.
+# - With --node, the real nodes' binaries (netlink-tests/src/realnode): kubelet,
+#   kube-controller-manager, kube-scheduler, kubectl, upstream's e2e suite (e2e.test) and two
+#   of its test images' programs (agnhost, regression-issue-74839) from the same module;
+#   containerd (v2: 1.6 loses what an exec'd command writes to stderr, which specs read) and
+#   CoreDNS from theirs. Cached as one zstd tarball (about a third of the ~0.9 GB); unpacked
+#   into target/real-node/bin for the tests.
 set -euo pipefail
 cd "$(dirname "$0")"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
@@ -31,3 +38,52 @@ else
   (cd etcd && go build -trimpath -ldflags "-s -w" -o "$etcd_out/etcd" go.etcd.io/etcd/server/v3)
   "$etcd_out/etcd" --version
 fi
+
+[ "${1:-}" = "--node" ] || exit 0
+
+# The real nodes. Versions: containerd and CoreDNS as measured in
+# ../shared/reference/real-node.md; bump the recipe number when what is built changes.
+containerd_ver=v2.2.9
+coredns_ver=v1.15.0
+recipe=1
+bundle=$cache/node-$ver-containerd-$containerd_ver-coredns-$coredns_ver-r$recipe.tar.zst
+work=$(cd ../.. && pwd)/target/real-node/bin
+stamp=$work/.bundle
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(basename "$bundle")" ]; then
+  echo "real-node binaries: $work (from $bundle)"
+  exit 0
+fi
+if [ ! -f "$bundle" ]; then
+  t0=$(date +%s)
+  tmp=$(mktemp -d "$cache/node-build.XXXXXX")
+  trap 'rm -rf "$tmp"' EXIT
+  export CGO_ENABLED=0
+  go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/test/images/agnhost k8s.io/kubernetes/test/images/regression-issue-74839
+  go test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+  cp "$out/kube-proxy" "$tmp/"
+  # containerd and CoreDNS are modules of their own: `go install pkg@version` builds each
+  # exactly as its go.mod says (GOFLAGS=-mod=mod does not apply outside a module).
+  (cd "$tmp" && GOFLAGS= GOBIN="$tmp" go install -trimpath -ldflags "-s -w" \
+    -tags "no_btrfs no_devmapper no_zfs" \
+    "github.com/containerd/containerd/v2/cmd/containerd@$containerd_ver" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_ver" \
+    "github.com/containerd/containerd/v2/cmd/ctr@$containerd_ver")
+  (cd "$tmp" && GOFLAGS= GOBIN="$tmp" go install -trimpath -ldflags "-s -w" \
+    "github.com/coredns/coredns@$coredns_ver")
+  "$tmp/kubelet" --version
+  "$tmp/containerd" --version
+  "$tmp/coredns" -version | head -1
+  tar -C "$tmp" -cf - . | zstd -q -T0 -3 -o "$bundle.tmp"
+  mv "$bundle.tmp" "$bundle"
+  rm -rf "$tmp"
+  trap - EXIT
+  echo "real-node binaries built in $(( $(date +%s) - t0 )) s: $bundle ($(du -h "$bundle" | cut -f1))"
+fi
+rm -rf "$work"
+mkdir -p "$work"
+zstd -q -d -c "$bundle" | tar -C "$work" -xf -
+basename "$bundle" > "$stamp"
+echo "real-node binaries: $work (from $bundle)"

@@ -7,6 +7,7 @@ pub mod args;
 pub mod drift;
 pub mod explain;
 pub mod status;
+pub mod uninstall;
 
 /// The subcommands, by the first argument (upstream's kube-proxy takes no positional
 /// arguments, so none of these can be a flag line of upstream's).
@@ -19,6 +20,10 @@ pub const TOOLS: &[(&str, &str)] = &[
     (
         "diff",
         "the operations a sync would send now, without sending them",
+    ),
+    (
+        "uninstall",
+        "remove what kube-nlproxy programmed on this node, leaving upstream kube-proxy's rules",
     ),
 ];
 
@@ -61,6 +66,7 @@ pub fn dispatch(args: &[String]) -> Dispatch {
     };
     match name.as_str() {
         "explain" => Dispatch::Done(explain::run(rest), "explain"),
+        "uninstall" => Dispatch::Done(uninstall::run(rest), "uninstall"),
         "status" | "diff" => {
             let diff = name == "diff";
             if rest.iter().any(|a| a == "--help" || a == "-h") {

@@ -1,0 +1,352 @@
+//! One real node: its network namespace on the fabric, its holder, containerd with the CRI
+//! settings this machine needs, the bridge CNI, and a kubelet registered under its name with
+//! a zone label. The proxy is not started here: it comes as a DaemonSet pod, as in a cluster.
+//!
+//! I/O: namespaces, files, processes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use super::host::{self, Holder};
+use super::images;
+use crate::bounded::OutputWithin;
+use crate::ns::NetNs;
+
+/// Settings this machine needs, each from `../shared/reference/real-node.md`:
+/// `restrict_oom_score_adj` (no CAP_SYS_RESOURCE: runc cannot lower oom_score_adj), the
+/// sandbox image named exactly as imported (or containerd pulls), cgroupfs (cgroup v1, no
+/// systemd).
+fn containerd_config(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"version = 3
+root = "{d}/containerd/root"
+state = "/run/containerd/state"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[ttrpc]
+  address = "/run/containerd/containerd.sock.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d}/containerd/opt"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause}"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "{d}/cni/net.d"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        SystemdCgroup = false
+"#,
+        pause = images::PAUSE
+    )
+}
+
+/// The kubelet's configuration: cgroup v1 allowed, its cgroups under the node's own root,
+/// anonymous and always-allowed on its port (the apiserver's exec and logs reach it without
+/// client certificates), eviction thresholds low enough that a busy CI disk never evicts.
+fn kubelet_config(dir: &Path, cgroup: &str) -> String {
+    let d = dir.display();
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /{cgroup}
+containerRuntimeEndpoint: unix:///run/containerd/containerd.sock
+resolvConf: {d}/resolv.conf
+podLogsDir: /var/log/pods
+staticPodPath: ""
+authentication:
+  anonymous: {{enabled: true}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+clusterDNS: [{dns}]
+clusterDomain: cluster.local
+healthzBindAddress: 127.0.0.1
+failSwapOn: false
+evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+syncFrequency: 10s
+fileCheckFrequency: 10s
+nodeStatusUpdateFrequency: 5s
+"#,
+        dns = super::DNS_IP
+    )
+}
+
+/// A running node.
+pub struct Node {
+    pub name: String,
+    pub ip: String,
+    pub zone: String,
+    pub ns: NetNs,
+    pub dir: PathBuf,
+    /// The node's cgroup root, in every hierarchy.
+    pub cgroup: String,
+    pub holder: Holder,
+    containerd: Option<Child>,
+    kubelet: Option<Child>,
+    kubelet_args: Vec<String>,
+    /// `net:[…]` of the node's network namespace, for the sweep.
+    net_ns: String,
+}
+
+impl Node {
+    /// Creates the node's namespace (its `eth0` plugged into the fabric's bridge), holder,
+    /// cgroups and containerd. The kubelet starts with [`start_kubelet`](Self::start_kubelet).
+    pub fn create(
+        fabric: &NetNs,
+        index: usize,
+        ip: &str,
+        zone: &str,
+        cluster_dir: &Path,
+        tag: &str,
+    ) -> Node {
+        let name = format!("node-{index}");
+        let dir = cluster_dir.join(&name);
+        std::fs::create_dir_all(dir.join("cni/net.d")).unwrap();
+        let ns = NetNs::new(&format!("rn{index}"));
+        super::plug(fabric, &ns, &format!("{tag}n{index}"), ip);
+        let net_ns = ns.run(|| {
+            std::fs::read_link("/proc/thread-self/ns/net")
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+        std::fs::write(
+            dir.join("resolv.conf"),
+            format!("nameserver {}\n", super::FABRIC_IP),
+        )
+        .unwrap();
+        let cgroup = format!("{tag}-{name}");
+        host::create_cgroups(&cgroup);
+        let holder = Holder::start(&ns.name, &dir);
+        let mut node = Node {
+            name,
+            ip: ip.into(),
+            zone: zone.into(),
+            ns,
+            dir,
+            cgroup,
+            holder,
+            containerd: None,
+            kubelet: None,
+            kubelet_args: Vec::new(),
+            net_ns,
+        };
+        node.start_containerd();
+        node
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(name))
+            .unwrap()
+    }
+
+    fn start_containerd(&mut self) {
+        let cfg = self.dir.join("containerd.toml");
+        std::fs::write(&cfg, containerd_config(&self.dir)).unwrap();
+        let bin = super::binaries().node.join("containerd");
+        let mut cmd = self.holder.command(bin.to_str().unwrap());
+        cmd.args(["--config", cfg.to_str().unwrap()])
+            .env(
+                "PATH",
+                format!(
+                    "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    super::binaries().node.display()
+                ),
+            )
+            .stdin(Stdio::null())
+            .stdout(self.log("containerd.log"))
+            .stderr(self.log("containerd.log"));
+        let child = crate::bounded::dies_with_parent(&mut cmd)
+            .spawn()
+            .expect("start containerd");
+        self.containerd = Some(child);
+        let t0 = Instant::now();
+        while !self.ctr(&["version"]).status.success() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{}: containerd not answering within 30 s:\n{}",
+                self.name,
+                self.read_log("containerd.log")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn read_log(&self, name: &str) -> String {
+        let t = std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
+        let start = t.len().saturating_sub(20_000);
+        let start = (start..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+        t[start..].to_string()
+    }
+
+    /// `ctr` against this node's containerd, in its `k8s.io` namespace (where CRI looks).
+    pub fn ctr(&self, args: &[&str]) -> std::process::Output {
+        let bin = super::binaries().node.join("ctr");
+        self.holder
+            .command(bin.to_str().unwrap())
+            .args([
+                "--address",
+                "/run/containerd/containerd.sock",
+                "-n",
+                "k8s.io",
+            ])
+            .args(args)
+            .output_within(Duration::from_secs(180))
+            .expect("run ctr")
+    }
+
+    /// Imports an OCI image-layout tarball into the node's runtime.
+    pub fn import_image(&self, tarball: &Path) {
+        let out = self.ctr(&["images", "import", "--no-unpack=false", tarball.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}: ctr images import {}: {}{}",
+            self.name,
+            tarball.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Starts the kubelet with a token for `system:node:NAME`.
+    pub fn start_kubelet(&mut self, server: &str, ca: &Path, token: &str) {
+        let kc = self.dir.join("kubelet.kubeconfig");
+        std::fs::write(
+            &kc,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: \"{token}\"}}\n",
+                ca.display()
+            ),
+        )
+        .unwrap();
+        let cfg = self.dir.join("kubelet.yaml");
+        std::fs::write(&cfg, kubelet_config(&self.dir, &self.cgroup)).unwrap();
+        self.kubelet_args = vec![
+            format!("--config={}", cfg.display()),
+            format!("--kubeconfig={}", kc.display()),
+            format!("--hostname-override={}", self.name),
+            format!("--node-ip={}", self.ip),
+            "--root-dir=/var/lib/kubelet".into(),
+            format!("--cert-dir={}/kubelet-pki", self.dir.display()),
+            format!("--node-labels=topology.kubernetes.io/zone={}", self.zone),
+            "--v=2".into(),
+        ];
+        self.spawn_kubelet();
+    }
+
+    fn spawn_kubelet(&mut self) {
+        let bin = super::binaries().node.join("kubelet");
+        let mut cmd = self.holder.command(bin.to_str().unwrap());
+        cmd.args(&self.kubelet_args)
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .stdin(Stdio::null())
+            .stdout(self.log("kubelet.log"))
+            .stderr(self.log("kubelet.log"));
+        self.kubelet = Some(
+            crate::bounded::dies_with_parent(&mut cmd)
+                .spawn()
+                .expect("start kubelet"),
+        );
+    }
+
+    /// Stops the kubelet (SIGTERM, then SIGKILL after 10 s); its pods keep running, as when
+    /// a kubelet restarts on a real node.
+    pub fn stop_kubelet(&mut self) {
+        if let Some(mut k) = self.kubelet.take() {
+            #[allow(unsafe_code)]
+            // SAFETY: kill(2) on our own child.
+            unsafe {
+                libc::kill(k.id() as i32, libc::SIGTERM);
+            }
+            let t0 = Instant::now();
+            while k.try_wait().ok().flatten().is_none() {
+                if t0.elapsed() > Duration::from_secs(10) {
+                    let _ = k.kill();
+                    let _ = k.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Starts the kubelet again with the same arguments.
+    pub fn restart_kubelet(&mut self) {
+        self.stop_kubelet();
+        self.spawn_kubelet();
+    }
+
+    /// Writes the CNI configuration for the node's pod CIDR: a bridge with hairpin mode (the
+    /// suite tests a pod reaching itself through its Service), host-local addresses, portmap
+    /// (hostPort specs). containerd picks it up and the node becomes Ready.
+    pub fn write_cni(&self, pod_cidr: &str) {
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "nlp",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "ipMasq": false,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": pod_cidr}]],
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "dataDir": format!("{}/cni/ipam", self.dir.display()),
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": true}},
+            ],
+        });
+        // Written in place, not renamed in: containerd's watcher ignores a file's creation
+        // and reloads on its write (internal/cri/server/cni_conf_syncer.go).
+        std::fs::write(
+            self.dir.join("cni/net.d/10-nlp.conflist"),
+            serde_json::to_vec_pretty(&conf).unwrap(),
+        )
+        .unwrap();
+    }
+
+    /// Kills every process of the node (pods first through their cgroups, then the daemons
+    /// and the holder) and removes its cgroups. Returns what could not be removed.
+    pub fn teardown(&mut self) -> Vec<String> {
+        self.stop_kubelet();
+        let mut left = Vec::new();
+        let pids = host::kill_node(
+            &self.cgroup,
+            Some(&self.holder.mnt_ns),
+            Some(&self.net_ns),
+            Duration::from_secs(15),
+        );
+        if !pids.is_empty() {
+            left.push(format!("{}: processes {pids:?} would not die", self.name));
+        }
+        for c in [&mut self.containerd, &mut self.kubelet].into_iter().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for d in host::remove_cgroups(&self.cgroup) {
+            left.push(format!("{}: cgroup {} left", self.name, d.display()));
+        }
+        left
+    }
+}

@@ -1,0 +1,215 @@
+//! kube-nlproxy's release image: what it holds and how its binary is built.
+//!
+//! One static binary (glibc linked statically, `crt-static`: no loader, no shared library,
+//! nothing else executable; name lookups through `/etc/hosts` and DNS still work, glibc ≥ 2.34
+//! has both inside libc) at `/kube-nlproxy`, and `/usr/local/bin/kube-proxy` pointing at it,
+//! the path kubeadm's DaemonSet runs. It runs as root (`0:0`), as `deploy/daemonset.yaml`
+//! says: nftables, ctnetlink and IPVS need CAP_NET_ADMIN in the node's network namespace.
+//!
+//! I/O: runs cargo and reads the binary.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::oci::{Content, Entry, Image};
+
+/// The registry-less name `deploy/` uses; `kustomize edit set image` or the README's push
+/// commands point it elsewhere.
+pub const IMAGE_NAME: &str = "localhost/kube-nlproxy";
+/// The target the image's binary is built for (explicit, so that `crt-static` applies to
+/// the binary and not to build scripts or proc macros).
+pub const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The cargo profile of the image (Cargo.toml `[profile.image]`).
+pub const PROFILE: &str = "image";
+
+/// The workspace root (the parent of `xtask/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits inside the workspace")
+        .to_path_buf()
+}
+
+/// `version = "…"` of kube-nlproxy's `[package]` in the workspace's Cargo.toml.
+pub fn package_version(cargo_toml: &str) -> Option<String> {
+    let mut in_package = false;
+    for line in cargo_toml.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_package = line == "[package]";
+            continue;
+        }
+        if in_package {
+            if let Some(v) = line.strip_prefix("version") {
+                let v = v.trim_start().strip_prefix('=')?.trim().trim_matches('"');
+                return Some(v.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// `localhost/kube-nlproxy:vX.Y.Z` for the workspace's version.
+pub fn default_reference() -> io::Result<String> {
+    let toml = std::fs::read_to_string(workspace_root().join("Cargo.toml"))?;
+    let v = package_version(&toml)
+        .ok_or_else(|| io::Error::other("Cargo.toml: no version in [package]"))?;
+    Ok(format!("{IMAGE_NAME}:v{v}"))
+}
+
+/// Builds the binary with the image profile, statically linked, with the checkout's and
+/// cargo's paths remapped so that another clone builds the same bytes. Returns its path.
+pub fn build_binary() -> io::Result<PathBuf> {
+    let root = workspace_root();
+    let cargo_home = std::env::var("CARGO_HOME")
+        .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
+    let flags = format!(
+        "-C target-feature=+crt-static --remap-path-prefix={}=/src --remap-path-prefix={cargo_home}=/cargo",
+        root.display()
+    );
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    #[allow(clippy::disallowed_methods)] // a build task runs cargo
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            PROFILE,
+            "--target",
+            TARGET,
+        ])
+        .args(["-p", "kube-nlproxy", "--bin", "kube-nlproxy"])
+        .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", flags)
+        .status()?;
+    if !status.success() {
+        return Err(io::Error::other(format!(
+            "cargo build of the image binary: {status}"
+        )));
+    }
+    Ok(target_dir(&root)
+        .join(TARGET)
+        .join(PROFILE)
+        .join("kube-nlproxy"))
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+/// Whether an ELF file asks for a program interpreter (a dynamic loader), which the image
+/// does not have: such a binary would fail to start with "no such file or directory".
+pub fn elf_needs_interpreter(elf: &[u8]) -> Result<bool, String> {
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u32_at = |o: usize| {
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |o: usize| {
+        elf.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+        return Err("not a 64-bit little-endian ELF file".into());
+    }
+    let short = || "truncated ELF header".to_string();
+    let phoff = u64_at(0x20).ok_or_else(short)? as usize;
+    let phentsize = u16_at(0x36).ok_or_else(short)? as usize;
+    let phnum = u16_at(0x38).ok_or_else(short)? as usize;
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum {
+        let p_type = u32_at(phoff + i * phentsize).ok_or_else(short)?;
+        if p_type == PT_INTERP {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The release image around `binary`.
+pub fn release_image(binary: &Path, reference: &str, epoch: u64) -> io::Result<Image> {
+    let elf = std::fs::read(binary)
+        .map_err(|e| io::Error::new(e.kind(), format!("reading {}: {e}", binary.display())))?;
+    match elf_needs_interpreter(&elf) {
+        Ok(false) => {}
+        Ok(true) => {
+            return Err(io::Error::other(format!(
+                "{} is dynamically linked; the image has no loader (build it with `cargo xtask image`, which links statically)",
+                binary.display()
+            )))
+        }
+        Err(e) => return Err(io::Error::other(format!("{}: {e}", binary.display()))),
+    }
+    let version = reference.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+    let labels = BTreeMap::from([
+        (
+            "org.opencontainers.image.title".into(),
+            "kube-nlproxy".into(),
+        ),
+        (
+            "org.opencontainers.image.description".into(),
+            "A Kubernetes service proxy that programs the kernel only through netlink".into(),
+        ),
+        (
+            "org.opencontainers.image.licenses".into(),
+            "Apache-2.0".into(),
+        ),
+        (
+            "org.opencontainers.image.version".into(),
+            version.to_string(),
+        ),
+    ]);
+    Ok(Image {
+        reference: reference.to_string(),
+        entries: vec![
+            Entry::File {
+                path: "/kube-nlproxy".into(),
+                mode: 0o755,
+                content: Content::Bytes(elf),
+            },
+            Entry::Symlink {
+                path: "/usr/local/bin/kube-proxy".into(),
+                target: "/kube-nlproxy".into(),
+            },
+        ],
+        entrypoint: vec!["/kube-nlproxy".into()],
+        cmd: vec![],
+        user: "0:0".into(),
+        env: vec![],
+        labels,
+        epoch,
+        gzip: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_is_read_from_the_package_section() {
+        let toml = "[workspace]\nversion = \"9\"\n[package]\nname = \"x\"\nversion = \"0.1.0\"\n[dependencies]\nversion = \"2\"\n";
+        assert_eq!(package_version(toml).as_deref(), Some("0.1.0"));
+        assert_eq!(package_version("[package]\nname = \"x\"\n"), None);
+    }
+
+    #[test]
+    fn the_interpreter_check_reads_program_headers() {
+        // This test binary itself: built for the host, dynamically linked.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(elf_needs_interpreter(&me), Ok(true));
+        assert!(elf_needs_interpreter(b"#!/bin/sh\n").is_err());
+        assert!(elf_needs_interpreter(&me[..40]).is_err());
+    }
+
+    #[test]
+    fn a_dynamically_linked_binary_is_refused() {
+        let me = std::env::current_exe().unwrap();
+        let err = release_image(&me, "localhost/kube-nlproxy:v0.1.0", 0).unwrap_err();
+        assert!(err.to_string().contains("dynamically linked"), "{err}");
+    }
+}
