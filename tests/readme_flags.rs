@@ -1,23 +1,19 @@
-//! README's flag tables name every flag the binary accepts (and only those). Pure.
+//! docs/flags.md (README's flag reference) names every flag the binary accepts (and only
+//! those). Pure.
 
 use kube_nlproxy::config::flags::FLAGS;
 
 #[test]
 fn readme_lists_every_flag() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme.find("## Flags\n").expect("a Flags section");
-    let end = start
-        + readme[start..]
-            .find("\n## ")
-            .expect("a section after Flags");
-    let section = readme[start..end].replace('_', "-");
+    let section = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/flags.md"))
+        .unwrap()
+        .replace('_', "-");
     for spec in FLAGS {
         assert!(
             section.contains(&format!("`--{} ", spec.name))
                 || section.contains(&format!("`--{}`", spec.name))
                 || section.contains(&format!("`--{},", spec.name)),
-            "README's Flags section lacks --{}",
+            "docs/flags.md lacks --{}",
             spec.name
         );
     }
@@ -37,7 +33,7 @@ fn readme_lists_every_flag() {
         }
         assert!(
             FLAGS.iter().any(|s| s.name == name),
-            "README's Flags section names --{name}, which the binary does not accept"
+            "docs/flags.md names --{name}, which the binary does not accept"
         );
     }
 }

@@ -197,17 +197,159 @@ fn configmap_without_kubeadm_holds_a_config_we_accept() {
 }
 
 #[test]
-fn image_final_stage_has_no_shell_and_answers_to_kube_proxy() {
+fn dockerfile_builds_the_same_tree_as_xtask() {
     let df = deploy("Dockerfile");
     let stages: Vec<&str> = df.split("\nFROM ").collect();
+    assert!(
+        stages[0].contains("FROM docker.io/library/rust:1.95.0-bookworm AS build"),
+        "a pinned build stage: {}",
+        stages[0]
+    );
+    assert!(df.contains("RUN cargo xtask image --rootfs /rootfs"));
     let last = stages.last().unwrap();
-    assert!(last.starts_with("gcr.io/distroless/"), "{last}");
+    assert!(last.starts_with("scratch\n"), "{last}");
     assert!(!last.contains("\nRUN "), "no RUN in the final stage");
+    assert!(last.contains("COPY --from=build /rootfs/ /"));
+    assert!(last.contains("USER 0:0"));
     assert!(last.contains("ENTRYPOINT [\"/kube-nlproxy\"]"));
-    assert!(df.contains("ln -s /kube-nlproxy /out/usr/local/bin/kube-proxy"));
-    assert!(df.contains("--profile image"));
     let ignore =
         std::fs::read_to_string(format!("{}/../.dockerignore", env!("CARGO_MANIFEST_DIR")))
             .unwrap();
     assert!(ignore.lines().any(|l| l == "target"));
+}
+
+/// deploy/ names the image `cargo xtask image` builds, by the workspace's version, and never
+/// pulls it when it was imported.
+#[test]
+fn deploy_names_the_image_xtask_builds() {
+    let reference = xtask::image::default_reference().unwrap();
+    let ds: DaemonSet = serde_yaml::from_str(&deploy("daemonset.yaml")).unwrap();
+    let spec = ds.spec.unwrap().template.spec.unwrap();
+    let c = &spec.containers[0];
+    assert_eq!(c.image.as_deref(), Some(reference.as_str()));
+    assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!((sc.run_as_user, sc.run_as_group), (Some(0), Some(0)));
+    // kubeadm leaves dnsPolicy unset; ClusterFirstWithHostNet would need the DNS Service
+    // this proxy has yet to program.
+    assert_eq!(spec.dns_policy, None);
+    let (name, tag) = reference.rsplit_once(':').unwrap();
+    let k: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(format!(
+            "{}/../kustomization.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(k["images"][0]["name"], name);
+    assert_eq!(k["images"][0]["newTag"], tag);
+    let un: DaemonSet =
+        serde_yaml::from_str(&deploy("uninstall/kube-nlproxy-uninstall.yaml")).unwrap();
+    let pod = un.spec.unwrap().template.spec.unwrap();
+    let init = &pod.init_containers.unwrap()[0];
+    assert_eq!(init.image.as_deref(), Some(reference.as_str()));
+    assert_eq!(
+        init.command.clone().unwrap(),
+        ["/usr/local/bin/kube-proxy", "uninstall"]
+    );
+    assert_eq!(pod.host_network, Some(true));
+}
+
+/// The image `cargo xtask image` wrote (README's test command builds it first): one static
+/// binary and the kube-proxy link, root, named as deploy/ names it, and written again from
+/// the same binary it is the same bytes.
+#[test]
+fn the_release_image_holds_one_static_binary_and_is_reproducible() {
+    use std::io::Read;
+    let reference = xtask::image::default_reference().unwrap();
+    let tag = reference.rsplit_once(':').unwrap().1;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = root.join(format!("target/kube-nlproxy-{tag}.oci.tar"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run `cargo xtask image` (README's test command does)",
+            path.display()
+        )
+    });
+    let mut members = std::collections::BTreeMap::new();
+    for e in tar::Archive::new(bytes.as_slice()).entries().unwrap() {
+        let mut e = e.unwrap();
+        let p = e.path().unwrap().to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).unwrap();
+        members.insert(p, data);
+    }
+    let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&members[p]).unwrap() };
+    let index = json("index.json");
+    assert_eq!(
+        index["manifests"][0]["annotations"]["io.containerd.image.name"],
+        reference.as_str()
+    );
+    let digest = index["manifests"][0]["digest"].as_str().unwrap();
+    let manifest = json(&format!("blobs/sha256/{}", &digest[7..]));
+    let config = json(&format!(
+        "blobs/sha256/{}",
+        &manifest["config"]["digest"].as_str().unwrap()[7..]
+    ));
+    assert_eq!(config["config"]["User"], "0:0");
+    assert_eq!(config["config"]["Entrypoint"][0], "/kube-nlproxy");
+    let layer = &members[&format!(
+        "blobs/sha256/{}",
+        &manifest["layers"][0]["digest"].as_str().unwrap()[7..]
+    )];
+    let mut files = Vec::new();
+    let mut binary = Vec::new();
+    let gz = flate2::read::GzDecoder::new(layer.as_slice());
+    for e in tar::Archive::new(gz).entries().unwrap() {
+        let mut e = e.unwrap();
+        let h = e.header().clone();
+        let p = e.path().unwrap().to_string_lossy().into_owned();
+        if h.entry_type() == tar::EntryType::Regular {
+            assert_eq!(h.mode().unwrap() & 0o111 != 0, p == "kube-nlproxy", "{p}");
+            if p == "kube-nlproxy" {
+                e.read_to_end(&mut binary).unwrap();
+            }
+        }
+        let link = e
+            .link_name()
+            .unwrap()
+            .map(|l| l.to_string_lossy().into_owned());
+        files.push((p, h.entry_type(), link));
+    }
+    use tar::EntryType::*;
+    assert_eq!(
+        files,
+        vec![
+            ("kube-nlproxy".into(), Regular, None),
+            ("usr/".into(), Directory, None),
+            ("usr/local/".into(), Directory, None),
+            ("usr/local/bin/".into(), Directory, None),
+            (
+                "usr/local/bin/kube-proxy".into(),
+                Symlink,
+                Some("/kube-nlproxy".into())
+            ),
+        ]
+    );
+    assert_eq!(
+        xtask::image::elf_needs_interpreter(&binary),
+        Ok(false),
+        "static"
+    );
+    // The same binary written again: the same digest.
+    let dir = std::env::temp_dir().join(format!("nlp-image-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kube-nlproxy"), &binary).unwrap();
+    let created = config["created"].as_str().unwrap().to_string();
+    let epoch = if created == "1970-01-01T00:00:00Z" {
+        0
+    } else {
+        panic!("built with SOURCE_DATE_EPOCH set ({created}): rebuild without it to compare")
+    };
+    let img = xtask::image::release_image(&dir.join("kube-nlproxy"), &reference, epoch).unwrap();
+    let again = xtask::oci::write_archive(&img, &dir.join("again.tar")).unwrap();
+    assert_eq!(again.digest, digest);
+    assert_eq!(std::fs::read(dir.join("again.tar")).unwrap(), bytes);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

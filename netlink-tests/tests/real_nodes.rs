@@ -2,11 +2,12 @@
 //! each in its own namespaces, `netlink-tests/src/realnode`), `deploy/` applied through the
 //! real API server as README says, the image `cargo xtask image` built imported into each
 //! node's runtime, and upstream's e2e suite judging the result.
+#![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use netlink_tests::realnode::{self, e2e, Cluster};
+use netlink_tests::realnode::{self, e2e, proxies, Cluster};
 
 fn require_root() {
     assert!(
@@ -35,7 +36,11 @@ fn our_image() -> (PathBuf, String) {
     let mut newest = None;
     let mut stack = vec![root.join("src")];
     for f in ["Cargo.toml", "Cargo.lock"] {
-        newest = newest.max(std::fs::metadata(root.join(f)).and_then(|m| m.modified()).ok());
+        newest = newest.max(
+            std::fs::metadata(root.join(f))
+                .and_then(|m| m.modified())
+                .ok(),
+        );
     }
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -58,12 +63,6 @@ fn our_image() -> (PathBuf, String) {
     (path, reference)
 }
 
-/// `kubectl apply -k` of the repository's kustomization: `deploy/` exactly as shipped.
-fn apply_deploy_as_shipped(c: &Cluster) {
-    let root = realnode::workspace_root();
-    c.kubectl_ok(&["apply", "-k", root.to_str().unwrap()]);
-}
-
 fn wait_proxy_pods_ready(c: &Cluster, selector: &str, limit: Duration) -> Duration {
     let t0 = Instant::now();
     c.wait_for(limit, &format!("proxy pods ({selector}) Ready"), |c| {
@@ -77,8 +76,8 @@ fn deploy_as_shipped_runs_on_real_nodes() {
     require_root();
     let (image, reference) = our_image();
     let c = Cluster::start(3, &[image]);
-    c.apply(&c.kubeadm_proxy_configmap(""));
-    apply_deploy_as_shipped(&c);
+    c.apply(&proxies::kubeadm_configmap(""));
+    proxies::deploy_ours(&c);
     let took = wait_proxy_pods_ready(&c, "k8s-app=kube-nlproxy", Duration::from_secs(120));
     eprintln!("kube-nlproxy pods Running and Ready on 3 nodes {took:?} after apply");
     let images = c.kubectl_ok(&[
@@ -105,6 +104,292 @@ fn deploy_as_shipped_runs_on_real_nodes() {
     );
     eprintln!("{}", report.render());
     let failed: Vec<_> = report.failed().collect();
-    assert!(failed.is_empty(), "e2e failures: {failed:#?}\n{}", e2e::tail(&log, 80));
+    assert!(
+        failed.is_empty(),
+        "e2e failures: {failed:#?}\n{}",
+        e2e::tail(&log, 80)
+    );
     assert!(report.passed().count() >= 15, "{}", report.render());
+}
+
+/// Whether `family` table `name` exists in the node's network namespace.
+fn has_table(c: &Cluster, node: usize, family: &str, name: &str) -> bool {
+    let out = c.nodes[node]
+        .ns
+        .output("nft", &["list", "table", family, name]);
+    out.status.success()
+}
+
+/// Whether upstream's iptables mode has its service chain in the node (iptables-nft).
+fn has_upstream_iptables_rules(c: &Cluster, node: usize) -> bool {
+    let out = c.nodes[node]
+        .ns
+        .output("iptables-nft", &["-t", "nat", "-S", "KUBE-SERVICES"]);
+    out.status.success()
+}
+
+/// Upstream's rules of `mode` ("" is iptables) are what the node has.
+fn upstream_rules_present(c: &Cluster, node: usize, mode: &str) -> bool {
+    match mode {
+        "nftables" => has_table(c, node, "ip", "kube-proxy"),
+        _ => has_upstream_iptables_rules(c, node),
+    }
+}
+
+fn assert_flows_continue(c: &Cluster, before: &realnode::traffic::Flows, what: &str) {
+    // Let a few more round trips happen after the change.
+    std::thread::sleep(Duration::from_secs(5));
+    let now = c.flows();
+    if let Err(e) = now.continues(before, 3, 5) {
+        panic!("{what}: the established flows broke: {e}\n{now:?}");
+    }
+    let answer = c
+        .new_connection_works(Duration::from_secs(15))
+        .unwrap_or_else(|e| panic!("{what}: a new connection: {e}"));
+    eprintln!("{what}: established flows kept going; a new connection reached {answer}");
+}
+
+/// From upstream kube-proxy in `mode` (kubeadm's DaemonSet) to ours in place and back, as
+/// README says, with a long-lived TCP connection and a UDP flow through a Service.
+fn migrate_in_place_and_back(c: &Cluster, mode: &str, before: realnode::traffic::Flows) {
+    for n in 0..c.nodes.len() {
+        assert!(
+            upstream_rules_present(c, n, mode),
+            "upstream's {mode:?} rules on node {n} before the swap"
+        );
+    }
+    c.run_readme_block("migrate");
+    let images = c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=kube-proxy",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.containers[0].image}{\"\\n\"}{end}",
+    ]);
+    assert!(
+        images.lines().count() == c.nodes.len()
+            && images.lines().all(|l| l == "localhost/kube-nlproxy:v0.1.0"),
+        "every kube-proxy pod runs our image: {images}"
+    );
+    assert_flows_continue(c, &before, "upstream -> ours");
+    for n in 0..c.nodes.len() {
+        assert!(
+            has_table(c, n, "ip", "kube-nlproxy"),
+            "our table on node {n}"
+        );
+        assert!(
+            !upstream_rules_present(c, n, mode),
+            "upstream's {mode:?} rules removed from node {n} by ours"
+        );
+    }
+    let mid = c.flows();
+    c.run_readme_block("go-back");
+    assert_flows_continue(c, &mid, "ours -> upstream");
+    for n in 0..c.nodes.len() {
+        assert!(
+            !has_table(c, n, "ip", "kube-nlproxy"),
+            "our table removed from node {n} by the uninstall DaemonSet"
+        );
+        assert!(
+            upstream_rules_present(c, n, mode),
+            "upstream's {mode:?} rules back on node {n}"
+        );
+    }
+}
+
+#[test]
+fn migrate_from_upstream_in_place_and_back_with_live_traffic() {
+    require_root();
+    let (image, _) = our_image();
+    let c = Cluster::start(3, &[image]);
+    // Upstream's default mode first (iptables), then, on the same nodes, its nftables mode.
+    proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
+    let before = c.start_traffic(Duration::from_secs(120));
+    migrate_in_place_and_back(&c, "", before);
+    c.apply(&proxies::kubeadm_configmap("nftables"));
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "restart",
+        "daemonset/kube-proxy",
+    ]);
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        "daemonset/kube-proxy",
+        "--timeout=100s",
+    ]);
+    let before = c.flows();
+    assert_flows_continue(&c, &before, "upstream iptables -> upstream nftables");
+    migrate_in_place_and_back(&c, "nftables", c.flows());
+}
+
+/// Samples every node's ruleset every 250 ms until stopped: each sample must hold our table
+/// with `needle` (a Service's ClusterIP) in it. Returns the samples that did not.
+struct RulesWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl RulesWatch {
+    fn start(c: &Cluster, needle: &str) -> RulesWatch {
+        let names: Vec<String> = c.nodes.iter().map(|n| n.ns.name.clone()).collect();
+        let needle = needle.to_string();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut bad = Vec::new();
+            let mut samples = 0;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                for ns in &names {
+                    let out = std::process::Command::new("ip")
+                        .args([
+                            "netns",
+                            "exec",
+                            ns,
+                            "nft",
+                            "list",
+                            "table",
+                            "ip",
+                            "kube-nlproxy",
+                        ])
+                        .output();
+                    samples += 1;
+                    let ok = out.as_ref().is_ok_and(|o| {
+                        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&needle)
+                    });
+                    if !ok && bad.len() < 20 {
+                        bad.push(format!("{ns}: {:?}", out.map(|o| o.status)));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            (samples, bad)
+        });
+        RulesWatch { stop, handle }
+    }
+
+    fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().unwrap()
+    }
+}
+
+fn service_ip(c: &Cluster, ns: &str, name: &str) -> String {
+    c.kubectl_ok(&[
+        "-n",
+        ns,
+        "get",
+        "service",
+        name,
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
+}
+
+#[test]
+fn node_life_keeps_connections_and_rules() {
+    require_root();
+    let (image, _) = our_image();
+    let mut c = Cluster::start(3, &[image]);
+    c.apply(&proxies::kubeadm_configmap(""));
+    c.run_readme_block("install");
+    let before = c.start_traffic(Duration::from_secs(120));
+    let ip = service_ip(&c, "default", "echo");
+    let watch = RulesWatch::start(&c, &ip);
+
+    // The kubelet restarts (upgrades, config changes): pods keep running, rules stay.
+    let kc_limit = Duration::from_secs(90);
+    for i in [0, 1] {
+        c.nodes[i].restart_kubelet();
+    }
+    c.wait_for(kc_limit, "nodes Ready after the kubelet restarts", |c| {
+        c.pods_ready("kube-system", "k8s-app=kube-nlproxy", c.nodes.len())
+    });
+    assert_flows_continue(&c, &before, "kubelet restarted on node-1 and node-2");
+
+    // Our pod deleted: the DaemonSet recreates it; the new one takes the table over.
+    let mid = c.flows();
+    let pod = c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=kube-nlproxy",
+        "--field-selector",
+        "spec.nodeName=node-1",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    c.kubectl_ok(&["-n", "kube-system", "delete", "pod", &pod, "--wait=false"]);
+    c.wait_for(
+        Duration::from_secs(90),
+        "a new kube-nlproxy pod on node-1",
+        |c| {
+            let names = c.kubectl_ok(&[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "k8s-app=kube-nlproxy",
+                "--field-selector",
+                "spec.nodeName=node-1",
+                "-o",
+                "jsonpath={.items[*].metadata.name}",
+            ]);
+            !names.contains(&pod) && c.pods_ready("kube-system", "k8s-app=kube-nlproxy", 3)
+        },
+    );
+    assert_flows_continue(&c, &mid, "our pod on node-1 deleted and recreated");
+
+    // The API server restarts: the proxies keep their rules, then resume their watches.
+    let mid = c.flows();
+    c.cp.stop_apiserver();
+    std::thread::sleep(Duration::from_secs(15));
+    let during = c.flows().continues(&mid, 5, 5);
+    let tokens = c.node_tokens().to_vec();
+    c.cp.start_apiserver(&tokens);
+    if let Err(e) = during {
+        panic!("while the API server was down: {e}");
+    }
+    assert_flows_continue(&c, &mid, "the API server restarted");
+    // A change made after the restart reaches the kernel: a third backend.
+    c.kubectl_ok(&["-n", "default", "scale", "deployment/echo", "--replicas=3"]);
+    c.wait_for(
+        Duration::from_secs(120),
+        "the third echo backend in node-1's rules",
+        |c| {
+            let pods = c.kubectl_ok(&[
+                "-n",
+                "default",
+                "get",
+                "pods",
+                "-l",
+                "app=echo",
+                "-o",
+                "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}",
+            ]);
+            let ruleset = c.nodes[0]
+                .ns
+                .output("nft", &["list", "table", "ip", "kube-nlproxy"]);
+            let rules = String::from_utf8_lossy(&ruleset.stdout).into_owned();
+            let ips: Vec<&str> = pods.lines().filter(|l| !l.is_empty()).collect();
+            ips.len() == 3 && ips.iter().all(|ip| rules.contains(ip))
+        },
+    );
+
+    let (samples, bad) = watch.finish();
+    assert!(
+        bad.is_empty(),
+        "our table or the Service's rules missing in {} of {samples} samples: {bad:?}",
+        bad.len()
+    );
 }

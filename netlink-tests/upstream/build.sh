@@ -8,7 +8,8 @@
 #   that etcd's client versions stay apart from the apiserver's): VERSION/ and etcd-VERSION/.
 # - With --node, the real nodes' binaries (netlink-tests/src/realnode): kubelet,
 #   kube-controller-manager, kube-scheduler, kubectl, upstream's e2e suite (e2e.test) and two
-#   of its test images' programs (agnhost, regression-issue-74839) from the same module;
+#   of its test images' programs (agnhost, regression-issue-74839), and Ginkgo's CLI (which
+#   runs the suite in parallel processes) from the same module;
 #   containerd (v2: 1.6 loses what an exec'd command writes to stderr, which specs read) and
 #   CoreDNS from theirs. Cached as one zstd tarball (about a third of the ~0.9 GB); unpacked
 #   into target/real-node/bin for the tests.
@@ -45,7 +46,7 @@ fi
 # ../shared/reference/real-node.md; bump the recipe number when what is built changes.
 containerd_ver=v2.2.9
 coredns_ver=v1.15.0
-recipe=1
+recipe=2
 bundle=$cache/node-$ver-containerd-$containerd_ver-coredns-$coredns_ver-r$recipe.tar.zst
 work=$(cd ../.. && pwd)/target/real-node/bin
 stamp=$work/.bundle
@@ -63,6 +64,9 @@ if [ ! -f "$bundle" ]; then
     k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
     k8s.io/kubernetes/test/images/agnhost k8s.io/kubernetes/test/images/regression-issue-74839
   go test -c -trimpath -ldflags "$ldflags" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+  # Ginkgo's CLI runs e2e.test's specs in parallel processes, as upstream's
+  # hack/ginkgo-e2e.sh does (the specs mostly wait: 3 processes cut the wall time ~3x).
+  go build -trimpath -ldflags "-s -w" -o "$tmp/" github.com/onsi/ginkgo/v2/ginkgo
   cp "$out/kube-proxy" "$tmp/"
   # containerd and CoreDNS are modules of their own: `go install pkg@version` builds each
   # exactly as its go.mod says (GOFLAGS=-mod=mod does not apply outside a module).

@@ -166,8 +166,13 @@ pub fn parse_junit(xml: &str) -> Report {
     report
 }
 
+/// How many Ginkgo processes run specs at once: the specs mostly wait (pods starting,
+/// 30 s affinity loops), so three share two cores without slowing each other much.
+pub const PROCS: usize = 3;
+
 /// Runs e2e.test against `cluster` from the control plane's namespace with `focus` and
-/// `skip` (Ginkgo regular expressions), at most `limit`, and returns the report. Its output
+/// `skip` (Ginkgo regular expressions) in [`PROCS`] parallel processes (Ginkgo's CLI, as
+/// upstream's `hack/ginkgo-e2e.sh`), at most `limit`, and returns the report. Its output
 /// goes to `log`.
 pub fn run(cluster: &Cluster, focus: &str, skip: &str, limit: Duration, log: &Path) -> Report {
     let bins = super::binaries();
@@ -182,33 +187,33 @@ pub fn run(cluster: &Cluster, focus: &str, skip: &str, limit: Duration, log: &Pa
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net=/run/netns/{}", cluster.cp.ns.name))
         .arg("--")
+        .arg(bins.node.join("ginkgo"))
+        .arg(format!("--procs={PROCS}"))
+        .arg("--no-color")
+        .arg("-v")
+        .arg(format!("--timeout={}s", limit.as_secs()))
+        .arg(format!("--focus={focus}"))
+        .arg(format!("--skip={skip}"))
         .arg(bins.node.join("e2e.test"))
+        .arg("--")
         .arg(format!("--kubeconfig={}", kc.display()))
         .arg("--provider=skeleton")
+        // Without it the suite counts -1 nodes and every multi-node spec skips itself.
+        .arg(format!("--num-nodes={}", cluster.nodes.len()))
         .arg(format!(
             "--kubectl-path={}",
             bins.node.join("kubectl").display()
         ))
         .arg(format!("--report-dir={}", report_dir.display()))
-        .arg("--ginkgo.no-color")
-        .arg("--ginkgo.v")
-        .arg(format!("--ginkgo.focus={focus}"))
-        .arg(format!("--ginkgo.skip={skip}"))
-        .arg(format!("--ginkgo.timeout={}s", limit.as_secs()))
-        .arg("--ginkgo.flake-attempts=1")
         .current_dir(&report_dir)
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out);
     let mut child = crate::bounded::dies_with_parent(&mut cmd)
         .spawn()
-        .expect("start e2e.test");
-    // Ginkgo stops itself at --ginkgo.timeout; the extra minute is for its report.
-    crate::bounded::wait_within(
-        &mut child,
-        limit + Duration::from_secs(90),
-        "e2e.test",
-    );
+        .expect("start ginkgo e2e.test");
+    // Ginkgo stops itself at --timeout; the extra minutes are for its reports.
+    crate::bounded::wait_within(&mut child, limit + Duration::from_secs(180), "e2e.test");
     let xml = std::fs::read_dir(&report_dir)
         .ok()
         .and_then(|rd| {
@@ -224,6 +229,12 @@ pub fn run(cluster: &Cluster, focus: &str, skip: &str, limit: Duration, log: &Pa
                 tail(log, 60)
             )
         });
+    // Keep the report and the log where a failed run can be read after teardown.
+    let keep = super::workspace_root().join("target/real-node/reports");
+    let _ = std::fs::create_dir_all(&keep);
+    let stem = log.file_stem().and_then(|s| s.to_str()).unwrap_or("run");
+    let _ = std::fs::write(keep.join(format!("{stem}.xml")), &xml);
+    let _ = std::fs::copy(log, keep.join(format!("{stem}.log")));
     parse_junit(&xml)
 }
 

@@ -176,7 +176,10 @@ fn ldd(binary: &Path) -> BTreeSet<PathBuf> {
         // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
         let path = match line.split_once("=>") {
             Some((_, rest)) => rest.split_whitespace().next(),
-            None => line.split_whitespace().next().filter(|p| p.starts_with('/')),
+            None => line
+                .split_whitespace()
+                .next()
+                .filter(|p| p.starts_with('/')),
         };
         if let Some(p) = path.filter(|p| p.starts_with('/')) {
             libs.insert(PathBuf::from(p));

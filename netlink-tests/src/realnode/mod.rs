@@ -23,6 +23,9 @@ pub mod e2e;
 pub mod host;
 pub mod images;
 pub mod node;
+pub mod proxies;
+pub mod readme;
+pub mod traffic;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -199,7 +202,11 @@ impl ControlPlane {
             ],
         );
         let args = cp.apiserver_args(node_tokens);
-        cp.spawn("kube-apiserver", &bins.upstream.join("kube-apiserver"), &args);
+        cp.spawn(
+            "kube-apiserver",
+            &bins.upstream.join("kube-apiserver"),
+            &args,
+        );
         cp.wait_ready(Duration::from_secs(120));
         let admin = cp.admin_kubeconfig();
         let d = |f: &str| cp.dir.join(f).display().to_string();
@@ -263,7 +270,9 @@ impl ControlPlane {
     pub fn log(&self, name: &str) -> String {
         let t = std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
         let start = t.len().saturating_sub(20_000);
-        let start = (start..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+        let start = (start..t.len())
+            .find(|&i| t.is_char_boundary(i))
+            .unwrap_or(0);
         t[start..].to_string()
     }
 
@@ -567,15 +576,7 @@ impl Cluster {
         });
     }
 
-    /// kubeadm's `kube-proxy` ConfigMap as kubeadm writes it: its undefaulted
-    /// KubeProxyConfiguration (`mode` as given) and a kubeconfig naming the control-plane
-    /// endpoint with the pod's service-account credentials.
-    pub fn kubeadm_proxy_configmap(&self, mode: &str) -> String {
-        kubeadm_proxy_configmap(mode)
-    }
-
-    /// Runs `f` with the cluster, and on failure prints the cluster's state before the
-    /// panic goes on (the test's own message stays last).
+    /// The node named `name`.
     pub fn node(&self, name: &str) -> &Node {
         self.nodes
             .iter()
@@ -620,7 +621,12 @@ pub fn sweep() {
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&format!("{TAG}-")) {
+            // TAG-PID-node-N of a process that is gone.
+            let owner_gone = name
+                .strip_prefix(&format!("{TAG}-"))
+                .and_then(|rest| rest.split('-').next())
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+            if owner_gone {
                 host::kill_node(&name, None, None, Duration::from_secs(10));
                 host::remove_cgroups(&name);
             }
@@ -634,9 +640,9 @@ pub fn sweep() {
             let mut parts = name.split('-');
             if parts.next() == Some("nlp")
                 && parts.next().is_some_and(|k| k.starts_with("rn"))
-                && parts.next().is_some_and(|pid| {
-                    pid != me && !Path::new(&format!("/proc/{pid}")).exists()
-                })
+                && parts
+                    .next()
+                    .is_some_and(|pid| pid != me && !Path::new(&format!("/proc/{pid}")).exists())
             {
                 let netns = e.path();
                 let inode = std::thread::spawn(move || {
@@ -649,29 +655,17 @@ pub fn sweep() {
                 .ok()
                 .flatten();
                 if let Some(inode) = inode {
-                    host::kill_node("nonexistent-cgroup", None, Some(&inode), Duration::from_secs(10));
+                    host::kill_node(
+                        "nonexistent-cgroup",
+                        None,
+                        Some(&inode),
+                        Duration::from_secs(10),
+                    );
                 }
                 let _ = Command::new("ip").args(["netns", "del", &name]).status();
             }
         }
     }
-}
-
-fn kubeadm_proxy_configmap(mode: &str) -> String {
-    let config = include_str!("../../../src/config/testdata/kubeadm_config.conf")
-        .replace("mode: \"\"", &format!("mode: \"{mode}\""));
-    let indent = |t: &str| {
-        t.lines()
-            .map(|l| format!("    {l}\n"))
-            .collect::<String>()
-    };
-    format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kube-proxy\n  namespace: kube-system\n  labels: {{app: kube-proxy}}\ndata:\n  config.conf: |\n{}  kubeconfig.conf: |\n{}",
-        indent(&config),
-        indent(&format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n    server: https://{CP_IP}:6443\n  name: default\ncontexts:\n- context:\n    cluster: default\n    namespace: default\n    user: default\n  name: default\ncurrent-context: default\nusers:\n- name: default\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n"
-        ))
-    )
 }
 
 /// kubeadm's CoreDNS addon (v1.37: ServiceAccount, ClusterRole `system:coredns` and its

@@ -129,7 +129,7 @@ impl Node {
             format!("nameserver {}\n", super::FABRIC_IP),
         )
         .unwrap();
-        let cgroup = format!("{tag}-{name}");
+        let cgroup = format!("{tag}-{}-{name}", std::process::id());
         host::create_cgroups(&cgroup);
         let holder = Holder::start(&ns.name, &dir);
         let mut node = Node {
@@ -192,7 +192,9 @@ impl Node {
     pub fn read_log(&self, name: &str) -> String {
         let t = std::fs::read_to_string(self.dir.join(name)).unwrap_or_default();
         let start = t.len().saturating_sub(20_000);
-        let start = (start..t.len()).find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+        let start = (start..t.len())
+            .find(|&i| t.is_char_boundary(i))
+            .unwrap_or(0);
         t[start..].to_string()
     }
 
@@ -214,7 +216,12 @@ impl Node {
 
     /// Imports an OCI image-layout tarball into the node's runtime.
     pub fn import_image(&self, tarball: &Path) {
-        let out = self.ctr(&["images", "import", "--no-unpack=false", tarball.to_str().unwrap()]);
+        let out = self.ctr(&[
+            "images",
+            "import",
+            "--no-unpack=false",
+            tarball.to_str().unwrap(),
+        ]);
         assert!(
             out.status.success(),
             "{}: ctr images import {}: {}{}",
@@ -255,7 +262,10 @@ impl Node {
         let bin = super::binaries().node.join("kubelet");
         let mut cmd = self.holder.command(bin.to_str().unwrap());
         cmd.args(&self.kubelet_args)
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
             .stdin(Stdio::null())
             .stdout(self.log("kubelet.log"))
             .stderr(self.log("kubelet.log"));
@@ -340,7 +350,10 @@ impl Node {
         if !pids.is_empty() {
             left.push(format!("{}: processes {pids:?} would not die", self.name));
         }
-        for c in [&mut self.containerd, &mut self.kubelet].into_iter().flatten() {
+        for c in [&mut self.containerd, &mut self.kubelet]
+            .into_iter()
+            .flatten()
+        {
             let _ = c.kill();
             let _ = c.wait();
         }

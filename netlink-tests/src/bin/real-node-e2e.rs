@@ -1,0 +1,85 @@
+//! Upstream's e2e suite against three real nodes running a proxy, the one documented command
+//! for the full proxy focus (CI runs the Services conformance specs and the kube-proxy ones
+//! in `tests/real_nodes.rs`):
+//!
+//! ```text
+//! cargo xtask image && netlink-tests/upstream/build.sh --node
+//! cargo run -p netlink-tests --bin real-node-e2e -- --proxy ours --mode ""
+//! cargo run -p netlink-tests --bin real-node-e2e -- --proxy upstream --mode nftables
+//! ```
+//!
+//! `--focus RE` and `--skip RE` replace the proxy focus and its skips; `--out FILE` writes
+//! the report (one line per spec). Exits 1 when a spec failed. As root.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use netlink_tests::realnode::{e2e, proxies, proxies::Proxy, workspace_root, Cluster};
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS]"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let mut proxy = Proxy::Ours;
+    let mut mode = String::new();
+    let mut focus = proxies::PROXY_FOCUS.to_string();
+    let mut skip = proxies::skip_regex();
+    let mut out: Option<PathBuf> = None;
+    let mut timeout = Duration::from_secs(3600);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| usage());
+        match a.as_str() {
+            "--proxy" => {
+                proxy = match val().as_str() {
+                    "ours" => Proxy::Ours,
+                    "upstream" => Proxy::Upstream,
+                    _ => usage(),
+                }
+            }
+            "--mode" => mode = val(),
+            "--focus" => focus = val(),
+            "--skip" => skip = val(),
+            "--out" => out = Some(PathBuf::from(val())),
+            "--timeout" => timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage())),
+            _ => usage(),
+        }
+    }
+    assert!(netlink_tests::ns::is_root(), "real-node-e2e needs root");
+    netlink_tests::deadline::set_limit(timeout + Duration::from_secs(900));
+    let ours = workspace_root().join("target/kube-nlproxy-v0.1.0.oci.tar");
+    let extra = if proxy == Proxy::Ours {
+        assert!(
+            ours.exists(),
+            "{} missing: run `cargo xtask image` first",
+            ours.display()
+        );
+        vec![ours]
+    } else {
+        vec![]
+    };
+    let c = Cluster::start(3, &extra);
+    let took = proxies::deploy(&c, proxy, &mode, Duration::from_secs(180));
+    eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
+    c.install_coredns(Duration::from_secs(180));
+    let log = c.dir.join("e2e.log");
+    let report = e2e::run(&c, &focus, &skip, timeout, &log);
+    let text = format!(
+        "# {proxy:?} proxy, mode {mode:?}\n# focus: {focus}\n# skip: {skip}\n# passed {}, failed {}, skipped {}\n{}",
+        report.passed().count(),
+        report.failed().count(),
+        report.skipped().count(),
+        report.render()
+    );
+    print!("{text}");
+    if let Some(p) = out {
+        std::fs::write(&p, &text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    }
+    let failed = report.failed().count();
+    drop(c);
+    std::process::exit(i32::from(failed > 0));
+}

@@ -1,0 +1,273 @@
+//! The proxies a real cluster runs, deployed as an operator deploys them: kube-nlproxy from
+//! the repository's `deploy/` (`kubectl apply -k`), or upstream kube-proxy as kubeadm's own
+//! addon (its ServiceAccount bound to `system:node-proxier`, its ConfigMap, its DaemonSet),
+//! and the e2e focus both are judged on, with every skip and its reason.
+//!
+//! Pure text, except [`deploy_ours`], [`deploy_kubeadm_addon`] (kubectl).
+
+use std::time::Duration;
+
+use super::{images, workspace_root, Cluster, CP_IP};
+
+/// Which proxy a cluster runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proxy {
+    /// kube-nlproxy from `deploy/`, its DaemonSet `kube-nlproxy`.
+    Ours,
+    /// upstream kube-proxy v1.37.2 as kubeadm's addon, its DaemonSet `kube-proxy`.
+    Upstream,
+}
+
+impl Proxy {
+    /// The label selecting the proxy's pods.
+    pub fn selector(self) -> &'static str {
+        match self {
+            Proxy::Ours => "k8s-app=kube-nlproxy",
+            Proxy::Upstream => "k8s-app=kube-proxy",
+        }
+    }
+}
+
+/// The `[sig-network]` specs that exercise a service proxy: every Services spec
+/// (conformance and not), Conntrack, KubeProxy, the Networking "Granular Checks" and
+/// kube-proxy URL checks, EndpointSlice (and its mirroring), ServiceCIDR, Traffic
+/// Distribution and Topology Hints (zones), pod lifecycle connectivity through Services,
+/// localhost NodePorts, HostPort and NoSNAT.
+pub const PROXY_FOCUS: &str = r"\[sig-network\] (Services |Conntrack |KubeProxy |Networking Granular Checks|Networking should check kube-proxy urls|EndpointSlice|ServiceCIDR|Service CIDRs|Traffic Distribution|Topology Hints|Connectivity Pod Lifecycle|LocalhostNodePorts|HostPort|NoSNAT)";
+
+/// What is skipped, each with its reason (written down in README's e2e table too).
+pub const SKIPS: &[(&str, &str)] = &[
+    (
+        r"\[Slow\]",
+        "upstream's own CI runs [Slow] specs apart; the issue excludes them",
+    ),
+    (r"\[Serial\]", "they need the whole cluster to themselves"),
+    (r"\[Disruptive\]", "they reboot or partition nodes"),
+    (r"\[Flaky\]", "upstream marks them unreliable"),
+    (
+        r"LoadBalancer",
+        "no cloud: nothing assigns a load balancer's address",
+    ),
+    (
+        r"IPv6|DualStack",
+        "the nodes are IPv4-only (dual-stack is proven in the namespace suites)",
+    ),
+    (
+        r"SCTPConnectivity",
+        "this kernel has no SCTP sockets (CONFIG_IP_SCTP is not set); SCTP is tested in the VM",
+    ),
+];
+
+/// The `--ginkgo.skip` expression of [`SKIPS`].
+pub fn skip_regex() -> String {
+    SKIPS.iter().map(|(r, _)| *r).collect::<Vec<_>>().join("|")
+}
+
+/// The Services conformance specs: the focus CI always runs.
+pub const CONFORMANCE_FOCUS: &str = r"\[sig-network\] Services .*\[Conformance\]";
+
+/// kubeadm's `kube-proxy` ConfigMap as kubeadm writes it: its undefaulted
+/// KubeProxyConfiguration (`mode` as given) and a kubeconfig naming the control-plane
+/// endpoint with the pod's service-account credentials
+/// (`cmd/kubeadm/app/phases/addons/proxy/manifests.go`).
+pub fn kubeadm_configmap(mode: &str) -> String {
+    let config = include_str!("../../../src/config/testdata/kubeadm_config.conf")
+        .replace("mode: \"\"", &format!("mode: \"{mode}\""));
+    let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    format!(
+        "kind: ConfigMap\napiVersion: v1\nmetadata:\n  name: kube-proxy\n  namespace: kube-system\n  labels:\n    app: kube-proxy\ndata:\n  kubeconfig.conf: |-\n{}  config.conf: |-\n{}",
+        indent(&format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n    server: https://{CP_IP}:6443\n  name: default\ncontexts:\n- context:\n    cluster: default\n    namespace: default\n    user: default\n  name: default\ncurrent-context: default\nusers:\n- name: default\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"
+        )),
+        indent(config.trim_end()),
+    )
+}
+
+/// kubeadm's kube-proxy addon without its ConfigMap: ServiceAccount `kube-proxy`,
+/// ClusterRoleBinding `kubeadm:node-proxier` to `system:node-proxier`, the Role and
+/// RoleBinding that let joining nodes read the ConfigMap, and the DaemonSet running `image`
+/// (`cmd/kubeadm/app/phases/addons/proxy/`).
+pub fn kubeadm_addon(image: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: kubeadm:node-proxier
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:node-proxier
+subjects:
+- kind: ServiceAccount
+  name: kube-proxy
+  namespace: kube-system
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+rules:
+- apiGroups: [""]
+  resources: [configmaps]
+  resourceNames: [kube-proxy]
+  verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: kube-proxy
+  namespace: kube-system
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: kube-proxy
+subjects:
+- kind: Group
+  name: system:bootstrappers:kubeadm:default-node-token
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  labels:
+    k8s-app: kube-proxy
+  name: kube-proxy
+  namespace: kube-system
+spec:
+  selector:
+    matchLabels:
+      k8s-app: kube-proxy
+  updateStrategy:
+    type: RollingUpdate
+  template:
+    metadata:
+      labels:
+        k8s-app: kube-proxy
+    spec:
+      priorityClassName: system-node-critical
+      containers:
+      - name: kube-proxy
+        image: {image}
+        imagePullPolicy: IfNotPresent
+        command:
+        - /usr/local/bin/kube-proxy
+        - --config=/var/lib/kube-proxy/config.conf
+        - --hostname-override=$(NODE_NAME)
+        securityContext:
+          privileged: true
+        volumeMounts:
+        - mountPath: /var/lib/kube-proxy
+          name: kube-proxy
+        - mountPath: /run/xtables.lock
+          name: xtables-lock
+          readOnly: false
+        - mountPath: /lib/modules
+          name: lib-modules
+          readOnly: true
+        env:
+          - name: NODE_NAME
+            valueFrom:
+              fieldRef:
+                fieldPath: spec.nodeName
+      hostNetwork: true
+      serviceAccountName: kube-proxy
+      volumes:
+      - name: kube-proxy
+        configMap:
+          name: kube-proxy
+      - name: xtables-lock
+        hostPath:
+          path: /run/xtables.lock
+          type: FileOrCreate
+      - name: lib-modules
+        hostPath:
+          path: /lib/modules
+      tolerations:
+      - operator: Exists
+      nodeSelector:
+        kubernetes.io/os: linux
+"#
+    )
+}
+
+/// `kubectl apply -k` of the repository's kustomization: `deploy/` exactly as shipped.
+pub fn deploy_ours(c: &Cluster) {
+    let root = workspace_root();
+    c.kubectl_ok(&["apply", "-k", root.to_str().unwrap()]);
+}
+
+/// Upstream kube-proxy as kubeadm's addon, running `image` (upstream's by default).
+pub fn deploy_kubeadm_addon(c: &Cluster, image: &str) {
+    c.apply(&kubeadm_addon(image));
+}
+
+/// Deploys `proxy` with kubeadm's ConfigMap in `mode` and waits until its pods are Running
+/// and Ready on every node; returns how long that took.
+pub fn deploy(c: &Cluster, proxy: Proxy, mode: &str, limit: Duration) -> Duration {
+    c.apply(&kubeadm_configmap(mode));
+    let t0 = std::time::Instant::now();
+    match proxy {
+        Proxy::Ours => deploy_ours(c),
+        Proxy::Upstream => deploy_kubeadm_addon(c, images::KUBE_PROXY),
+    }
+    c.wait_for(limit, &format!("{proxy:?} proxy pods Ready"), |c| {
+        c.pods_ready("kube-system", proxy.selector(), c.nodes.len())
+    });
+    t0.elapsed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeadm_configmap_parses_and_keeps_the_undefaulted_file() {
+        let cm: serde_yaml::Value = serde_yaml::from_str(&kubeadm_configmap("nftables")).unwrap();
+        let conf = cm["data"]["config.conf"].as_str().unwrap();
+        assert!(conf.contains("mode: \"nftables\""), "{conf}");
+        assert!(conf.contains("clusterCIDR: 10.244.0.0/16"), "{conf}");
+        assert!(conf.contains("maxPerCore: null"), "{conf}");
+        let kc = cm["data"]["kubeconfig.conf"].as_str().unwrap();
+        assert!(
+            kc.contains(&format!("server: https://{CP_IP}:6443")),
+            "{kc}"
+        );
+    }
+
+    #[test]
+    fn the_addon_is_five_objects_naming_the_image() {
+        let docs: Vec<serde_yaml::Value> =
+            serde_yaml::Deserializer::from_str(&kubeadm_addon("example/kube-proxy:v1"))
+                .map(|d| serde::Deserialize::deserialize(d).unwrap())
+                .collect();
+        let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "ServiceAccount",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "DaemonSet"
+            ]
+        );
+        assert_eq!(
+            docs[4]["spec"]["template"]["spec"]["containers"][0]["image"],
+            "example/kube-proxy:v1"
+        );
+    }
+
+    #[test]
+    fn every_skip_has_a_reason() {
+        for (re, why) in SKIPS {
+            assert!(!re.is_empty() && why.len() > 10, "{re}: {why}");
+        }
+        assert!(skip_regex().contains(r"\[Serial\]|\[Disruptive\]"));
+    }
+}

@@ -1,0 +1,144 @@
+//! README's operator commands, run word for word: a block of README that follows a
+//! `<!-- real-node-test: NAME -->` marker is what the real-node tests execute, so the README
+//! an operator follows is the one the tests prove.
+//!
+//! Pure parsing, except [`Cluster::run_readme_block`].
+
+use std::time::Duration;
+
+use super::{workspace_root, Cluster};
+use crate::bounded::OutputWithin;
+
+/// The commands of the fenced block after the marker `NAME` in README.md: one per line,
+/// comments and blank lines dropped.
+pub fn block(readme: &str, name: &str) -> Vec<String> {
+    let marker = format!("<!-- real-node-test: {name} -->");
+    let start = readme
+        .find(&marker)
+        .unwrap_or_else(|| panic!("README.md has no {marker}"));
+    let rest = &readme[start + marker.len()..];
+    let open = rest
+        .find("```")
+        .unwrap_or_else(|| panic!("no code block after {marker}"));
+    let body = &rest[open..];
+    let body = &body[body.find('\n').map_or(body.len(), |i| i + 1)..];
+    let end = body
+        .find("```")
+        .unwrap_or_else(|| panic!("unterminated block after {marker}"));
+    body[..end]
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+pub fn readme() -> String {
+    std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md")
+}
+
+/// How one README command runs here.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// `cargo xtask image`: built before the tests (README's test command), checked fresh.
+    BuildImage,
+    /// `ctr -n k8s.io images import FILE`: on every node's containerd.
+    Import(String),
+    /// `kubectl ARGS` against the cluster, from the repository's root.
+    Kubectl(Vec<String>),
+}
+
+/// Reads a command line; anything else (pipes, quotes, other programs) is refused, so the
+/// README cannot hold a step the test would not really run.
+pub fn step(line: &str) -> Result<Step, String> {
+    if line.contains(['|', '&', ';', '"', '\'', '$', '`', '>', '<']) {
+        return Err(format!("{line:?}: one plain command per line"));
+    }
+    let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    match words
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        ["cargo", "xtask", "image"] => Ok(Step::BuildImage),
+        ["ctr", "-n", "k8s.io", "images", "import", file] => Ok(Step::Import(file.to_string())),
+        ["kubectl", ..] => Ok(Step::Kubectl(words[1..].to_vec())),
+        _ => Err(format!(
+            "{line:?}: not a command the real-node tests know how to run"
+        )),
+    }
+}
+
+impl Cluster {
+    /// Runs README's block `name` against this cluster, each command bounded to 6 minutes;
+    /// panics naming the line that failed.
+    pub fn run_readme_block(&self, name: &str) {
+        for line in block(&readme(), name) {
+            match step(&line).unwrap_or_else(|e| panic!("README block {name}: {e}")) {
+                Step::BuildImage => {
+                    // The tests run after it (README's test command); its output must exist.
+                    let reference = xtask::image::default_reference().unwrap();
+                    let tag = reference.rsplit_once(':').map_or("", |(_, t)| t);
+                    let tar = workspace_root().join(format!("target/kube-nlproxy-{tag}.oci.tar"));
+                    assert!(tar.exists(), "{line}: {} missing", tar.display());
+                }
+                Step::Import(file) => {
+                    let path = workspace_root().join(&file);
+                    for n in &self.nodes {
+                        n.import_image(&path);
+                    }
+                }
+                Step::Kubectl(args) => {
+                    let out = std::process::Command::new("nsenter")
+                        .arg(format!("--net=/run/netns/{}", self.cp.ns.name))
+                        .arg("--")
+                        .arg(super::binaries().node.join("kubectl"))
+                        .arg(format!(
+                            "--kubeconfig={}",
+                            self.cp.admin_kubeconfig().display()
+                        ))
+                        .args(&args)
+                        .current_dir(workspace_root())
+                        .output_within(Duration::from_secs(360))
+                        .expect("run kubectl");
+                    assert!(
+                        out.status.success(),
+                        "README block {name}: `{line}` failed: {}{}\n{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr),
+                        self.describe()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_its_commands() {
+        let md = "x\n<!-- real-node-test: go -->\n```sh\n# a comment\nkubectl apply -k .\n\nctr -n k8s.io images import target/x.tar\n```\nafter\n";
+        assert_eq!(
+            block(md, "go"),
+            [
+                "kubectl apply -k .",
+                "ctr -n k8s.io images import target/x.tar"
+            ]
+        );
+    }
+
+    #[test]
+    fn steps_are_plain_commands() {
+        assert_eq!(step("cargo xtask image"), Ok(Step::BuildImage));
+        assert_eq!(
+            step("kubectl apply -k ."),
+            Ok(Step::Kubectl(vec!["apply".into(), "-k".into(), ".".into()]))
+        );
+        assert!(step("kubectl get pods | grep x").is_err());
+        assert!(step("curl http://x").is_err());
+    }
+}
