@@ -63,8 +63,36 @@ pub fn skip_regex() -> String {
     SKIPS.iter().map(|(r, _)| *r).collect::<Vec<_>>().join("|")
 }
 
-/// The Services conformance specs: the focus CI always runs.
-pub const CONFORMANCE_FOCUS: &str = r"\[sig-network\] Services .*\[Conformance\]";
+/// What CI runs on every change: the Services conformance specs and the kube-proxy-specific
+/// ones (conntrack, kube-proxy's own, its URLs, zone-aware routing). The rest of
+/// [`PROXY_FOCUS`] runs with `real-node-e2e` (README, "Run the tests").
+pub const CI_FOCUS: &str = r"\[sig-network\] (Services .*\[Conformance\]|Conntrack |KubeProxy |Networking should check kube-proxy urls|Traffic Distribution)";
+
+/// Specs that must pass in a CI run (a focus that silently selects nothing fails here).
+pub const CI_MUST_PASS: &[&str] = &[
+    "Services should serve a basic endpoint from pods [Conformance]",
+    "Services should have session affinity work for NodePort service [LinuxOnly] [Conformance]",
+    "KubeProxy should set TCP CLOSE_WAIT timeout",
+    "Conntrack proxy implementation should not be vulnerable to the invalid conntrack state bug",
+    "Conntrack should be able to preserve UDP traffic when server pod cycles for a NodePort service",
+    "Traffic Distribution should route traffic to an endpoint in the same zone when using PreferSameZone",
+];
+
+/// Specs that skip themselves on these nodes, and why.
+pub const EXPECTED_SELF_SKIPS: &[(&str, &str)] = &[
+    (
+        "Traffic Distribution should route traffic correctly between pods on multiple nodes",
+        "needs 3 zones with 2 schedulable nodes each: 6 nodes",
+    ),
+    (
+        "Traffic Distribution should route traffic to an endpoint on the same node or fall back to same zone",
+        "needs 3 zones with 2 schedulable nodes each: 6 nodes",
+    ),
+    (
+        "[Feature:KubeProxyNFAcct]",
+        "reads route_localnet, which only upstream's iptables mode sets (ours serves localhost NodePorts without it)",
+    ),
+];
 
 /// kubeadm's `kube-proxy` ConfigMap as kubeadm writes it: its undefaulted
 /// KubeProxyConfiguration (`mode` as given) and a kubeconfig naming the control-plane
