@@ -14,6 +14,9 @@ fn require_root() {
         netlink_tests::ns::is_root(),
         "the real-node tests need root (they create namespaces, cgroups and mounts)"
     );
+    // A cluster's namespaces carry the test's deadline: bring-up, deploys and the e2e run
+    // (bounded to 20 min itself) under 30 min.
+    netlink_tests::deadline::set_limit(Duration::from_secs(1800));
 }
 
 /// The image `cargo xtask image` wrote, refusing one older than the sources it was built
@@ -128,7 +131,7 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
         &c,
         proxies::CI_FOCUS,
         &proxies::skip_regex(),
-        Duration::from_secs(1500),
+        Duration::from_secs(1200),
         &c.dir.join("e2e-ci.log"),
     );
     eprintln!("{}", report.render());
