@@ -323,6 +323,40 @@ fn build_layout(image: &Image) -> io::Result<Layout> {
     })
 }
 
+/// An image as a registry stores it: the manifest, its digest, and the config and layer
+/// blobs by hex digest (what a fake registry serves under `/v2/NAME/manifests/` and
+/// `/v2/NAME/blobs/`).
+pub struct RegistryImage {
+    pub manifest_digest: String,
+    pub manifest: Vec<u8>,
+    pub blobs: Vec<(String, Vec<u8>)>,
+}
+
+/// `image` as [`RegistryImage`]: the same bytes [`write_archive`] writes.
+pub fn registry_image(image: &Image) -> io::Result<RegistryImage> {
+    let layout = build_layout(image)?;
+    let manifest_hex = layout
+        .written
+        .digest
+        .strip_prefix("sha256:")
+        .unwrap_or(&layout.written.digest)
+        .to_string();
+    let mut manifest = Vec::new();
+    let mut blobs = Vec::new();
+    for (digest, data) in layout.blobs {
+        if digest == manifest_hex {
+            manifest = data;
+        } else {
+            blobs.push((digest, data));
+        }
+    }
+    Ok(RegistryImage {
+        manifest_digest: layout.written.digest,
+        manifest,
+        blobs,
+    })
+}
+
 /// Writes `image` as an OCI image-layout tarball at `out` (through a temporary file beside
 /// it, renamed into place, so a reader never sees half an image).
 pub fn write_archive(image: &Image, out: &Path) -> io::Result<Written> {
@@ -457,6 +491,26 @@ mod tests {
         let mut changed = image(true);
         changed.epoch = 1;
         assert_ne!(archive(&changed).0.digest, a.digest);
+    }
+
+    #[test]
+    fn registry_image_holds_the_archives_manifest_and_every_blob_it_names() {
+        let img = image(false);
+        let (w, bytes) = archive(&img);
+        let r = registry_image(&img).unwrap();
+        assert_eq!(r.manifest_digest, w.digest);
+        assert_eq!(format!("sha256:{}", sha256_hex(&r.manifest)), w.digest);
+        let m = members(&bytes);
+        let manifest: serde_json::Value = serde_json::from_slice(&r.manifest).unwrap();
+        let named: BTreeSet<String> = std::iter::once(&manifest["config"])
+            .chain(manifest["layers"].as_array().unwrap())
+            .map(|d| d["digest"].as_str().unwrap()["sha256:".len()..].to_string())
+            .collect();
+        let held: BTreeSet<String> = r.blobs.iter().map(|(d, _)| d.clone()).collect();
+        assert_eq!(named, held);
+        for (d, data) in &r.blobs {
+            assert_eq!(&m[&format!("blobs/sha256/{d}")], data);
+        }
     }
 
     #[test]

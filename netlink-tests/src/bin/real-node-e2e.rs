@@ -9,7 +9,10 @@
 //! ```
 //!
 //! `--focus RE` and `--skip RE` replace the proxy focus and its skips; `--out FILE` writes
-//! the report (one line per spec). Exits 1 when a spec failed. As root.
+//! the report (one line per spec); `--nodes N` (default 3) brings up N nodes, zones
+//! assigned in turn: 6 gives the two schedulable nodes per zone that two Traffic
+//! Distribution specs need; `--procs P` runs P Ginkgo processes (default 3). Exits 1 when a
+//! spec failed. As root.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,7 +21,7 @@ use netlink_tests::realnode::{e2e, proxies, proxies::Proxy, workspace_root, Clus
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P]"
     );
     std::process::exit(2)
 }
@@ -30,6 +33,8 @@ fn main() {
     let mut skip = proxies::skip_regex();
     let mut out: Option<PathBuf> = None;
     let mut timeout = Duration::from_secs(3600);
+    let mut nodes = 3usize;
+    let mut procs = e2e::PROCS;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage());
@@ -45,6 +50,14 @@ fn main() {
             "--focus" => focus = val(),
             "--skip" => skip = val(),
             "--out" => out = Some(PathBuf::from(val())),
+            "--procs" => match val().parse() {
+                Ok(n) if (1..=16).contains(&n) => procs = n,
+                _ => usage(),
+            },
+            "--nodes" => match val().parse() {
+                Ok(n) if (1..=9).contains(&n) => nodes = n,
+                _ => usage(),
+            },
             "--timeout" => timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage())),
             _ => usage(),
         }
@@ -62,14 +75,14 @@ fn main() {
     } else {
         vec![]
     };
-    let c = Cluster::start(3, &extra);
+    let c = Cluster::start(nodes, &extra);
     let took = proxies::deploy(&c, proxy, &mode, Duration::from_secs(180));
     eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
     c.install_coredns(Duration::from_secs(180));
     let log = c.dir.join("e2e.log");
-    let report = e2e::run(&c, &focus, &skip, timeout, &log);
+    let report = e2e::run_in(&c, &focus, &skip, timeout, &log, procs);
     let text = format!(
-        "# {proxy:?} proxy, mode {mode:?}\n# focus: {focus}\n# skip: {skip}\n# passed {}, failed {}, skipped {}\n{}",
+        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes, {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n# passed {}, failed {}, skipped {}\n{}",
         report.passed().count(),
         report.failed().count(),
         report.skipped().count(),

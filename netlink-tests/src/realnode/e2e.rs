@@ -175,6 +175,18 @@ pub const PROCS: usize = 3;
 /// upstream's `hack/ginkgo-e2e.sh`), at most `limit`, and returns the report. Its output
 /// goes to `log`.
 pub fn run(cluster: &Cluster, focus: &str, skip: &str, limit: Duration, log: &Path) -> Report {
+    run_in(cluster, focus, skip, limit, log, PROCS)
+}
+
+/// [`run`] with `procs` Ginkgo processes.
+pub fn run_in(
+    cluster: &Cluster,
+    focus: &str,
+    skip: &str,
+    limit: Duration,
+    log: &Path,
+    procs: usize,
+) -> Report {
     let bins = super::binaries();
     let report_dir = cluster.dir.join(format!(
         "e2e-report-{}",
@@ -188,7 +200,7 @@ pub fn run(cluster: &Cluster, focus: &str, skip: &str, limit: Duration, log: &Pa
     cmd.arg(format!("--net=/run/netns/{}", cluster.cp.ns.name))
         .arg("--")
         .arg(bins.node.join("ginkgo"))
-        .arg(format!("--procs={PROCS}"))
+        .arg(format!("--procs={procs}"))
         .arg("--no-color")
         .arg("-v")
         .arg(format!("--timeout={}s", limit.as_secs()))

@@ -37,6 +37,10 @@ pub const DISTROLESS_IPTABLES: &str = "registry.k8s.io/build-image/distroless-ip
 pub const KUBE_PROXY: &str = "registry.k8s.io/kube-proxy:v1.37.2";
 pub const COREDNS: &str = "registry.k8s.io/coredns/coredns:v1.15.0";
 
+/// Bumped when an image's contents change, so a cached tarball is not reused (r2: agnhost
+/// holds the fake registry's pause image).
+const IMAGES_RECIPE: &str = "r2";
+
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A root filesystem being assembled: files by image path, libraries pulled in by `ldd`.
@@ -264,6 +268,36 @@ fn build_pause(dir: &Path) -> PathBuf {
     bin
 }
 
+/// The files upstream's agnhost image holds under `/var/registry` for `fake-registry-server`
+/// (its Dockerfile runs `fakeregistryserver/prepare_registry.sh` over `images.txt`:
+/// `pause 3.10.2 testing`): the pause image's manifest and blobs at the nested digest paths
+/// the server reads (`sha256/ab/abcd.../data`) and the tag file `testing` holding the
+/// manifest's digest. The spec "LocalhostNodePorts should let a node pull an image from a
+/// registry exposed via localhost NodePort" pulls `localhost:PORT/pause:testing` from it.
+fn fake_registry(fs: &mut RootFs, pause: &Image) {
+    let image = xtask::oci::registry_image(pause).expect("the pause image's registry blobs");
+    let nested = |base: &str, hex: &str| format!("{base}/sha256/{}/{hex}/data", &hex[..2]);
+    let root = "/var/registry/pause";
+    let manifest_hex = image.manifest_digest.trim_start_matches("sha256:");
+    fs.file(
+        &format!("{root}/manifests/testing"),
+        0o644,
+        Content::Bytes(image.manifest_digest.clone().into_bytes()),
+    )
+    .file(
+        &nested(&format!("{root}/manifests"), manifest_hex),
+        0o644,
+        Content::Bytes(image.manifest),
+    );
+    for (hex, data) in image.blobs {
+        fs.file(
+            &nested(&format!("{root}/blobs"), &hex),
+            0o644,
+            Content::Bytes(data),
+        );
+    }
+}
+
 /// Writes every test image into `dir` (skipping those already there) and returns the
 /// tarballs.
 pub fn build_all(bins: &super::Binaries, dir: &Path) -> Vec<PathBuf> {
@@ -271,20 +305,22 @@ pub fn build_all(bins: &super::Binaries, dir: &Path) -> Vec<PathBuf> {
     let b = |n: &str| bins.node.join(n);
     let mut out = Vec::new();
     let mut write = |name: &str, make: &dyn Fn() -> Image| {
-        let path = dir.join(format!("{name}.oci.tar"));
+        let path = dir.join(format!("{name}-{IMAGES_RECIPE}.oci.tar"));
         if !path.exists() {
             xtask::oci::write_archive(&make(), &path)
                 .unwrap_or_else(|e| panic!("writing image {name}: {e}"));
         }
         out.push(path);
     };
-    write("pause", &|| {
+    let pause = || {
         let mut fs = RootFs::default();
         fs.file("/pause", 0o755, Content::From(build_pause(dir)));
         fs.into_image(PAUSE, &["/pause"], &[])
-    });
+    };
+    write("pause", &pause);
     let agnhost_fs = || {
         let mut fs = RootFs::default();
+        fake_registry(&mut fs, &pause());
         fs.busybox(&["sh", "nc", "wget", "ip", "bash"]);
         fs.host_binary("/usr/bin/dash", "/bin/dash")
             .symlink("/bin/sh", "/bin/dash")
