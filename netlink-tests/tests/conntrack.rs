@@ -234,6 +234,101 @@ fn unrelated_entries_survive_the_cleanup() {
     assert!(!present(&stale), "the stale entry is deleted");
 }
 
+/// The DNS Service with endpoints A (10.244.1.2) and B (10.244.1.4) as written here: (ip,
+/// ready, serving, terminating, zone hint), and node1 in zone-a.
+fn dns_with(eps: &[(&str, bool, bool, bool, &str)]) -> String {
+    let mut y = yaml::service(
+        "kube-system",
+        "dns",
+        &["10.96.0.53"],
+        &[("dns", "UDP", 53, 30053)],
+        "type: NodePort",
+    );
+    y += "---\napiVersion: v1\nkind: Node\nmetadata: {name: node1, labels: {topology.kubernetes.io/zone: zone-a}}\n";
+    y += "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: kube-system\n  labels: {kubernetes.io/service-name: dns}\naddressType: IPv4\nports: [{name: dns, protocol: UDP, port: 53}]\nendpoints:\n";
+    for (ip, r, s, t, zone) in eps {
+        let hints = if zone.is_empty() {
+            String::new()
+        } else {
+            format!(", hints: {{forZones: [{{name: {zone}}}]}}")
+        };
+        y += &format!(
+            "- {{addresses: [\"{ip}\"], nodeName: node1, conditions: {{ready: {r}, serving: {s}, terminating: {t}}}{hints}}}\n"
+        );
+    }
+    y
+}
+
+/// A client in pod 2 talks to A through the ClusterIP from one source port; the Service
+/// changes to `after`, which puts B in the ruleset (new connections go to B). Returns who
+/// answered over the next two seconds, A's pod staying up all along: only "A" when the flow
+/// was kept, "B" once it was deleted.
+fn answers_after(before: &str, after: &str) -> Vec<String> {
+    let c = cluster();
+    let _d = c.start_daemon(before, &[]);
+    let s = Sender::start(&c, Some(2), sa("10.96.0.53", 53));
+    assert!(
+        s.wait_for("A", Instant::now(), Duration::from_secs(5)),
+        "A answers first"
+    );
+    c.write_manifests(after);
+    c.wait_ruleset("ip", "endpoint B", |r| r.contains("10.244.1.4"));
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    s.names_since(t)
+}
+
+const A: &str = "10.244.1.2";
+const B: &str = "10.244.1.4";
+
+#[test]
+fn a_flow_to_an_endpoint_terminating_but_serving_survives_the_sync() {
+    let got = answers_after(
+        &dns_with(&[(A, true, true, false, "")]),
+        &dns_with(&[(A, false, true, true, ""), (B, true, true, false, "")]),
+    );
+    assert!(
+        !got.is_empty() && got.iter().all(|n| n == "A"),
+        "A still serves its flow: {got:?}"
+    );
+}
+
+#[test]
+fn a_flow_to_an_endpoint_hinted_to_another_zone_survives_the_sync() {
+    let got = answers_after(
+        &dns_with(&[
+            (A, true, true, false, "zone-a"),
+            (B, true, true, false, "zone-b"),
+        ]),
+        &dns_with(&[
+            (A, true, true, false, "zone-b"),
+            (B, true, true, false, "zone-a"),
+        ]),
+    );
+    assert!(
+        !got.is_empty() && got.iter().all(|n| n == "A"),
+        "A still serves its flow: {got:?}"
+    );
+}
+
+#[test]
+fn a_flow_to_an_endpoint_no_longer_serving_is_deleted() {
+    let got = answers_after(
+        &dns_with(&[(A, true, true, false, "")]),
+        &dns_with(&[(A, false, false, true, ""), (B, true, true, false, "")]),
+    );
+    assert!(got.iter().any(|n| n == "B"), "moved to B: {got:?}");
+}
+
+#[test]
+fn a_flow_to_a_removed_endpoint_is_deleted_while_its_pod_still_answers() {
+    let got = answers_after(
+        &dns_with(&[(A, true, true, false, "")]),
+        &dns_with(&[(B, true, true, false, "")]),
+    );
+    assert!(got.iter().any(|n| n == "B"), "moved to B: {got:?}");
+}
+
 #[test]
 fn conntrack_tuning_from_the_config_file() {
     let c = Cluster::new();

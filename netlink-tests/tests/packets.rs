@@ -842,6 +842,46 @@ fn external_policy_local_without_local_endpoints_serves_pods_and_the_node() {
     }
 }
 
+/// internalTrafficPolicy Local and externalTrafficPolicy Local with an endpoint on this node
+/// (upstream's "iTP: Local, eTP: Local, some endpoints local"): an external client reaches the
+/// local endpoint through the NodePort and the externalIP with its own address kept; pods
+/// reaching the NodePort are short-circuited to every endpoint; the ClusterIP stays local
+/// (issue #35.1: the NodePort and externalIP had no element at all).
+#[test]
+fn internal_and_external_policy_local_node_port_keeps_the_client_and_the_local_endpoint() {
+    let c = web_cluster();
+    c.sync_once(
+        &web_yaml(
+            "internalTrafficPolicy: Local\nexternalTrafficPolicy: Local\nexternalIPs: [192.0.2.20]",
+        ),
+        &[],
+    );
+    for dst in [sa(NODE_IP, 30080), sa("192.0.2.20", 80)] {
+        let replies = tcp_probes(&c.ext, dst, 20);
+        assert_eq!(
+            names(&replies),
+            ["local"].map(String::from).into(),
+            "outside → {dst}: {replies:?}"
+        );
+        assert!(
+            replies.iter().all(|r| peer(r) == EXT_IP),
+            "outside → {dst}: source kept: {replies:?}"
+        );
+    }
+    let replies = tcp_probes(&c.pods[1], sa(NODE_IP, 30080), 40);
+    assert_eq!(
+        names(&replies),
+        ["local", "remote"].map(String::from).into(),
+        "pod → NodePort: {replies:?}"
+    );
+    let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 20);
+    assert_eq!(
+        names(&replies),
+        ["local"].map(String::from).into(),
+        "pod → ClusterIP: {replies:?}"
+    );
+}
+
 /// internalTrafficPolicy Local picks endpoints, not masquerading: an off-cluster client routed
 /// to the node reaches the local endpoint masqueraded (its replies come back through the
 /// node), pods keep their address.

@@ -74,3 +74,136 @@ pub fn web_state(node_port: Option<u16>) -> ProxyState {
     st.services.insert(name, sp.into());
     st
 }
+
+/// The traffic-policy matrix every mode is checked against (issue #35.1): internal policy ×
+/// external policy × where the endpoints are (none, some, all on this node) × how many (0;
+/// 1; 3, inside the shared `balance-N` layouts' 2..=64; 70, past them) × ClientIP affinity.
+/// "Some" needs two endpoints, so one endpoint has none or all local; with no endpoint
+/// there is nothing to place.
+pub mod policy_matrix {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
+
+    pub const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(172, 30, 0, 41);
+    pub const PORT: u16 = 80;
+    pub const NODE_PORT: u16 = 30080;
+    pub const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 99, 22);
+    pub const LB_IP: Ipv4Addr = Ipv4Addr::new(1, 2, 3, 4);
+    pub const ENDPOINT_PORT: u16 = 8080;
+    /// Endpoint counts: none, one, a balanced few, more than the 64 a `balance-N` holds.
+    pub const COUNTS: [usize; 4] = [0, 1, 3, 70];
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Locality {
+        None,
+        Some,
+        All,
+    }
+
+    /// One service port and its endpoints (all ready), with what upstream's
+    /// `CategorizeEndpoints` lets each kind of traffic use.
+    #[derive(Debug, Clone)]
+    pub struct PolicyCase {
+        pub name: String,
+        pub service: ServicePort,
+        pub endpoints: Vec<Endpoint>,
+    }
+
+    impl PolicyCase {
+        /// This node's endpoints.
+        pub fn local(&self) -> Vec<Endpoint> {
+            self.endpoints
+                .iter()
+                .filter(|e| e.is_local)
+                .cloned()
+                .collect()
+        }
+        /// What ClusterIP traffic may reach.
+        pub fn internal(&self) -> Vec<Endpoint> {
+            if self.service.internal_policy_local {
+                self.local()
+            } else {
+                self.endpoints.clone()
+            }
+        }
+        /// What traffic from outside the node to a NodePort, externalIP or LoadBalancer IP
+        /// may reach (pods and the node itself are short-circuited to every endpoint).
+        pub fn external(&self) -> Vec<Endpoint> {
+            if self.service.external_policy_local {
+                self.local()
+            } else {
+                self.endpoints.clone()
+            }
+        }
+    }
+
+    /// Endpoint `j`: 10.180.(j / 250).(j % 250 + 1), inside the tests' 10.0.0.0/8 pod CIDR.
+    pub fn endpoint_ip(j: usize) -> IpAddr {
+        // j < 70 here: both octets fit.
+        Ipv4Addr::new(10, 180, (j / 250) as u8, (j % 250 + 1) as u8).into()
+    }
+
+    /// Every case of the matrix.
+    pub fn cases() -> Vec<PolicyCase> {
+        let mut out = Vec::new();
+        for internal_local in [false, true] {
+            for external_local in [false, true] {
+                for n in COUNTS {
+                    for locality in [Locality::None, Locality::Some, Locality::All] {
+                        if (n < 2 && locality == Locality::Some)
+                            || (n == 0 && locality == Locality::All)
+                        {
+                            continue;
+                        }
+                        for affinity in [None, Some(10800)] {
+                            out.push(case(internal_local, external_local, n, locality, affinity));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn case(
+        internal_local: bool,
+        external_local: bool,
+        n: usize,
+        locality: Locality,
+        affinity: Option<u32>,
+    ) -> PolicyCase {
+        let name = ServicePortName {
+            namespace: "ns1".into(),
+            name: "matrix".into(),
+            port: "p80".into(),
+            protocol: Protocol::Tcp,
+        };
+        let mut sp = ServicePort::new(name, CLUSTER_IP.into(), PORT);
+        sp.node_port = Some(NODE_PORT);
+        sp.external_ips = vec![EXTERNAL_IP.into()];
+        sp.load_balancer_ips = vec![LB_IP.into()];
+        sp.internal_policy_local = internal_local;
+        sp.external_policy_local = external_local;
+        sp.affinity_timeout = affinity;
+        let local_count = match locality {
+            Locality::None => 0,
+            Locality::Some => n / 2,
+            Locality::All => n,
+        };
+        let endpoints = (0..n)
+            .map(|j| Endpoint::ready(endpoint_ip(j), ENDPOINT_PORT, j < local_count))
+            .collect();
+        let policy = |local: bool| if local { "Local" } else { "Cluster" };
+        PolicyCase {
+            name: format!(
+                "iTP {} eTP {} {n} endpoints {locality:?} local{}",
+                policy(internal_local),
+                policy(external_local),
+                if affinity.is_some() { " affinity" } else { "" }
+            ),
+            service: sp,
+            endpoints,
+        }
+    }
+}

@@ -118,9 +118,15 @@ impl ServicePort {
             || !self.external_ips.is_empty()
             || !self.load_balancer_ips.is_empty()
     }
-    /// Some traffic uses cluster-wide endpoints (upstream `UsesClusterEndpoints`).
+    /// Some traffic uses cluster-wide endpoints (upstream `UsesClusterEndpoints`): internal
+    /// traffic under the Cluster policy, and any externally accessible port whatever its
+    /// external policy. With externalTrafficPolicy Local, pods and the node itself reaching
+    /// a NodePort, externalIP or LoadBalancer IP are short-circuited to the cluster-wide
+    /// endpoints (as if the packet had gone out to a load balancer and come back), so the
+    /// external chain needs them even when internalTrafficPolicy is Local too (issue #35.1:
+    /// leaving them out left iTP Local + eTP Local NodePorts with no element at all).
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
     /// Some traffic uses node-local endpoints only (upstream `UsesLocalEndpoints`).
     pub fn uses_local_endpoints(&self) -> bool {

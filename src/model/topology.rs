@@ -347,3 +347,7 @@ mod tests {
         assert!(c.cluster.is_empty() && c.local.is_empty());
     }
 }
+
+#[cfg(test)]
+#[path = "topology_upstream_table.rs"]
+mod upstream_table;

@@ -1,15 +1,18 @@
 //! Which conntrack entries are stale (upstream `pkg/proxy/conntrack/cleanup.go`): for UDP and
-//! SCTP service ports, an entry whose original destination is a service IP and port (ClusterIP,
-//! externalIP, LoadBalancer IP), or whose destination port is a NodePort, and whose reply source
-//! is not a serving endpoint of that service port. That covers endpoints that went away and
-//! entries created while a Service had no endpoints (their reply source is the service IP
-//! itself). Every other entry is left alone. Pure.
+//! SCTP service ports with at least one serving endpoint, an entry whose original destination
+//! is a service IP and port (ClusterIP, externalIP, LoadBalancer IP), or whose destination port
+//! is a NodePort, and whose reply source is not a serving endpoint of that service port. That
+//! covers endpoints that went away or stopped serving, and entries created while a Service had
+//! no endpoints (their reply source is the service IP itself). "Serving" is the endpoint's own
+//! condition, not where this node would send a new connection: a flow to a pod that is
+//! terminating but still serving, or to an endpoint that traffic policy or topology hints
+//! now route elsewhere, keeps going, as a TCP connection would (issue #35.2). Every other
+//! entry is left alone. Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::kernel::nft::Family;
-use crate::model::topology::categorize_family;
 use crate::model::{Protocol, ProxyState};
 
 use crate::kernel::conntrack::{Conntrack, Flow};
@@ -45,9 +48,20 @@ pub fn service_destinations(
         if spn.protocol != proto {
             continue;
         }
-        let eps = state.endpoints_of(spn);
-        let cat = categorize_family(eps, sp, &state.node, family == Family::Ip);
-        let serving: Endpoints = cat.all_reachable.iter().map(|e| (e.ip, e.port)).collect();
+        // Every serving endpoint of the family, whatever the policies, the topology or
+        // terminating say (upstream: "Changes to the service should not affect existing
+        // flows").
+        let serving: Endpoints = state
+            .endpoints_of(spn)
+            .iter()
+            .filter(|e| e.serving && Family::of(&e.ip) == family)
+            .map(|e| (e.ip, e.port))
+            .collect();
+        // No serving endpoint: nothing to compare the entries with, so none is judged stale
+        // (upstream's TestServiceWithoutEndpoints keeps both of its entries).
+        if serving.is_empty() {
+            continue;
+        }
         for ip in sp
             .cluster_ips
             .iter()
@@ -232,6 +246,171 @@ mod tests {
         let d = service_destinations(&st, Family::Ip, Protocol::Udp);
         let live = flow("10.96.0.99", 30053, "10.244.9.9", 5353);
         assert!(stale_flows(&d, &[live]).is_empty());
+    }
+
+    /// Upstream's `TestCleanStaleEntries` (`pkg/proxy/conntrack/cleanup_test.go`): one
+    /// service port with a ClusterIP, an externalIP, a LoadBalancer IP and a NodePort; a
+    /// serving endpoint, a not-serving one and one deleted. For each protocol we clean (UDP,
+    /// SCTP), entries to the service port answered by anything but the serving endpoint
+    /// (also by it on its old port, and by the service IP itself: never DNATed) go; entries
+    /// to another port of those addresses stay.
+    #[test]
+    fn upstream_clean_stale_entries_table() {
+        const CLUSTER_IP: &str = "172.30.1.1";
+        const EXTERNAL_IP: &str = "192.168.99.100";
+        const LB_IP: &str = "1.2.3.4";
+        const SERVING: &str = "10.240.0.4";
+        const NOT_SERVING: &str = "10.240.1.5";
+        const DELETED: &str = "10.240.2.6";
+        // The endpoint moved from 8080 to 9090 keeping its address (upstream's
+        // testOldEndpointPort); 3000 is a port of the service IPs that is not the service's.
+        const OLD_EP_PORT: u16 = 8080;
+        const EP_PORT: u16 = 9090;
+        const SVC_PORT: u16 = 8000;
+        const NODE_PORT: u16 = 32000;
+        const OTHER_PORT: u16 = 3000;
+        for proto in PROTOCOLS {
+            let spn = ServicePortName {
+                namespace: "test".into(),
+                name: "cleanup-test".into(),
+                port: "test".into(),
+                protocol: proto,
+            };
+            let mut st = ProxyState::default();
+            let sp = ServicePort {
+                node_port: Some(NODE_PORT),
+                external_ips: vec![EXTERNAL_IP.parse().unwrap()],
+                load_balancer_ips: vec![LB_IP.parse().unwrap()],
+                ..ServicePort::new(spn.clone(), CLUSTER_IP.parse().unwrap(), SVC_PORT)
+            };
+            st.services.insert(spn.clone(), sp.into());
+            let not_serving = Endpoint {
+                ready: false,
+                serving: false,
+                ..Endpoint::ready(NOT_SERVING.parse().unwrap(), EP_PORT, false)
+            };
+            st.endpoints.insert(
+                spn,
+                vec![
+                    Endpoint::ready(SERVING.parse().unwrap(), EP_PORT, false),
+                    not_serving,
+                ]
+                .into(),
+            );
+            let f = |dst: &str, dport, reply: &str, rport| Flow {
+                proto: proto.number(),
+                ..flow(dst, dport, reply, rport)
+            };
+            let (mut stale, mut kept) = (Vec::new(), Vec::new());
+            for dst in [CLUSTER_IP, LB_IP, EXTERNAL_IP] {
+                stale.push(f(dst, SVC_PORT, SERVING, OLD_EP_PORT));
+                for reply in [SERVING, NOT_SERVING, DELETED] {
+                    let e = f(dst, SVC_PORT, reply, EP_PORT);
+                    if reply == SERVING {
+                        kept.push(e)
+                    } else {
+                        stale.push(e)
+                    }
+                    kept.push(f(dst, OTHER_PORT, reply, EP_PORT));
+                }
+                stale.push(f(dst, SVC_PORT, dst, SVC_PORT));
+                kept.push(f(dst, OTHER_PORT, dst, OTHER_PORT));
+            }
+            for reply in [SERVING, NOT_SERVING, DELETED] {
+                let e = f("192.168.0.2", NODE_PORT, reply, EP_PORT);
+                if reply == SERVING {
+                    kept.push(e)
+                } else {
+                    stale.push(e)
+                }
+            }
+            let d = service_destinations(&st, Family::Ip, proto);
+            let all: Vec<Flow> = stale.iter().chain(&kept).cloned().collect();
+            assert_eq!(stale_flows(&d, &all), stale, "{proto:?}");
+            // TCP entries are never judged: the service port is not TCP.
+            assert!(service_destinations(&st, Family::Ip, Protocol::Tcp).is_empty());
+        }
+    }
+
+    /// Upstream's `TestServiceWithoutEndpoints`: with no serving endpoint there is nothing
+    /// to judge entries by, and both are kept.
+    #[test]
+    fn a_service_without_serving_endpoints_keeps_its_entries() {
+        let d = service_destinations(&state(&[]), Family::Ip, Protocol::Udp);
+        let entries = [
+            flow("10.96.0.53", 53, "10.244.2.2", 5353),
+            flow("10.96.0.53", 53, "10.244.9.9", 5353),
+        ];
+        assert!(stale_flows(&d, &entries).is_empty());
+    }
+
+    /// Issue #35.2: what this node would pick for a new connection (ready before
+    /// terminating, local under a Local policy, this zone's hints) never deletes a flow to
+    /// an endpoint that is still serving. One remote endpoint, one local; each test moves
+    /// the remote one out of what new connections may use.
+    fn mixed(
+        edit: impl FnOnce(&mut ServicePort, &mut Endpoint, &mut ProxyState),
+    ) -> ServiceDestinations {
+        let mut st = state(&["10.244.2.2"]);
+        let spn = st.services.keys().next().unwrap().clone();
+        let mut sp = (*st.services[&spn]).clone();
+        let mut remote = Endpoint::ready("10.244.3.3".parse().unwrap(), 5353, false);
+        edit(&mut sp, &mut remote, &mut st);
+        let mut eps = st.endpoints[&spn].to_vec();
+        eps.push(remote);
+        st.endpoints.insert(spn.clone(), eps.into());
+        st.services.insert(spn, sp.into());
+        service_destinations(&st, Family::Ip, Protocol::Udp)
+    }
+
+    fn keeps_remote_flows(d: &ServiceDestinations) {
+        let to_remote = [
+            flow("10.96.0.53", 53, "10.244.3.3", 5353),
+            flow("192.168.0.2", 30053, "10.244.3.3", 5353),
+        ];
+        assert!(stale_flows(d, &to_remote).is_empty());
+        // and still judges: an address that serves nothing is stale
+        let gone = flow("10.96.0.53", 53, "10.244.4.4", 5353);
+        assert_eq!(stale_flows(d, std::slice::from_ref(&gone)), vec![gone]);
+    }
+
+    #[test]
+    fn a_terminating_but_serving_endpoint_keeps_its_flows() {
+        keeps_remote_flows(&mixed(|_, e, _| {
+            (e.ready, e.serving, e.terminating) = (false, true, true);
+        }));
+    }
+
+    #[test]
+    fn an_endpoint_hinted_for_another_zone_keeps_its_flows() {
+        keeps_remote_flows(&mixed(|_, e, st| {
+            st.node
+                .labels
+                .insert("topology.kubernetes.io/zone".into(), "zone-a".into());
+            let eps = std::sync::Arc::make_mut(st.endpoints.values_mut().next().unwrap());
+            eps[0].set_hints(vec!["zone-a".into()], vec![]);
+            e.set_hints(vec!["zone-b".into()], vec![]);
+        }));
+    }
+
+    #[test]
+    fn a_remote_endpoint_under_local_policies_keeps_its_flows() {
+        keeps_remote_flows(&mixed(|sp, _, _| {
+            sp.internal_policy_local = true;
+            sp.external_policy_local = true;
+        }));
+    }
+
+    #[test]
+    fn an_endpoint_no_longer_serving_loses_its_flows() {
+        let d = mixed(|_, e, _| {
+            (e.ready, e.serving, e.terminating) = (false, false, true);
+        });
+        let to_remote = flow("10.96.0.53", 53, "10.244.3.3", 5353);
+        assert_eq!(
+            stale_flows(&d, std::slice::from_ref(&to_remote)),
+            vec![to_remote]
+        );
     }
 
     #[test]

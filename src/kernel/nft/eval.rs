@@ -137,6 +137,40 @@ enum RuleEnd {
     Accept,
 }
 
+/// Joins the branches of one rule that failed a condition into one per distinct state,
+/// their probabilities summed. The registers and the rule's notes die with the rule, so a
+/// `numgen random mod N == 0` leaves two branches, not N: without this, the affinity
+/// layout's cascade of N such rules followed N! paths (70 endpoints ran out of memory).
+fn merge_breaks(branches: Vec<(State, RuleEnd)>) -> Vec<(State, RuleEnd)> {
+    let mut out: Vec<(State, RuleEnd)> = Vec::with_capacity(branches.len().min(8));
+    let mut breaks: Vec<usize> = Vec::new();
+    for (st, end) in branches {
+        if matches!(end, RuleEnd::Break) {
+            if let Some(&i) = breaks.iter().find(|&&i| out[i].0.same_after_rule(&st)) {
+                out[i].0.prob += st.prob;
+                continue;
+            }
+            breaks.push(out.len());
+        }
+        out.push((st, end));
+    }
+    out
+}
+
+impl State {
+    /// Equal in everything that outlives the rule being run (not `prob`, `regs`, `notes`).
+    fn same_after_rule(&self, o: &State) -> bool {
+        self.pkt == o.pkt
+            && self.verdict == o.verdict
+            && self.steps == o.steps
+            && self.dnat == o.dnat
+            && self.redirect == o.redirect
+            && self.masquerade == o.masquerade
+            && self.dnatted == o.dnatted
+            && self.updated_sets == o.updated_sets
+    }
+}
+
 const MAX_DEPTH: usize = 16;
 /// Most `numgen` values followed (a Service's endpoints; upstream has no limit, 64k is far
 /// past any real one).
@@ -268,7 +302,7 @@ impl Eval<'_> {
             }
         };
         let mut out = Vec::new();
-        for (mut st, end) in self.exprs(name, rule, exprs, st) {
+        for (mut st, end) in merge_breaks(self.exprs(name, rule, exprs, st)) {
             match end {
                 RuleEnd::Break => {
                     st.notes.clear();

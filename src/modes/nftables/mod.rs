@@ -2,6 +2,8 @@
 //! [`slots`]) and kept in step by the [`proxier::NftablesProxier`].
 
 pub mod plan;
+#[cfg(test)]
+mod policy_matrix;
 pub(crate) mod proxier;
 pub(crate) mod slots;
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::proxy::{names, LocalDetector, ProxierConfig};
 
 use super::NftablesProxier;
 
-const NODE_IP: &str = "192.168.0.2";
+pub(super) const NODE_IP: &str = "192.168.0.2";
 const TABLE: &str = names::DEFAULT_TABLE;
 
 fn ip(s: &str) -> IpAddr {
@@ -42,7 +42,7 @@ fn ep(addr: &str, local: bool) -> Endpoint {
     Endpoint::ready(ip(addr), 8080, local)
 }
 
-fn state(svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
+pub(super) fn state(svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
     let mut st = ProxyState {
         node: NodeInfo {
             name: "node1".into(),
@@ -58,7 +58,7 @@ fn state(svcs: Vec<(ServicePort, Vec<Endpoint>)>) -> ProxyState {
     st
 }
 
-fn syncer() -> NftablesProxier<FakeNftables> {
+pub(super) fn syncer() -> NftablesProxier<FakeNftables> {
     let cfg = ProxierConfig {
         local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
         ..Default::default()
@@ -964,7 +964,7 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
 /// - TestProxier_OnServiceCIDRsChanged: covered by the ServiceCIDR tests (`cluster_ip_general`'s
 ///   unallocated row here, `unallocated_service_ips_are_dropped_and_unused_ports_rejected`
 ///   above, and the API-source test).
-mod upstream_flows {
+pub(super) mod upstream_flows {
     use super::*;
 
     type EpRow = (&'static str, bool, bool, bool, bool);
@@ -999,6 +999,20 @@ mod upstream_flows {
         dst: &str,
         port: u16,
     ) -> (String, bool) {
+        flow_output_traced(s, proto, src, dst, port, true)
+    }
+
+    /// [`flow_output_proto`], by the fake's tracer alone unless `with_eval`: the evaluator
+    /// follows every value of every `numgen`, so the affinity layout's chain of N
+    /// `numgen mod (N-i)` rules is N! paths (70 endpoints: far past any memory).
+    pub(in crate::modes::nftables) fn flow_output_traced(
+        s: &mut NftablesProxier<FakeNftables>,
+        proto: u8,
+        src: &str,
+        dst: &str,
+        port: u16,
+        with_eval: bool,
+    ) -> (String, bool) {
         let from_node = TEST_NODE_IPS.contains(&src);
         let family = Family::of(&ip(dst));
         let mut p = pkt(src, dst, port);
@@ -1008,6 +1022,9 @@ mod upstream_flows {
             p.iif = String::new(); // locally generated
         }
         let by_fake = flow_by_fake(s, family, &p, from_node, src, dst);
+        if !with_eval {
+            return by_fake;
+        }
         // The live-kernel evaluator (`explain`'s) over the same committed ruleset, lowered
         // to kernel expressions as the encoder sends it, must give upstream's output too.
         let by_eval = flow_by_eval(s, family, &p, from_node);
@@ -1132,18 +1149,21 @@ mod upstream_flows {
             targets.sort();
             return (targets.join(", "), masq);
         }
-        let chain = if from_node {
-            names::FILTER_OUTPUT
-        } else if TEST_NODE_IPS.contains(&dst) {
-            names::FILTER_INPUT
-        } else {
-            names::FILTER_FORWARD
+        // The node's own packet to one of its addresses meets output, then input (over
+        // loopback), as the live-kernel evaluator follows it.
+        let chains: &[&str] = match (from_node, TEST_NODE_IPS.contains(&dst)) {
+            (true, true) => &[names::FILTER_OUTPUT, names::FILTER_INPUT],
+            (true, false) => &[names::FILTER_OUTPUT],
+            (false, true) => &[names::FILTER_INPUT],
+            (false, false) => &[names::FILTER_FORWARD],
         };
-        match verdict(&trace(s.nft(), family, TABLE, chain, 0x4000, &p)) {
-            Some(v) => (v.into(), false),
-            // upstream's tracer: "" when nothing of ours matched the packet
-            None => (String::new(), false),
+        for chain in chains {
+            if let Some(v) = verdict(&trace(s.nft(), family, TABLE, chain, 0x4000, &p)) {
+                return (v.into(), false);
+            }
         }
+        // upstream's tracer: "" when nothing of ours matched the packet
+        (String::new(), false)
     }
 
     /// The LoadBalancer Service of upstream's TestTerminatingEndpoints* tables (ClusterIP
