@@ -424,3 +424,37 @@ fn service_cidr_objects_drop_unallocated_addresses() {
     );
     d2.wait_for_log("ServiceCIDRs cannot be listed", 1);
 }
+
+/// With detect-local-mode NodeCIDR the first sync also waits for the Node's podCIDRs (as
+/// upstream's NodeManager does), naming the node, then detects local traffic by them.
+#[test]
+fn with_node_cidr_detection_the_first_sync_waits_for_the_pod_cidrs() {
+    let c = web_cluster(Backends::default());
+    let api = c.node.run(ApiServer::start);
+    api.apply(obj::service("default", "web", "10.96.0.10", 80));
+    api.apply(obj::slice(
+        "default",
+        "web",
+        "web-1",
+        8080,
+        &[("10.244.1.2", "node1", None)],
+    ));
+    api.apply(obj::node("node1", "zone-a"));
+    let d = c.spawn_daemon_with(&["--master", &api.url(), "--detect-local-mode", "NodeCIDR"]);
+    d.wait_for_log("waiting for this node's podCIDRs", 1);
+    let log = d.log_text();
+    assert!(
+        !log.contains("synced"),
+        "no sync before the podCIDRs:\n{log}"
+    );
+    let mut node = obj::node("node1", "zone-a");
+    node["spec"] = serde_json::json!({"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]});
+    api.apply(node);
+    d.wait_for_log("synced", 1);
+    assert!(
+        c.ruleset("ip").contains("10.244.1.0/24"),
+        "local traffic detected by the podCIDR:\n{}",
+        c.ruleset("ip")
+    );
+    assert_eq!(answered(&c, "10.96.0.10", 3), ["local".to_string()].into());
+}

@@ -169,6 +169,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 tx,
                 cfg.config_sync_period,
                 cfg.min_sync_period,
+                cfg.detect_local == crate::proxy::DetectLocal::NodeCidr,
             ))
         }
     };

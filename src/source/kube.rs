@@ -704,6 +704,12 @@ const WAIT_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 /// addresses ("Can't determine this node's IP, assuming loopback").
 const NODE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How long the first state waits for the Node's podCIDRs when local traffic is detected by
+/// them (`NodeCIDR`): upstream's NodeManager waits 5 minutes "for allocators to assign a
+/// PodCIDR to the node after it is registered" (and then fails start-up; we go on and pick
+/// them up when they come, with the detector's warning at each sync meanwhile).
+const POD_CIDR_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// One turn of the API source's loop.
 enum Step {
     Batch(Vec<watcher::Result<Update>>),
@@ -722,15 +728,27 @@ enum FirstSync {
     Node,
     /// The Node wait is over: go on without it.
     NodeGivenUp,
+    /// The Node's podCIDRs (`NodeCIDR` detection), for less than their wait.
+    PodCidrs,
+    /// The podCIDR wait is over: go on without them.
+    PodCidrsGivenUp,
     Ready,
 }
 
-/// What the first state waits for after `waited`, with `node_wait` for the Node. Pure.
+/// How long the first state waits for what it needs of this node's Node.
+#[derive(Debug, Clone, Copy)]
+struct NodeWaits {
+    node: std::time::Duration,
+    /// `Some` when local traffic is detected by the Node's podCIDRs.
+    pod_cidrs: Option<std::time::Duration>,
+}
+
+/// What the first state waits for after `waited`. Pure.
 fn first_sync_wait(
     stores: &Stores,
     node: &str,
     waited: std::time::Duration,
-    node_wait: std::time::Duration,
+    waits: NodeWaits,
 ) -> FirstSync {
     let missing: Vec<&'static str> = [
         ("Services", stores.services.synced()),
@@ -741,14 +759,19 @@ fn first_sync_wait(
     .filter(|(_, synced)| !synced)
     .map(|(kind, _)| kind)
     .collect();
-    if !missing.is_empty() {
-        FirstSync::Kinds(missing)
-    } else if stores.has_node(node) {
-        FirstSync::Ready
-    } else if waited < node_wait {
-        FirstSync::Node
-    } else {
-        FirstSync::NodeGivenUp
+    let this = stores.nodes.values().find(|n| n.name == node);
+    match (missing.is_empty(), this, waits.pod_cidrs) {
+        (false, _, _) => FirstSync::Kinds(missing),
+        (true, None, _) if waited < waits.node => FirstSync::Node,
+        (true, None, _) => FirstSync::NodeGivenUp,
+        (true, Some(n), Some(limit)) if n.pod_cidrs.is_empty() => {
+            if waited < limit {
+                FirstSync::PodCidrs
+            } else {
+                FirstSync::PodCidrsGivenUp
+            }
+        }
+        (true, Some(_), _) => FirstSync::Ready,
     }
 }
 
@@ -764,16 +787,22 @@ fn first_sync_wait(
 /// 10k), so assembling per event took a whole core under 100 endpoint changes a second
 /// (issue #18's churn row).
 ///
-/// The first state waits for the initial lists of Services, EndpointSlices and Nodes and,
-/// for up to [`NODE_WAIT`], for this node's Node object; every [`WAIT_LOG_PERIOD`]
-/// meanwhile a line names what is still missing.
+/// The first state waits for the initial lists of Services, EndpointSlices and Nodes, for
+/// up to [`NODE_WAIT`] for this node's Node object and, with `wait_for_pod_cidrs`
+/// (detect-local-mode NodeCIDR), for up to [`POD_CIDR_WAIT`] for its podCIDRs; every
+/// [`WAIT_LOG_PERIOD`] meanwhile a line names what is still missing.
 pub async fn run(
     client: Client,
     node: String,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
     min_interval: std::time::Duration,
+    wait_for_pod_cidrs: bool,
 ) -> super::SourceEnd {
+    let waits = NodeWaits {
+        node: NODE_WAIT,
+        pod_cidrs: wait_for_pod_cidrs.then_some(POD_CIDR_WAIT),
+    };
     // Untyped watchers, decoded object by object: one undecodable object must not fail its
     // whole list (and with it every sync).
     let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
@@ -878,7 +907,8 @@ pub async fn run(
     let started = std::time::Instant::now();
     let mut progress = tokio::time::interval(WAIT_LOG_PERIOD);
     progress.tick().await;
-    let mut node_given_up = false;
+    // What the first state stopped waiting for: the Node, its podCIDRs.
+    let (mut node_given_up, mut pod_cidrs_given_up) = (false, false);
     loop {
         let held = pacer.held_until();
         let step = tokio::select! {
@@ -912,7 +942,7 @@ pub async fn run(
             Step::Held => changed = pacer.release(),
             Step::Progress => {
                 let waited = started.elapsed();
-                match first_sync_wait(&stores, &node, waited, NODE_WAIT) {
+                match first_sync_wait(&stores, &node, waited, waits) {
                     FirstSync::Kinds(missing) => tracing::info!(
                         missing = %missing.join(", "),
                         waited_s = waited.as_secs(),
@@ -933,17 +963,41 @@ pub async fn run(
                         node_given_up = true;
                         changed = true;
                     }
-                    FirstSync::NodeGivenUp | FirstSync::Ready => {}
+                    FirstSync::PodCidrs => tracing::info!(
+                        node = %node,
+                        waited_s = waited.as_secs(),
+                        limit_s = POD_CIDR_WAIT.as_secs(),
+                        "waiting for this node's podCIDRs (detect-local-mode NodeCIDR)"
+                    ),
+                    FirstSync::PodCidrsGivenUp if !pod_cidrs_given_up => {
+                        tracing::warn!(
+                            node = %node,
+                            waited_s = waited.as_secs(),
+                            "the Node has no podCIDRs; proceeding without local traffic detection until it has"
+                        );
+                        pod_cidrs_given_up = true;
+                        changed = true;
+                    }
+                    FirstSync::NodeGivenUp | FirstSync::PodCidrsGivenUp | FirstSync::Ready => {}
                 }
             }
         }
         if !changed || !stores.synced() {
             continue;
         }
-        // The first state waits for this node's Node (up to NODE_WAIT): without it there
-        // are no node addresses, and a ruleset programmed for none is not this node's.
-        if !announced && !node_given_up && !stores.has_node(&node) {
-            continue;
+        // The first state waits for this node's Node (up to NODE_WAIT) and its podCIDRs
+        // where they detect local traffic (up to POD_CIDR_WAIT): a ruleset programmed
+        // without them is not this node's.
+        if !announced {
+            let wait = first_sync_wait(&stores, &node, started.elapsed(), waits);
+            let held = match wait {
+                FirstSync::Node | FirstSync::NodeGivenUp => !node_given_up,
+                FirstSync::PodCidrs | FirstSync::PodCidrsGivenUp => !pod_cidrs_given_up,
+                FirstSync::Kinds(_) | FirstSync::Ready => false,
+            };
+            if held {
+                continue;
+            }
         }
         if !pacer.publish_now(tokio::time::Instant::now().into()) {
             continue;
@@ -1491,7 +1545,8 @@ mod tests {
             .enable_time()
             .build()
             .unwrap()
-            .block_on(tokio::time::timeout(limit, s.collect::<Vec<_>>()))
+            // The timer is made inside the runtime: it needs its clock.
+            .block_on(async move { tokio::time::timeout(limit, s.collect::<Vec<_>>()).await })
             .expect("the stream ends within 10 s")
             .into_iter()
             .map(|r| match r {
@@ -1674,7 +1729,11 @@ mod tests {
             Duration::from_secs(5),
             Duration::from_secs(30),
         );
-        let wait = |s: &Stores, t| first_sync_wait(s, "node1", t, limit);
+        let waits = NodeWaits {
+            node: limit,
+            pod_cidrs: None,
+        };
+        let wait = |s: &Stores, t| first_sync_wait(s, "node1", t, waits);
         assert_eq!(
             wait(&stores_with(true, false, false, None), late),
             FirstSync::Kinds(vec!["EndpointSlices", "Nodes"]),
@@ -1685,5 +1744,28 @@ mod tests {
         assert_eq!(wait(&no_node, late), FirstSync::NodeGivenUp);
         let ready = stores_with(true, true, true, Some("node1"));
         assert_eq!(wait(&ready, early), FirstSync::Ready);
+        // NodeCIDR detection: the Node's podCIDRs too, up to their own limit.
+        let by_pod_cidr = NodeWaits {
+            node: limit,
+            pod_cidrs: Some(Duration::from_secs(300)),
+        };
+        let wait = |s: &Stores, t| first_sync_wait(s, "node1", t, by_pod_cidr);
+        assert_eq!(wait(&ready, late), FirstSync::PodCidrs);
+        assert_eq!(
+            wait(&ready, Duration::from_secs(300)),
+            FirstSync::PodCidrsGivenUp
+        );
+        let mut with_cidrs = stores_with(true, true, true, None);
+        let info = NodeInfo {
+            name: "node1".into(),
+            pod_cidrs: vec!["10.244.1.0/24".parse().unwrap()],
+            ..Default::default()
+        };
+        with_cidrs.apply(Update::Node(Change::Apply(
+            ("".into(), "node1".into()),
+            info,
+        )));
+        assert_eq!(wait(&with_cidrs, early), FirstSync::Ready);
+        assert_eq!(wait(&no_node, early), FirstSync::Node);
     }
 }
