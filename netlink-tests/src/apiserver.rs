@@ -2,7 +2,8 @@
 //! Nodes over real HTTP, the way the API server speaks them — lists carry a resourceVersion,
 //! watches stream `ADDED`/`MODIFIED`/`DELETED`/`BOOKMARK` events as chunked JSON lines from a
 //! given resourceVersion, streaming lists (`sendInitialEvents`) send the objects and the
-//! `k8s.io/initial-events-end` bookmark (or 422, as a server without WatchList), an
+//! `k8s.io/initial-events-end` bookmark (or 422, as a server without WatchList, or no end
+//! at all, as a server that ignores the parameter), an
 //! expired resourceVersion gets `410 Gone`, and tests can drop
 //! connections, compact history or take the server down. Events posted by the proxy are
 //! recorded. Label selectors of the form `!key` and the field selector `metadata.name=` are
@@ -49,6 +50,11 @@ struct Store {
     no_watch_list: bool,
     /// Streaming lists served.
     watch_lists: BTreeMap<String, usize>,
+    /// Ignore `sendInitialEvents`, as an API server before 1.27 or a proxy that drops
+    /// unknown parameters: the watch sends the current objects as ADDED and goes on, never
+    /// the `k8s.io/initial-events-end` bookmark; with `Some(true)` a plain bookmark follows
+    /// the objects (bookmarks are allowed, just never the end).
+    ignore_watch_list: Option<bool>,
 }
 
 #[derive(Clone)]
@@ -160,7 +166,20 @@ async fn collection(
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
         *st.watches.entry(coll.clone()).or_default() += 1;
-        let backlog: Vec<_> = if streaming_list {
+        let ignored = streaming_list.then_some(st.ignore_watch_list).flatten();
+        let backlog: Vec<_> = if let Some(bookmark) = ignored {
+            // A watch without resourceVersion, as such a server serves it: the current
+            // objects as ADDED, then whatever happens next.
+            from = st.rv;
+            let bm = json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": st.rv.to_string()}});
+            st.objects
+                .get(&coll)
+                .into_iter()
+                .flat_map(|m| m.values())
+                .map(|o| (st.rv, coll.clone(), "ADDED".to_string(), o.clone()))
+                .chain(bookmark.then(|| (st.rv, coll.clone(), "BOOKMARK".to_string(), bm)))
+                .collect()
+        } else if streaming_list {
             if st.no_watch_list {
                 let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                     "message": "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
@@ -328,6 +347,13 @@ impl ApiServer {
     /// From now on refuse streaming lists with 422 (an API server without WatchList).
     pub fn without_watch_list(&self) {
         self.shared.store.lock().unwrap().no_watch_list = true;
+    }
+
+    /// From now on ignore `sendInitialEvents` (an API server before 1.27, or a proxy that
+    /// drops the parameter): the objects come as ADDED events but the end of the initial
+    /// events never does; with `bookmarks`, a plain bookmark follows them.
+    pub fn ignoring_watch_list(&self, bookmarks: bool) {
+        self.shared.store.lock().unwrap().ignore_watch_list = Some(bookmarks);
     }
 
     /// Streaming lists (`sendInitialEvents=true` watches) served for `coll`.

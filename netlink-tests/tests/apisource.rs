@@ -1,7 +1,8 @@
 //! The Kubernetes API source against a real HTTP server speaking list/watch (no mocked
 //! client): changes reach the kernel (checked with packets), dropped watches resume without a
 //! relist, a 410 relist applies a deletion made while disconnected, node labels switch
-//! topology-aware routing, an API outage leaves the rules working.
+//! topology-aware routing, an API outage leaves the rules working, a server that ignores
+//! streaming lists is listed, and the first sync waits for this node's Node.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use std::collections::BTreeSet;
@@ -224,10 +225,99 @@ fn a_server_without_watch_list_is_listed_then_watched() {
     assert!(api.lists("services") >= 1);
     let log = d.log_text();
     assert!(
-        log.contains("Services: the API server does not serve streaming lists")
-            && log.contains("HTTP 422, reason Invalid"),
+        log.lines().any(
+            |l| l.contains("the API server does not serve streaming lists")
+                && l.contains("kind=\"Services\"")
+                && l.contains("HTTP 422, reason Invalid")
+        ),
         "{log}"
     );
+}
+
+/// A server that ignores `sendInitialEvents` (before 1.27, or a proxy or aggregator that
+/// drops the parameter) sends the objects but never the end of the initial events: each
+/// kind is listed then watched after a bounded wait, said in one line per kind, and the
+/// first sync has the whole state. While it waits, a line names the kinds still missing.
+fn ignored_watch_list_falls_back(bookmarks: bool) {
+    let (c, api) = setup();
+    api.ignoring_watch_list(bookmarks);
+    let t0 = Instant::now();
+    // The daemon helper's wait is bounded (60 s); ours: 10 s quiet + a 5 s log period.
+    let d = start(&c, &api);
+    assert!(
+        t0.elapsed() < Duration::from_secs(45),
+        "first sync took {:?}",
+        t0.elapsed()
+    );
+    // The full state: the Service, its slice and the Node's zone (only zone-a is used).
+    assert_eq!(answered(&c, "10.96.0.10", 6), ["local".to_string()].into());
+    let log = d.log_text();
+    for kind in ["Services", "EndpointSlices", "Nodes"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("never ended the streaming list")
+                    && l.contains(&format!("kind=\"{kind}\""))),
+            "no fallback line for {kind}:\n{log}"
+        );
+    }
+    assert!(
+        log.lines()
+            .any(|l| l.contains("waiting for the initial list")
+                && l.contains("Services, EndpointSlices, Nodes")),
+        "{log}"
+    );
+    assert!(api.lists("services") >= 1, "listed after the fallback");
+    // And watched: a change arrives.
+    api.apply(obj::service("default", "api5", "10.96.0.50", 80));
+    c.wait_ruleset("ip", "api5 through the watch", |r| r.contains("10.96.0.50"));
+}
+
+#[test]
+fn a_server_ignoring_watch_list_with_bookmarks_is_listed_then_watched() {
+    ignored_watch_list_falls_back(true);
+}
+
+#[test]
+fn a_server_ignoring_watch_list_without_bookmarks_is_listed_then_watched() {
+    ignored_watch_list_falls_back(false);
+}
+
+/// Upstream waits for its Node (it needs the node's IPs): the first sync waits for it too,
+/// saying so with the name it looks for, then programs with the Node's addresses.
+#[test]
+fn the_first_sync_waits_for_this_nodes_node_object() {
+    let c = web_cluster(Backends::default());
+    let api = c.node.run(ApiServer::start);
+    let mut svc = obj::service("default", "web", "10.96.0.10", 80);
+    svc["spec"]["type"] = "NodePort".into();
+    svc["spec"]["ports"][0]["nodePort"] = 30080.into();
+    api.apply(svc);
+    api.apply(obj::slice(
+        "default",
+        "web",
+        "web-1",
+        8080,
+        &[("10.244.1.2", "node1", None)],
+    ));
+    // NodePorts on the node's primary address: its Node's InternalIP, once known.
+    let d = c.spawn_daemon_with(&["--master", &api.url(), "--nodeport-addresses", "primary"]);
+    d.wait_for_log("waiting for this node's Node object", 1);
+    let log = d.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("waiting for this node's Node object")
+                && l.contains("node=\"node1\"")),
+        "{log}"
+    );
+    assert!(!log.contains("synced"), "no sync before the Node:\n{log}");
+    api.apply(obj::node("node1", "zone-a"));
+    d.wait_for_log("synced", 1);
+    assert!(
+        c.ruleset("ip").contains("192.168.50.1"),
+        "the Node's address:\n{}",
+        c.ruleset("ip")
+    );
+    assert_eq!(answered(&c, "10.96.0.10", 3), ["local".to_string()].into());
 }
 
 #[test]
@@ -333,4 +423,38 @@ fn service_cidr_objects_drop_unallocated_addresses() {
         d2.log_text()
     );
     d2.wait_for_log("ServiceCIDRs cannot be listed", 1);
+}
+
+/// With detect-local-mode NodeCIDR the first sync also waits for the Node's podCIDRs (as
+/// upstream's NodeManager does), naming the node, then detects local traffic by them.
+#[test]
+fn with_node_cidr_detection_the_first_sync_waits_for_the_pod_cidrs() {
+    let c = web_cluster(Backends::default());
+    let api = c.node.run(ApiServer::start);
+    api.apply(obj::service("default", "web", "10.96.0.10", 80));
+    api.apply(obj::slice(
+        "default",
+        "web",
+        "web-1",
+        8080,
+        &[("10.244.1.2", "node1", None)],
+    ));
+    api.apply(obj::node("node1", "zone-a"));
+    let d = c.spawn_daemon_with(&["--master", &api.url(), "--detect-local-mode", "NodeCIDR"]);
+    d.wait_for_log("waiting for this node's podCIDRs", 1);
+    let log = d.log_text();
+    assert!(
+        !log.contains("synced"),
+        "no sync before the podCIDRs:\n{log}"
+    );
+    let mut node = obj::node("node1", "zone-a");
+    node["spec"] = serde_json::json!({"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]});
+    api.apply(node);
+    d.wait_for_log("synced", 1);
+    assert!(
+        c.ruleset("ip").contains("10.244.1.0/24"),
+        "local traffic detected by the podCIDR:\n{}",
+        c.ruleset("ip")
+    );
+    assert_eq!(answered(&c, "10.96.0.10", 3), ["local".to_string()].into());
 }

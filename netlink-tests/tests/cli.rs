@@ -454,3 +454,73 @@ fn logs_have_no_colour_codes_when_stderr_is_not_a_terminal() {
     assert!(err.contains("--profiling has no effect here"), "{err}");
     assert!(!err.contains('\u{1b}'), "escape codes in a pipe: {err:?}");
 }
+
+/// IPVS mode on a kernel without IPVS fails before it changes anything: one error line
+/// naming the missing kernel feature, exit 1, and the nftables mode's table it would have
+/// replaced still in place (it used to be removed first, then a sysctl write failed).
+#[test]
+fn ipvs_mode_without_ipvs_fails_before_touching_anything() {
+    netlink_tests::ns::require_root();
+    if kube_nlproxy::modes::ipvs::probe().is_ok() {
+        eprintln!("this kernel serves IPVS: nothing to check here");
+        return;
+    }
+    let c = netlink_tests::cluster::Cluster::new();
+    let yaml = netlink_tests::scenario::web_yaml("");
+    c.sync_once(&yaml, &[]);
+    let before = c.ruleset("ip");
+    assert!(before.contains("10.96.0.10"), "{before}");
+    let p = c.write_manifests(&yaml);
+    let (ok, err) = c.run_proxy(&[
+        "--manifests",
+        p.to_str().unwrap(),
+        "--hostname-override",
+        "node1",
+        "--proxy-mode",
+        "ipvs",
+        "--once",
+    ]);
+    assert!(!ok, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("kube-nlproxy:"))
+        .unwrap_or_else(|| panic!("no error line:\n{err}"));
+    assert!(
+        line.contains("cannot use the IPVS proxier")
+            && line.contains("generic netlink family \"IPVS\" does not exist"),
+        "{err}"
+    );
+    assert!(!err.contains("sysctl"), "nothing written:\n{err}");
+    assert_eq!(c.ruleset("ip"), before, "the nftables table is untouched");
+}
+
+/// `--oom-score-adj` that cannot be applied (lowering it needs CAP_SYS_RESOURCE) is a
+/// warning: the daemon syncs and keeps running. Where the write succeeds, the value is
+/// applied instead.
+#[test]
+fn an_oom_score_adj_that_cannot_be_set_is_a_warning() {
+    netlink_tests::ns::require_root();
+    let c = netlink_tests::cluster::Cluster::new();
+    let mut d = c.start_daemon(
+        &netlink_tests::scenario::web_yaml(""),
+        &["--oom-score-adj=-999"],
+    );
+    let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", d.child.id()))
+        .unwrap_or_default();
+    if adj.trim() != "-999" {
+        let log = d.log_text();
+        assert!(
+            log.contains("cannot set oom_score_adj to -999"),
+            "oom_score_adj is {adj:?} and no warning:\n{log}"
+        );
+    }
+    assert!(c.ruleset("ip").contains("10.96.0.10"));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        matches!(d.child.try_wait(), Ok(None)),
+        "still running:\n{}",
+        d.log_text()
+    );
+    let (st, _) = d.terminate();
+    assert!(st.success(), "{}", d.log_text());
+}

@@ -58,6 +58,9 @@ pub enum AppError {
     Bind(&'static str, std::net::SocketAddr),
     #[error(transparent)]
     Tool(#[from] crate::tools::ToolError),
+    /// IPVS mode on a kernel that cannot serve it: found before anything is changed.
+    #[error("cannot use the IPVS proxier: {0}")]
+    Ipvs(crate::kernel::ipvs::Error),
 }
 
 impl AppError {
@@ -117,6 +120,13 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         tracing::info!("initialization done (--init-only); exiting");
         return Ok(());
     }
+    // IPVS mode needs IPVS in the kernel: prove it before anything is changed (another
+    // mode's rules removed, sysctls written) or waited for, as upstream's
+    // CanUseIPVSProxier fails kube-proxy's start-up. Resolving the generic netlink family
+    // loads ip_vs where it is a module (its MODULE_ALIAS_GENL_FAMILY).
+    if cfg.mode == ProxyMode::Ipvs && !cfg.dry_run && cfg.state_tool.is_none() {
+        ipvs::probe().map_err(AppError::Ipvs)?;
+    }
     // The health and metrics servers answer from start-up, so that probes never kill a pod
     // that waits for the API server (healthy while starting, as upstream).
     let (shared, bind_failures) = if cfg.dry_run || cfg.once {
@@ -159,6 +169,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
                 tx,
                 cfg.config_sync_period,
                 cfg.min_sync_period,
+                cfg.detect_local == crate::proxy::DetectLocal::NodeCidr,
             ))
         }
     };

@@ -518,38 +518,127 @@ fn watch_list_refused(e: &watcher::Error) -> bool {
     }
 }
 
+/// How long a streaming list may go without its end (the `k8s.io/initial-events-end`
+/// bookmark) before the server is taken not to honour `sendInitialEvents`: an API server
+/// before 1.27, or a proxy or aggregator that drops query parameters it does not know,
+/// answers the watch with the current objects as ADDED events and then plain watch events,
+/// never the end, and client-go's reflector then only warns every 10 s ("hasn't received
+/// required bookmark event marking the end of initial events stream") and never syncs.
+#[derive(Debug, Clone, Copy)]
+pub struct EndWait {
+    /// No initial object for this long: the list is over and its end will not come. A
+    /// server that serves watch-list sends the end right after the last object
+    /// (kubernetes#127012), and 10 s is client-go's period for the warning above.
+    pub quiet: std::time::Duration,
+    /// The end not within this long of the first streaming list, however busy: a server
+    /// that ignores the parameter keeps sending ADDED and MODIFIED events for changes,
+    /// which a 10k-Service cluster's churn does more often than `quiet`. A real server
+    /// streams from its watch cache, ~100k objects in a few seconds; a false alarm costs
+    /// one ordinary list.
+    pub total: std::time::Duration,
+}
+
+/// The bounds the daemon uses.
+pub const END_WAIT: EndWait = EndWait {
+    quiet: std::time::Duration::from_secs(10),
+    total: std::time::Duration::from_secs(60),
+};
+
+/// Why a streaming list is given up for list-then-watch.
+enum Fallback<'a> {
+    Refused(&'a watcher::Error),
+    NoEnd(std::time::Duration),
+}
+
 /// The initial list as a streaming list (a watch with `sendInitialEvents`, as upstream's
 /// client-go does by default since 1.35: the server streams the objects from its watch cache
 /// instead of building one list response), falling back to list-then-watch for the rest of
-/// the run when the server refuses it before the first list completed, as client-go's
-/// reflector does. Pure: `streaming` and `listing` build the two watchers.
+/// the run, as client-go's reflector does, when the server refuses it before the first list
+/// completed, or when the list does not end within `wait` (a server that ignores the
+/// parameter; client-go waits forever there). `streaming` and `listing` build the two
+/// watchers; the only effects are the log line and the clock.
 pub fn with_list_fallback(
     kind: &'static str,
     streaming: EventStream,
     listing: impl FnOnce() -> EventStream + Send + 'static,
+    wait: EndWait,
 ) -> EventStream {
+    use tokio::time::Instant;
     let listing: Option<Box<dyn FnOnce() -> EventStream + Send>> = Some(Box::new(listing));
-    stream::unfold((streaming, listing), move |(mut s, mut listing)| async move {
-        loop {
-            let item = s.next().await?;
-            match &item {
-                Ok(Event::InitDone) => listing = None,
-                Err(e) if watch_list_refused(e) => {
-                    if let Some(list_then_watch) = listing.take() {
-                        tracing::info!(
-                            "{kind}: the API server does not serve streaming lists ({}); listing then watching instead",
-                            describe_watch_error(e)
-                        );
-                        s = list_then_watch();
-                        continue;
+    // (when the first streaming list started, the last initial object) while one runs.
+    let clock: Option<(Instant, Instant)> = None;
+    stream::unfold(
+        (streaming, listing, clock),
+        move |(mut s, mut listing, mut clock)| async move {
+            loop {
+                let item = match (listing.is_some(), clock) {
+                    (true, Some((first, last))) => {
+                        let due = (last + wait.quiet).min(first + wait.total);
+                        match tokio::time::timeout_at(due, s.next()).await {
+                            Ok(item) => item?,
+                            Err(_) => {
+                                if let Some(list_then_watch) = listing.take() {
+                                    log_fallback(kind, Fallback::NoEnd(first.elapsed()), wait);
+                                    s = list_then_watch();
+                                }
+                                clock = None;
+                                continue;
+                            }
+                        }
                     }
+                    _ => s.next().await?,
+                };
+                let now = Instant::now();
+                match &item {
+                    // The watcher starts a streaming list again after a stream ends: the
+                    // total bound counts from the first.
+                    Ok(Event::Init) if listing.is_some() => {
+                        clock = Some((clock.map_or(now, |(first, _)| first), now))
+                    }
+                    Ok(Event::InitApply(_)) => {
+                        if let Some((_, last)) = clock.as_mut() {
+                            *last = now;
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        listing = None;
+                        clock = None;
+                    }
+                    Err(e) if watch_list_refused(e) => {
+                        if let Some(list_then_watch) = listing.take() {
+                            log_fallback(kind, Fallback::Refused(e), wait);
+                            s = list_then_watch();
+                            continue;
+                        }
+                    }
+                    // The server is not answering: the wait starts again with the next
+                    // streaming list it serves.
+                    Err(_) => clock = None,
+                    _ => {}
                 }
-                _ => {}
+                return Some((item, (s, listing, clock)));
             }
-            return Some((item, (s, listing)));
-        }
-    })
+        },
+    )
     .boxed()
+}
+
+fn log_fallback(kind: &str, why: Fallback<'_>, wait: EndWait) {
+    match why {
+        Fallback::Refused(e) => tracing::info!(
+            kind,
+            reason = %describe_watch_error(e),
+            "the API server does not serve streaming lists; listing then watching instead"
+        ),
+        Fallback::NoEnd(waited) => tracing::warn!(
+            kind,
+            waited_s = waited.as_secs(),
+            quiet_s = wait.quiet.as_secs(),
+            total_s = wait.total.as_secs(),
+            "the API server never ended the streaming list (no k8s.io/initial-events-end \
+             bookmark): it ignores sendInitialEvents; listing then watching instead"
+        ),
+    }
 }
 
 /// [`with_list_fallback`] over the API: `kind`'s objects selected by `cfg`.
@@ -559,7 +648,7 @@ fn list_and_watch(
     cfg: watcher::Config,
 ) -> EventStream {
     let streaming = watcher(api.clone(), cfg.clone().streaming_lists()).boxed();
-    with_list_fallback(kind, streaming, move || watcher(api, cfg).boxed())
+    with_list_fallback(kind, streaming, move || watcher(api, cfg).boxed(), END_WAIT)
 }
 
 /// When the API source publishes a state: at once for the first change after a quiet
@@ -603,6 +692,89 @@ impl Pacer {
     }
 }
 
+/// How often start-up says what it still waits for: the first list of a small cluster
+/// completes well within one period, so the line appears only when something is missing,
+/// and a streaming list the server never ends ([`END_WAIT`]'s 10 s) is named twice before
+/// it is given up.
+const WAIT_LOG_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long the first state waits for this node's Node object: upstream's getNodeIPs
+/// polls with a 1 s backoff doubling over 6 steps (1+2+4+8+16 s = 31 s), and its
+/// NodeManager waits ~30 s since kubernetes#133059, then both go on without the Node's
+/// addresses ("Can't determine this node's IP, assuming loopback").
+const NODE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long the first state waits for the Node's podCIDRs when local traffic is detected by
+/// them (`NodeCIDR`): upstream's NodeManager waits 5 minutes "for allocators to assign a
+/// PodCIDR to the node after it is registered" (and then fails start-up; we go on and pick
+/// them up when they come, with the detector's warning at each sync meanwhile).
+const POD_CIDR_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// One turn of the API source's loop.
+enum Step {
+    Batch(Vec<watcher::Result<Update>>),
+    /// Held changes fell due.
+    Held,
+    /// Time to say what the first state still waits for.
+    Progress,
+}
+
+/// What the first state waits for.
+#[derive(Debug, PartialEq, Eq)]
+enum FirstSync {
+    /// The initial lists of these kinds.
+    Kinds(Vec<&'static str>),
+    /// This node's Node object, for less than the wait.
+    Node,
+    /// The Node wait is over: go on without it.
+    NodeGivenUp,
+    /// The Node's podCIDRs (`NodeCIDR` detection), for less than their wait.
+    PodCidrs,
+    /// The podCIDR wait is over: go on without them.
+    PodCidrsGivenUp,
+    Ready,
+}
+
+/// How long the first state waits for what it needs of this node's Node.
+#[derive(Debug, Clone, Copy)]
+struct NodeWaits {
+    node: std::time::Duration,
+    /// `Some` when local traffic is detected by the Node's podCIDRs.
+    pod_cidrs: Option<std::time::Duration>,
+}
+
+/// What the first state waits for after `waited`. Pure.
+fn first_sync_wait(
+    stores: &Stores,
+    node: &str,
+    waited: std::time::Duration,
+    waits: NodeWaits,
+) -> FirstSync {
+    let missing: Vec<&'static str> = [
+        ("Services", stores.services.synced()),
+        ("EndpointSlices", stores.slices.synced()),
+        ("Nodes", stores.nodes.synced()),
+    ]
+    .into_iter()
+    .filter(|(_, synced)| !synced)
+    .map(|(kind, _)| kind)
+    .collect();
+    let this = stores.nodes.values().find(|n| n.name == node);
+    match (missing.is_empty(), this, waits.pod_cidrs) {
+        (false, _, _) => FirstSync::Kinds(missing),
+        (true, None, _) if waited < waits.node => FirstSync::Node,
+        (true, None, _) => FirstSync::NodeGivenUp,
+        (true, Some(n), Some(limit)) if n.pod_cidrs.is_empty() => {
+            if waited < limit {
+                FirstSync::PodCidrs
+            } else {
+                FirstSync::PodCidrsGivenUp
+            }
+        }
+        (true, Some(_), _) => FirstSync::Ready,
+    }
+}
+
 /// Watches the API and publishes states until the streams end (they do not, in practice:
 /// watchers retry forever with backoff).
 /// Every `resync`, the current state is published again (like an informer resync: the
@@ -614,13 +786,23 @@ impl Pacer {
 /// the interval to pass and go out together. Assembling walks every service port (~16 ms at
 /// 10k), so assembling per event took a whole core under 100 endpoint changes a second
 /// (issue #18's churn row).
+///
+/// The first state waits for the initial lists of Services, EndpointSlices and Nodes, for
+/// up to [`NODE_WAIT`] for this node's Node object and, with `wait_for_pod_cidrs`
+/// (detect-local-mode NodeCIDR), for up to [`POD_CIDR_WAIT`] for its podCIDRs; every
+/// [`WAIT_LOG_PERIOD`] meanwhile a line names what is still missing.
 pub async fn run(
     client: Client,
     node: String,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
     min_interval: std::time::Duration,
+    wait_for_pod_cidrs: bool,
 ) -> super::SourceEnd {
+    let waits = NodeWaits {
+        node: NODE_WAIT,
+        pod_cidrs: wait_for_pod_cidrs.then_some(POD_CIDR_WAIT),
+    };
     // Untyped watchers, decoded object by object: one undecodable object must not fail its
     // whole list (and with it every sync).
     let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
@@ -722,24 +904,30 @@ pub async fn run(
     ticker.tick().await;
     let mut pacer = Pacer::new(min_interval);
     let mut collisions = std::collections::BTreeSet::new();
+    let started = std::time::Instant::now();
+    let mut progress = tokio::time::interval(WAIT_LOG_PERIOD);
+    progress.tick().await;
+    // What the first state stopped waiting for: the Node, its podCIDRs.
+    let (mut node_given_up, mut pod_cidrs_given_up) = (false, false);
     loop {
         let held = pacer.held_until();
-        let batch = tokio::select! {
+        let step = tokio::select! {
             b = all.next() => match b {
-                Some(b) => Some(b),
+                Some(b) => Step::Batch(b),
                 None => return super::SourceEnd::Closed,
             },
-            _ = tokio::time::sleep_until(held.unwrap_or_else(std::time::Instant::now).into()), if held.is_some() => None,
+            _ = tokio::time::sleep_until(held.unwrap_or_else(std::time::Instant::now).into()), if held.is_some() => Step::Held,
             _ = ticker.tick() => {
                 if stores.synced() {
                     tx.send_modify(|_| {});
                 }
                 continue;
             }
+            _ = progress.tick(), if !announced => Step::Progress,
         };
         let mut changed = false;
-        match batch {
-            Some(batch) => {
+        match step {
+            Step::Batch(batch) => {
                 for item in batch {
                     match item {
                         Ok(u) => changed |= stores.apply(u),
@@ -751,10 +939,65 @@ pub async fn run(
                 }
             }
             // The changes held back are due.
-            None => changed = pacer.release(),
+            Step::Held => changed = pacer.release(),
+            Step::Progress => {
+                let waited = started.elapsed();
+                match first_sync_wait(&stores, &node, waited, waits) {
+                    FirstSync::Kinds(missing) => tracing::info!(
+                        missing = %missing.join(", "),
+                        waited_s = waited.as_secs(),
+                        "waiting for the initial list"
+                    ),
+                    FirstSync::Node => tracing::info!(
+                        node = %node,
+                        waited_s = waited.as_secs(),
+                        limit_s = NODE_WAIT.as_secs(),
+                        "waiting for this node's Node object (its addresses, podCIDR and labels)"
+                    ),
+                    FirstSync::NodeGivenUp if !node_given_up => {
+                        tracing::warn!(
+                            node = %node,
+                            waited_s = waited.as_secs(),
+                            "no Node object by this name; proceeding without its addresses until it appears, as upstream kube-proxy does after its wait"
+                        );
+                        node_given_up = true;
+                        changed = true;
+                    }
+                    FirstSync::PodCidrs => tracing::info!(
+                        node = %node,
+                        waited_s = waited.as_secs(),
+                        limit_s = POD_CIDR_WAIT.as_secs(),
+                        "waiting for this node's podCIDRs (detect-local-mode NodeCIDR)"
+                    ),
+                    FirstSync::PodCidrsGivenUp if !pod_cidrs_given_up => {
+                        tracing::warn!(
+                            node = %node,
+                            waited_s = waited.as_secs(),
+                            "the Node has no podCIDRs; proceeding without local traffic detection until it has"
+                        );
+                        pod_cidrs_given_up = true;
+                        changed = true;
+                    }
+                    FirstSync::NodeGivenUp | FirstSync::PodCidrsGivenUp | FirstSync::Ready => {}
+                }
+            }
         }
         if !changed || !stores.synced() {
             continue;
+        }
+        // The first state waits for this node's Node (up to NODE_WAIT) and its podCIDRs
+        // where they detect local traffic (up to POD_CIDR_WAIT): a ruleset programmed
+        // without them is not this node's.
+        if !announced {
+            let wait = first_sync_wait(&stores, &node, started.elapsed(), waits);
+            let held = match wait {
+                FirstSync::Node | FirstSync::NodeGivenUp => !node_given_up,
+                FirstSync::PodCidrs | FirstSync::PodCidrsGivenUp => !pod_cidrs_given_up,
+                FirstSync::Kinds(_) | FirstSync::Ready => false,
+            };
+            if held {
+                continue;
+            }
         }
         if !pacer.publish_now(tokio::time::Instant::now().into()) {
             continue;
@@ -1294,9 +1537,17 @@ mod tests {
         o
     }
 
-    /// What a stream yields, as short labels.
+    /// What a stream yields, as short labels (on a runtime with a clock: the fallback's
+    /// wait uses it). A stream that does not end within 10 s fails the test.
     fn labels(s: EventStream) -> Vec<String> {
-        futures::executor::block_on(s.collect::<Vec<_>>())
+        let limit = std::time::Duration::from_secs(10);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            // The timer is made inside the runtime: it needs its clock.
+            .block_on(async move { tokio::time::timeout(limit, s.collect::<Vec<_>>()).await })
+            .expect("the stream ends within 10 s")
             .into_iter()
             .map(|r| match r {
                 Ok(Event::Init) => "init".to_string(),
@@ -1326,7 +1577,12 @@ mod tests {
             Err(status(422)),
             Ok(Event::Apply(obj("b"))),
         ]);
-        let s = with_list_fallback("Services", events(vec![Err(status(422))]), move || listed);
+        let s = with_list_fallback(
+            "Services",
+            events(vec![Err(status(422))]),
+            move || listed,
+            END_WAIT,
+        );
         assert_eq!(
             labels(s),
             ["init", "list a", "done", "error 422", "apply b"]
@@ -1343,9 +1599,12 @@ mod tests {
             Err(status(400)),
             Ok(Event::Delete(obj("a"))),
         ]);
-        let s = with_list_fallback("Services", streamed, || {
-            panic!("no fallback: the server serves streaming lists")
-        });
+        let s = with_list_fallback(
+            "Services",
+            streamed,
+            || panic!("no fallback: the server serves streaming lists"),
+            END_WAIT,
+        );
         assert_eq!(
             labels(s),
             [
@@ -1357,5 +1616,156 @@ mod tests {
                 "delete a"
             ]
         );
+    }
+
+    /// The list a fallback gets: `a` and `b`, then its end.
+    fn full_list() -> EventStream {
+        events(vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(obj("a"))),
+            Ok(Event::InitApply(obj("b"))),
+            Ok(Event::InitDone),
+        ])
+    }
+
+    fn wait_ms(quiet: u64, total: u64) -> EndWait {
+        EndWait {
+            quiet: std::time::Duration::from_millis(quiet),
+            total: std::time::Duration::from_millis(total),
+        }
+    }
+
+    /// A server that ignores `sendInitialEvents` sends the objects and then nothing (or
+    /// bookmarks without the end, which the watcher swallows): after `quiet` without an
+    /// object the kind is listed then watched.
+    #[test]
+    fn a_streaming_list_that_never_ends_falls_back_after_a_quiet_spell() {
+        let ignored = events(vec![Ok(Event::Init), Ok(Event::InitApply(obj("a")))])
+            .chain(stream::pending())
+            .boxed();
+        let s = with_list_fallback("Services", ignored, full_list, wait_ms(50, 60_000));
+        assert_eq!(
+            labels(s),
+            ["init", "list a", "init", "list a", "list b", "done"]
+        );
+    }
+
+    /// Changes keep arriving as initial objects (MODIFIED before the end counts as one):
+    /// the total bound still ends the wait.
+    #[test]
+    fn a_busy_streaming_list_that_never_ends_falls_back_at_the_total_bound() {
+        let busy = stream::once(async { Ok(Event::Init) })
+            .chain(
+                stream::repeat_with(|| Ok(Event::InitApply(obj("a")))).then(|e| async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    e
+                }),
+            )
+            .boxed();
+        let s = with_list_fallback("Services", busy, full_list, wait_ms(1_000, 100));
+        let got = labels(s);
+        assert!(got.len() > 4, "{got:?}");
+        assert_eq!(got[got.len() - 4..], ["init", "list a", "list b", "done"]);
+    }
+
+    /// Once the end came, silence is an ordinary quiet watch: no fallback, ever.
+    #[test]
+    fn a_streaming_list_that_ended_is_not_given_up_when_quiet() {
+        let ended = events(vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(obj("a"))),
+            Ok(Event::InitDone),
+        ])
+        .chain(stream::pending())
+        .boxed();
+        let mut s = with_list_fallback(
+            "Services",
+            ended,
+            || panic!("no fallback after the end"),
+            wait_ms(10, 20),
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for _ in 0..3 {
+                assert!(s.next().await.is_some());
+            }
+            let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), s.next());
+            assert!(quiet.await.is_err(), "still watching");
+        });
+    }
+
+    fn stores_with(services: bool, slices: bool, nodes: bool, node: Option<&str>) -> Stores {
+        let mut s = Stores::default();
+        if services {
+            s.apply(Update::Service(Change::Init));
+            s.apply(Update::Service(Change::InitDone));
+        }
+        if slices {
+            s.apply(Update::Slice(Change::Init));
+            s.apply(Update::Slice(Change::InitDone));
+        }
+        if nodes {
+            s.apply(Update::Node(Change::Init));
+            if let Some(n) = node {
+                let info = NodeInfo {
+                    name: n.into(),
+                    ..Default::default()
+                };
+                s.apply(Update::Node(Change::InitApply(("".into(), n.into()), info)));
+            }
+            s.apply(Update::Node(Change::InitDone));
+        }
+        s
+    }
+
+    #[test]
+    fn the_first_state_waits_for_the_lists_then_for_the_node_up_to_its_limit() {
+        use std::time::Duration;
+        let (limit, early, late) = (
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+            Duration::from_secs(30),
+        );
+        let waits = NodeWaits {
+            node: limit,
+            pod_cidrs: None,
+        };
+        let wait = |s: &Stores, t| first_sync_wait(s, "node1", t, waits);
+        assert_eq!(
+            wait(&stores_with(true, false, false, None), late),
+            FirstSync::Kinds(vec!["EndpointSlices", "Nodes"]),
+            "missing lists are named even past the Node's limit"
+        );
+        let no_node = stores_with(true, true, true, Some("node2"));
+        assert_eq!(wait(&no_node, early), FirstSync::Node);
+        assert_eq!(wait(&no_node, late), FirstSync::NodeGivenUp);
+        let ready = stores_with(true, true, true, Some("node1"));
+        assert_eq!(wait(&ready, early), FirstSync::Ready);
+        // NodeCIDR detection: the Node's podCIDRs too, up to their own limit.
+        let by_pod_cidr = NodeWaits {
+            node: limit,
+            pod_cidrs: Some(Duration::from_secs(300)),
+        };
+        let wait = |s: &Stores, t| first_sync_wait(s, "node1", t, by_pod_cidr);
+        assert_eq!(wait(&ready, late), FirstSync::PodCidrs);
+        assert_eq!(
+            wait(&ready, Duration::from_secs(300)),
+            FirstSync::PodCidrsGivenUp
+        );
+        let mut with_cidrs = stores_with(true, true, true, None);
+        let info = NodeInfo {
+            name: "node1".into(),
+            pod_cidrs: vec!["10.244.1.0/24".parse().unwrap()],
+            ..Default::default()
+        };
+        with_cidrs.apply(Update::Node(Change::Apply(
+            ("".into(), "node1".into()),
+            info,
+        )));
+        assert_eq!(wait(&with_cidrs, early), FirstSync::Ready);
+        assert_eq!(wait(&no_node, early), FirstSync::Node);
     }
 }

@@ -46,10 +46,11 @@ pub fn open<N: Nftables>(
     cfg: &IpvsConfig,
     conntrack: Option<Box<dyn Conntrack + Send>>,
 ) -> Result<(IpvsProxier<NetlinkIpvs, NetlinkLinks, N>, u32), SyncError> {
+    // IPVS first: on a kernel without it, nothing is written.
+    let ipvs = NetlinkIpvs::open()?;
     for w in sysctl::apply(cfg).map_err(SyncError::Sysctl)? {
         tracing::warn!("{w}");
     }
-    let ipvs = NetlinkIpvs::open()?;
     let links = NetlinkLinks::open()?;
     let port = links.port_id();
     let mut p = over_kernel(ipvs, links, nft, opts, opts.proxier.clone(), cfg)
@@ -58,6 +59,12 @@ pub fn open<N: Nftables>(
         p = p.with_conntrack(ct);
     }
     Ok((p, port))
+}
+
+/// Whether this kernel serves IPVS: opens its generic netlink family (which loads ip_vs
+/// where it is a module) and closes it again. I/O, changes nothing.
+pub fn probe() -> Result<(), IpvsError> {
+    NetlinkIpvs::open().map(drop)
 }
 
 /// `--dry-run`: virtual servers and the companion table for `state`, touching nothing.
