@@ -341,39 +341,76 @@ fn zpages_shared(statusz: bool, flagz: bool) -> Shared {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statusz_and_flagz_negotiate_text_and_structured_forms() {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mx = admin::serve(any, "metrics", admin::metrics_router(zpages_shared(true, true)))
-        .await
-        .unwrap();
+    let mx = admin::serve(
+        any,
+        "metrics",
+        admin::metrics_router(zpages_shared(true, true)),
+    )
+    .await
+    .unwrap();
     let ask = |path: &'static str, accept: &'static str| {
         tokio::task::spawn_blocking(move || get_accept(mx, path, accept))
     };
     let (code, head, body) = ask("/statusz", "").await.unwrap();
     assert_eq!(code, 200);
-    assert!(head.contains("content-type: text/plain; charset=utf-8"), "{head}");
-    assert!(body.starts_with("\nkube-proxy statusz\nWarning: This endpoint is not meant to be machine parseable"), "{body}");
-    for field in ["Started", "Up", "Go version", "Binary version", "Emulation version", "Paths"] {
-        assert!(body.lines().any(|l| l.starts_with(field)), "{field} missing: {body}");
+    assert!(
+        head.contains("content-type: text/plain; charset=utf-8"),
+        "{head}"
+    );
+    assert!(
+        body.starts_with(
+            "\nkube-proxy statusz\nWarning: This endpoint is not meant to be machine parseable"
+        ),
+        "{body}"
+    );
+    for field in [
+        "Started",
+        "Up",
+        "Go version",
+        "Binary version",
+        "Emulation version",
+        "Paths",
+    ] {
+        assert!(
+            body.lines().any(|l| l.starts_with(field)),
+            "{field} missing: {body}"
+        );
     }
 
-    let (code, head, body) = ask("/statusz", "application/json;g=config.k8s.io;v=v1beta1;as=Statusz")
-        .await
-        .unwrap();
+    let (code, head, body) = ask(
+        "/statusz",
+        "application/json;g=config.k8s.io;v=v1beta1;as=Statusz",
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 200);
-    assert!(head.contains("content-type: application/json;g=config.k8s.io;v=v1beta1;as=statusz"), "{head}");
+    assert!(
+        head.contains("content-type: application/json;g=config.k8s.io;v=v1beta1;as=statusz"),
+        "{head}"
+    );
     assert!(!head.contains("warning:"), "{head}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["kind"], "Statusz");
     assert_eq!(v["apiVersion"], "config.k8s.io/v1beta1");
     assert_eq!(v["metadata"]["name"], "kube-proxy");
     assert_eq!(v["emulationVersion"], "1.37");
-    assert_eq!(v["paths"], serde_json::json!(["/configz", "/flagz", "/metrics"]));
+    assert_eq!(
+        v["paths"],
+        serde_json::json!(["/configz", "/flagz", "/metrics"])
+    );
 
     // v1alpha1 still answers, with upstream's deprecation warning.
-    let (code, head, _) = ask("/statusz", "application/json;g=config.k8s.io;v=v1alpha1;as=Statusz")
-        .await
-        .unwrap();
+    let (code, head, _) = ask(
+        "/statusz",
+        "application/json;g=config.k8s.io;v=v1alpha1;as=Statusz",
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 200);
-    assert!(head.contains("warning: 299 - \"this version of the statusz endpoint is deprecated"), "{head}");
+    assert!(
+        head.contains("warning: 299 - \"this version of the statusz endpoint is deprecated"),
+        "{head}"
+    );
 
     // JSON without the target kind is refused as upstream refuses it.
     let (code, _, body) = ask("/statusz", "application/json").await.unwrap();
@@ -384,11 +421,18 @@ async fn statusz_and_flagz_negotiate_text_and_structured_forms() {
     let (code, _, body) = ask("/flagz", "text/plain").await.unwrap();
     assert_eq!(code, 200);
     assert!(body.starts_with("\nkube-proxy flagz\n"), "{body}");
-    assert!(body.lines().any(|l| l.starts_with("proxy-mode") && l.ends_with("nftables")), "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("proxy-mode") && l.ends_with("nftables")),
+        "{body}"
+    );
 
-    let (code, _, body) = ask("/flagz", "application/yaml;g=config.k8s.io;v=v1beta1;as=Flagz")
-        .await
-        .unwrap();
+    let (code, _, body) = ask(
+        "/flagz",
+        "application/yaml;g=config.k8s.io;v=v1beta1;as=Flagz",
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("kind: Flagz\n"), "{body}");
     assert!(body.contains("  proxy-mode: nftables\n"), "{body}");
@@ -397,11 +441,17 @@ async fn statusz_and_flagz_negotiate_text_and_structured_forms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statusz_and_flagz_are_not_found_with_their_gates_off() {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mx = admin::serve(any, "metrics", admin::metrics_router(zpages_shared(false, false)))
-        .await
-        .unwrap();
+    let mx = admin::serve(
+        any,
+        "metrics",
+        admin::metrics_router(zpages_shared(false, false)),
+    )
+    .await
+    .unwrap();
     for path in ["/statusz", "/flagz"] {
-        let (code, _) = tokio::task::spawn_blocking(move || get(mx, path)).await.unwrap();
+        let (code, _) = tokio::task::spawn_blocking(move || get(mx, path))
+            .await
+            .unwrap();
         assert_eq!(code, 404, "{path}");
     }
 }

@@ -320,14 +320,23 @@ fn zpages_of(cfg: &Config) -> admin::Zpages {
     let statusz = cfg.gates.enabled(gates::COMPONENT_STATUSZ).then(|| {
         let flagz = cfg.gates.enabled(gates::COMPONENT_FLAGZ);
         // The metrics server's paths, first segment only, as upstream lists its mux's.
-        let mut paths = vec!["/configz", "/healthz", "/metrics", "/proxyMode", "/userspace"];
+        let mut paths = vec![
+            "/configz",
+            "/healthz",
+            "/metrics",
+            "/proxyMode",
+            "/userspace",
+        ];
         if flagz {
             paths.push("/flagz");
         }
         paths.sort_unstable();
         crate::serve::zpages::StatuszInfo {
             start: std::time::SystemTime::now(),
-            go_version: format!("none: kube-nlproxy {} is a Rust program", env!("CARGO_PKG_VERSION")),
+            go_version: format!(
+                "none: kube-nlproxy {} is a Rust program",
+                env!("CARGO_PKG_VERSION")
+            ),
             binary_version: format!("1.37.0+kube-nlproxy-{}", env!("CARGO_PKG_VERSION")),
             emulation_version: "1.37".into(),
             paths: paths.into_iter().map(String::from).collect(),

@@ -37,7 +37,10 @@ pub const FLAG_DEFAULTS: &[(&str, &str)] = &[
     ("ipvs-tcpfin-timeout", "0s"),
     ("ipvs-udp-timeout", "0s"),
     ("kube-api-burst", "10"),
-    ("kube-api-content-type", "application/vnd.kubernetes.protobuf"),
+    (
+        "kube-api-content-type",
+        "application/vnd.kubernetes.protobuf",
+    ),
     ("kube-api-qps", "5"),
     ("kubeconfig", ""),
     ("log-flush-frequency", "5s"),

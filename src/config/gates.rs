@@ -258,7 +258,8 @@ impl FeatureGates {
             .iter()
             .filter_map(|g| {
                 let s = g.spec();
-                (s.stage != Stage::PreAlpha).then(|| (g.name, s.stage.as_str(), self.enabled(g.name)))
+                (s.stage != Stage::PreAlpha)
+                    .then(|| (g.name, s.stage.as_str(), self.enabled(g.name)))
             })
             .collect()
     }
@@ -288,13 +289,31 @@ mod tests {
         assert_eq!(GATES.len(), 254);
         let s = |n: &str| lookup(n).unwrap().spec();
         assert_eq!(
-            (s("KubeProxyNFTablesLocalhostNodePorts").stage, s("KubeProxyNFTablesLocalhostNodePorts").default),
+            (
+                s("KubeProxyNFTablesLocalhostNodePorts").stage,
+                s("KubeProxyNFTablesLocalhostNodePorts").default
+            ),
             (Stage::Alpha, false)
         );
-        assert_eq!((s("KubeProxyIPVS").stage, s("KubeProxyIPVS").default), (Stage::Deprecated, true));
-        assert_eq!((s("AllowServiceExternalIPs").stage, s("AllowServiceExternalIPs").default), (Stage::Ga, true));
-        assert_eq!((s("ComponentStatusz").stage, s("ComponentStatusz").default), (Stage::Beta, true));
-        assert_eq!((s("ComponentFlagz").stage, s("ComponentFlagz").default), (Stage::Beta, true));
+        assert_eq!(
+            (s("KubeProxyIPVS").stage, s("KubeProxyIPVS").default),
+            (Stage::Deprecated, true)
+        );
+        assert_eq!(
+            (
+                s("AllowServiceExternalIPs").stage,
+                s("AllowServiceExternalIPs").default
+            ),
+            (Stage::Ga, true)
+        );
+        assert_eq!(
+            (s("ComponentStatusz").stage, s("ComponentStatusz").default),
+            (Stage::Beta, true)
+        );
+        assert_eq!(
+            (s("ComponentFlagz").stage, s("ComponentFlagz").default),
+            (Stage::Beta, true)
+        );
         let p = s("PreferSameTrafficDistribution");
         assert!(p.locked && p.default && p.stage == Stage::Ga);
         assert_eq!(s("NFTablesNetlink").stage, Stage::Beta);
@@ -338,9 +357,16 @@ mod tests {
 
     #[test]
     fn several_errors_print_as_an_aggregate() {
-        let e = set(&[("MultiCIDRServiceAllocator", false), ("PreferSameTrafficDistribution", false)])
-            .unwrap_err();
-        assert!(e.to_string().starts_with("[cannot set feature gate MultiCIDRServiceAllocator"), "{e}");
+        let e = set(&[
+            ("MultiCIDRServiceAllocator", false),
+            ("PreferSameTrafficDistribution", false),
+        ])
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("[cannot set feature gate MultiCIDRServiceAllocator"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -366,7 +392,11 @@ mod tests {
     fn all_alpha_sets_alpha_gates_not_named() {
         // Alone it fails upstream too: alpha gates depend on GenericWorkload, beta and off.
         let e = set(&[("AllAlpha", true)]).unwrap_err();
-        assert!(e.to_string().contains("depends on features that are disabled: [GenericWorkload]"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("depends on features that are disabled: [GenericWorkload]"),
+            "{e}"
+        );
         let (g, _) = set(&[
             ("AllAlpha", true),
             ("GenericWorkload", true),
@@ -388,7 +418,9 @@ mod tests {
             .unwrap();
         let e = set(&[(name, true), (dep, false)]).unwrap_err();
         assert!(
-            e.to_string().starts_with(&format!("{name} is enabled, but depends on features that are disabled: [")),
+            e.to_string().starts_with(&format!(
+                "{name} is enabled, but depends on features that are disabled: ["
+            )),
             "{e}"
         );
     }

@@ -646,7 +646,7 @@ impl Config {
             ));
         }
         if kp.mode == "ipvs" {
-            warnings.push(
+            notices.push(
                 "ipvs mode: upstream kube-proxy deprecates its ipvs proxier (disabled by default \
                  in 1.40, removed in 1.43); kube-nlproxy keeps serving IPVS mode"
                     .into(),

@@ -357,7 +357,12 @@ mod tests {
     #[test]
     fn without_external_ips_clears_them_and_keeps_other_ports_shared() {
         let mut st = super::fixtures::web_state(Some(30080));
-        let (name, web) = st.services.iter().next().map(|(k, v)| (k.clone(), v.clone())).unwrap();
+        let (name, web) = st
+            .services
+            .iter()
+            .next()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .unwrap();
         let mut other = (*web).clone();
         other.name.name = "api".into();
         let other_name = other.name.clone();
@@ -368,7 +373,10 @@ mod tests {
         let off = without_external_ips(&st);
         assert!(off.services[&name].external_ips.is_empty());
         assert_eq!(off.services[&name].node_port, Some(30080));
-        assert!(Arc::ptr_eq(&off.services[&other_name], &st.services[&other_name]));
+        assert!(Arc::ptr_eq(
+            &off.services[&other_name],
+            &st.services[&other_name]
+        ));
     }
 
     use super::*;

@@ -54,7 +54,11 @@ fn zpage_response(
     let agent_pretty = headers
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| ["curl", "Wget", "Mozilla/5.0"].iter().any(|p| a.starts_with(p)));
+        .is_some_and(|a| {
+            ["curl", "Wget", "Mozilla/5.0"]
+                .iter()
+                .any(|p| a.starts_with(p))
+        });
     let typed = |body: String, ct: &str| {
         let mut r = body.into_response();
         if let Ok(v) = HeaderValue::from_str(ct) {

@@ -198,7 +198,9 @@ pub fn encode(obj: &Value, yaml: bool, pretty: bool) -> String {
 }
 
 fn uptime_secs(start: SystemTime, now: SystemTime) -> u64 {
-    now.duration_since(start).unwrap_or(Duration::ZERO).as_secs()
+    now.duration_since(start)
+        .unwrap_or(Duration::ZERO)
+        .as_secs()
 }
 
 /// The `Statusz` object of `version`.
@@ -231,11 +233,19 @@ fn time_json(t: SystemTime) -> String {
 /// The text form of `/statusz` with delimiter `delim` (one of [`DELIMITERS`]).
 pub fn render_statusz_text(info: &StatuszInfo, now: SystemTime, delim: &str) -> String {
     let up = uptime_secs(info.start, now);
-    let uptime = format!("{} hr {:02} min {:02} sec", up / 3600, (up / 60) % 60, up % 60);
+    let uptime = format!(
+        "{} hr {:02} min {:02} sec",
+        up / 3600,
+        (up / 60) % 60,
+        up % 60
+    );
     let emulation = if info.emulation_version.is_empty() {
         String::new()
     } else {
-        format!("Emulation version{delim} {}", html_escape(&info.emulation_version))
+        format!(
+            "Emulation version{delim} {}",
+            html_escape(&info.emulation_version)
+        )
     };
     let paths = info.paths.join(" ");
     let paths = if paths.is_empty() {

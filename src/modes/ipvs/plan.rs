@@ -289,7 +289,10 @@ mod tests {
     fn no_virtual_server_for_external_ips_when_the_gate_is_off() {
         let mut sp = ServicePort::new(spn("web"), ip("10.96.0.10"), 80);
         sp.external_ips = vec![ip("203.0.113.7")];
-        let st = state(vec![(sp, vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)])]);
+        let st = state(vec![(
+            sp,
+            vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)],
+        )]);
         let st = crate::model::without_external_ips(&st);
         let plan = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]);
         let keys: Vec<String> = plan.services.keys().map(|k| k.to_string()).collect();
