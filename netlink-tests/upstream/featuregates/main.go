@@ -12,9 +12,10 @@
 //     cd netlink-tests/upstream && export GOFLAGS=-mod=mod GOTOOLCHAIN=local
 //     go run ./featuregates > ../../src/config/gates_table.rs
 //     go run ./featuregates flags > ../../src/config/flag_defaults.rs
+//     cd ../.. && cargo fmt --all
 //
-// Importing cmd/kube-proxy/app (and what cmd/kube-proxy's main imports) runs the same init functions the kube-proxy binary runs, so
-// the set is exactly the binary's.
+// Importing cmd/kube-proxy/app (and what cmd/kube-proxy's main imports) runs the same init
+// functions the kube-proxy binary runs, so the set is exactly the binary's.
 package main
 
 import (
