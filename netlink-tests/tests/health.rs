@@ -1,4 +1,5 @@
-//! Real HTTP against /healthz, /livez and /metrics while a sync loop runs against a backend
+//! Real HTTP against /statusz and /flagz (content negotiation, the gates), and against
+//! /healthz, /livez and /metrics while a sync loop runs against a backend
 //! that can be made to fail. Needs no root.
 
 use std::io::{Read, Write};
@@ -139,6 +140,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         configz: Arc::new(serde_json::json!({"kind": "KubeProxyConfiguration"})),
         proxy_mode: "iptables".into(),
         listeners: Default::default(),
+        zpages: Default::default(),
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
@@ -289,4 +291,167 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
     );
     let _ = stop_tx.send(());
     loop_task.await.unwrap();
+}
+
+/// GET with an Accept header: (status, head, body).
+fn get_accept(addr: SocketAddr, path: &str, accept: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let accept = if accept.is_empty() {
+        String::new()
+    } else {
+        format!("Accept: {accept}\r\n")
+    };
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    s.read_to_string(&mut r).unwrap();
+    let code = r.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (head, body) = r.split_once("\r\n\r\n").unwrap_or((&r, ""));
+    (code, head.to_ascii_lowercase(), body.to_string())
+}
+
+fn zpages_shared(statusz: bool, flagz: bool) -> Shared {
+    let flags: std::collections::BTreeMap<String, String> =
+        [("proxy-mode", "nftables"), ("v", "2")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    Shared {
+        health: Arc::new(Mutex::new(ProxyHealth::new(Duration::from_secs(2)))),
+        metrics: Arc::new(Metrics::new()),
+        configz: Arc::new(serde_json::json!({})),
+        proxy_mode: "nftables".into(),
+        listeners: Default::default(),
+        zpages: Arc::new(admin::Zpages {
+            statusz: statusz.then(|| kube_nlproxy::serve::zpages::StatuszInfo {
+                start: std::time::SystemTime::now(),
+                go_version: "none".into(),
+                binary_version: "1.37.0+kube-nlproxy".into(),
+                emulation_version: "1.37".into(),
+                paths: vec!["/configz".into(), "/flagz".into(), "/metrics".into()],
+            }),
+            flagz: flagz.then_some(flags),
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statusz_and_flagz_negotiate_text_and_structured_forms() {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mx = admin::serve(
+        any,
+        "metrics",
+        admin::metrics_router(zpages_shared(true, true)),
+    )
+    .await
+    .unwrap();
+    let ask = |path: &'static str, accept: &'static str| {
+        tokio::task::spawn_blocking(move || get_accept(mx, path, accept))
+    };
+    let (code, head, body) = ask("/statusz", "").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        head.contains("content-type: text/plain; charset=utf-8"),
+        "{head}"
+    );
+    assert!(
+        body.starts_with(
+            "\nkube-proxy statusz\nWarning: This endpoint is not meant to be machine parseable"
+        ),
+        "{body}"
+    );
+    for field in [
+        "Started",
+        "Up",
+        "Go version",
+        "Binary version",
+        "Emulation version",
+        "Paths",
+    ] {
+        assert!(
+            body.lines().any(|l| l.starts_with(field)),
+            "{field} missing: {body}"
+        );
+    }
+
+    let (code, head, body) = ask(
+        "/statusz",
+        "application/json;g=config.k8s.io;v=v1beta1;as=Statusz",
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        head.contains("content-type: application/json;g=config.k8s.io;v=v1beta1;as=statusz"),
+        "{head}"
+    );
+    assert!(!head.contains("warning:"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["kind"], "Statusz");
+    assert_eq!(v["apiVersion"], "config.k8s.io/v1beta1");
+    assert_eq!(v["metadata"]["name"], "kube-proxy");
+    assert_eq!(v["emulationVersion"], "1.37");
+    assert_eq!(
+        v["paths"],
+        serde_json::json!(["/configz", "/flagz", "/metrics"])
+    );
+
+    // v1alpha1 still answers, with upstream's deprecation warning.
+    let (code, head, _) = ask(
+        "/statusz",
+        "application/json;g=config.k8s.io;v=v1alpha1;as=Statusz",
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        head.contains("warning: 299 - \"this version of the statusz endpoint is deprecated"),
+        "{head}"
+    );
+
+    // JSON without the target kind is refused as upstream refuses it.
+    let (code, _, body) = ask("/statusz", "application/json").await.unwrap();
+    assert_eq!(code, 406);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["reason"], "NotAcceptable");
+
+    let (code, _, body) = ask("/flagz", "text/plain").await.unwrap();
+    assert_eq!(code, 200);
+    assert!(body.starts_with("\nkube-proxy flagz\n"), "{body}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("proxy-mode") && l.ends_with("nftables")),
+        "{body}"
+    );
+
+    let (code, _, body) = ask(
+        "/flagz",
+        "application/yaml;g=config.k8s.io;v=v1beta1;as=Flagz",
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("kind: Flagz\n"), "{body}");
+    assert!(body.contains("  proxy-mode: nftables\n"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statusz_and_flagz_are_not_found_with_their_gates_off() {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mx = admin::serve(
+        any,
+        "metrics",
+        admin::metrics_router(zpages_shared(false, false)),
+    )
+    .await
+    .unwrap();
+    for path in ["/statusz", "/flagz"] {
+        let (code, _) = tokio::task::spawn_blocking(move || get(mx, path))
+            .await
+            .unwrap();
+        assert_eq!(code, 404, "{path}");
+    }
 }

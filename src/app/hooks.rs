@@ -264,6 +264,7 @@ mod tests {
             configz: Arc::default(),
             proxy_mode: "nftables".into(),
             listeners: Default::default(),
+            zpages: Default::default(),
         };
         let mut hooks = Hooks::new(shared);
         let mut state = crate::model::fixtures::synthetic_state(3, 1);

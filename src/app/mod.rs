@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::{Config, ProxyMode};
+use crate::config::{gates, Config, ProxyMode};
 use crate::kernel::conntrack::ctnetlink::NetlinkConntrack;
 use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::monitor::Monitor;
@@ -136,6 +136,13 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         (Some(s), f)
     };
     let (tx, mut rx) = watch::channel(None);
+    // AllowServiceExternalIPs off: every mode, the conntrack cleanup and the health checks
+    // see the states without externalIPs (upstream's `ServicePort.ExternalIPs()`).
+    let tx = if cfg.gates.enabled(gates::ALLOW_SERVICE_EXTERNAL_IPS) {
+        tx
+    } else {
+        relay_without_external_ips(tx)
+    };
     let mut warnings = None;
     let mut watcher = match cfg.manifests.clone() {
         Some(path) => {
@@ -260,8 +267,22 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     res
 }
 
-/// The warning events upstream emits at start-up: the defaulted mode, and each server
-/// that could not bind its address.
+/// A sender whose states reach `out` without externalIPs; `out` closes when it does.
+fn relay_without_external_ips(
+    out: watch::Sender<Option<Arc<ProxyState>>>,
+) -> watch::Sender<Option<Arc<ProxyState>>> {
+    let (tx, mut rx) = watch::channel::<Option<Arc<ProxyState>>>(None);
+    tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let st = rx.borrow_and_update().clone();
+            out.send_replace(st.map(|s| Arc::new(crate::model::without_external_ips(&s))));
+        }
+    });
+    tx
+}
+
+/// The warning events upstream emits at start-up: the defaulted mode, IPVS mode, and each
+/// server that could not bind its address.
 fn startup_events(
     cfg: &Config,
     bind_failures: &[(&'static str, String)],
@@ -279,6 +300,16 @@ fn startup_events(
                 .into(),
         });
     }
+    if cfg.mode == ProxyMode::Ipvs {
+        // Upstream 1.35+ posts this reason when its deprecated ipvs proxier starts; ours is
+        // supported, so the note says what upstream plans and that this binary keeps it.
+        out.push(kube_source::Warning {
+            reference: node.clone(),
+            reason: "IPVSDeprecation".into(),
+            action: "StartKubeProxy".into(),
+            note: IPVS_NOTE.into(),
+        });
+    }
     for (reason, note) in bind_failures {
         out.push(kube_source::Warning {
             reference: node.clone(),
@@ -288,6 +319,47 @@ fn startup_events(
         });
     }
     out
+}
+
+/// The upstream IPVS deprecation, as this binary's IPVS mode sees it.
+const IPVS_NOTE: &str = "Upstream kube-proxy deprecates its ipvs proxier (disabled by default in \
+Kubernetes 1.40, removed in 1.43) and recommends nftables; kube-nlproxy's IPVS mode stays supported, \
+and --proxy-mode=nftables is the way forward.";
+
+/// What `/statusz` and `/flagz` show, each only while its gate is on.
+fn zpages_of(cfg: &Config) -> admin::Zpages {
+    let statusz = cfg.gates.enabled(gates::COMPONENT_STATUSZ).then(|| {
+        let flagz = cfg.gates.enabled(gates::COMPONENT_FLAGZ);
+        // The metrics server's paths, first segment only, as upstream lists its mux's.
+        let mut paths = vec![
+            "/configz",
+            "/healthz",
+            "/metrics",
+            "/proxyMode",
+            "/userspace",
+        ];
+        if flagz {
+            paths.push("/flagz");
+        }
+        paths.sort_unstable();
+        crate::serve::zpages::StatuszInfo {
+            start: std::time::SystemTime::now(),
+            go_version: format!(
+                "none: kube-nlproxy {} is a Rust program",
+                env!("CARGO_PKG_VERSION")
+            ),
+            binary_version: format!("1.37.0+kube-nlproxy-{}", env!("CARGO_PKG_VERSION")),
+            emulation_version: "1.37".into(),
+            paths: paths.into_iter().map(String::from).collect(),
+        }
+    });
+    admin::Zpages {
+        statusz,
+        flagz: cfg
+            .gates
+            .enabled(gates::COMPONENT_FLAGZ)
+            .then(|| cfg.flagz.clone()),
+    }
 }
 
 /// Starts the health and metrics servers (each unless disabled by an empty address);
@@ -301,7 +373,9 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
         ),
         proxy_mode: cfg.requested_mode.as_str().into(),
         listeners: Default::default(),
+        zpages: Arc::new(zpages_of(cfg)),
     };
+    shared.metrics.record_features(&cfg.gates.metric_values());
     let mut failures = Vec::new();
     for (addr, what, router) in [
         (

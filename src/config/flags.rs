@@ -113,7 +113,7 @@ pub const FLAGS: &[FlagSpec] = &[
     f("config", Str, Cli, "The path to the configuration file (KubeProxyConfiguration v1alpha1, YAML or JSON)."),
     f("write-config-to", Str, Cli, "If set, write the effective configuration to this file in upstream's v1alpha1 format and exit."),
     f("cleanup", Bool, Cli, "If true, remove the rules of every proxy mode (ours and upstream kube-proxy's) and exit."),
-    f("feature-gates", MapBool, Config, "key=value pairs of feature gates. KubeProxyNFTablesLocalhostNodePorts is honoured; others are accepted and logged."),
+    f("feature-gates", MapBool, Config, "key=value pairs of feature gates, applied as upstream applies them: an unknown gate or a locked one set to the other value is an error."),
     f("kubeconfig", Str, Config, "Path to kubeconfig file with authorization information (the master location can be overridden by the master flag)."),
     f("master", Str, Cli, "The address of the Kubernetes API server (overrides any value in kubeconfig)."),
     noop("kube-api-content-type", Str, Config, "the API client always asks for JSON"),

@@ -12,12 +12,15 @@ use std::time::Duration;
 
 pub mod decode;
 pub mod duration;
+mod flag_defaults;
 pub mod flags;
+pub mod gates;
+mod gates_table;
 pub mod internal;
 #[cfg(test)]
 mod proptests;
 pub mod v1alpha1;
-mod yaml_out;
+pub mod yaml_out;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
 use crate::kernel::nft::Cidr;
@@ -107,6 +110,10 @@ pub struct Config {
     pub warnings: Vec<String>,
     /// Detect-local mode and the CIDRs it was given (NodeCIDR resolves once the Node is known).
     pub detect_local: DetectLocal,
+    /// The feature gates, resolved as upstream resolves them.
+    pub gates: gates::FeatureGates,
+    /// Every flag and its value as upstream's `/flagz` lists them (pflag's printing).
+    pub flagz: std::collections::BTreeMap<String, String>,
     /// The resolved upstream configuration (internal form): `/configz` and
     /// `--write-config-to` show it in upstream's v1alpha1 shape.
     pub upstream: KubeProxyConfig,
@@ -446,9 +453,6 @@ fn address_from_deprecated_port(addr: &str, port: i32) -> String {
     }
 }
 
-/// Feature gates this binary reads.
-const KNOWN_GATES: &[&str] = &["KubeProxyNFTablesLocalhostNodePorts"];
-
 impl Config {
     /// Parses the arguments after the program name into what to do.
     pub fn from_args<I, S>(args: I) -> Result<Command, ConfigError>
@@ -616,6 +620,11 @@ impl Config {
             file: config_path.as_ref().map(|p| p.display().to_string()),
             parsed: p,
         };
+        // Upstream applies the gates in `Complete`, before validating: an unknown gate, a
+        // locked one set to the other value or a missing dependency stops the start.
+        let (gates, gate_warnings) = gates::FeatureGates::from_map(&kp.feature_gates)
+            .map_err(|e| bad(&namer.name("featureGates"), e.to_string()))?;
+        warnings.extend(gate_warnings);
         let violations = internal::validate(&kp);
         if let Some(first) = violations.first() {
             let more = match violations.len() {
@@ -627,12 +636,21 @@ impl Config {
                 format!("{}: {}{more}", first.value, first.why),
             ));
         }
-        for gate in kp.feature_gates.keys() {
-            if !KNOWN_GATES.contains(&gate.as_str()) {
-                warnings.push(format!(
-                    "feature gate {gate} is not used by kube-nlproxy; accepted and ignored"
-                ));
-            }
+        // Upstream's validation accepts ipvs only while the (deprecated) KubeProxyIPVS gate
+        // is on (pkg/proxy/apis/config/validation `validateProxyModeLinux`).
+        if kp.mode == "ipvs" && !gates.enabled(gates::KUBE_PROXY_IPVS) {
+            return Err(bad(
+                &namer.name("mode"),
+                "\"ipvs\": must be iptables, nftables, userspace or blank (blank means iptables, \
+                 served here by the nftables engine): ipvs needs the KubeProxyIPVS feature gate",
+            ));
+        }
+        if kp.mode == "ipvs" {
+            notices.push(
+                "ipvs mode: upstream kube-proxy deprecates its ipvs proxier (disabled by default \
+                 in 1.40, removed in 1.43); kube-nlproxy keeps serving IPVS mode"
+                    .into(),
+            );
         }
         let mode = match kp.mode.as_str() {
             "ipvs" => ProxyMode::Ipvs,
@@ -779,7 +797,6 @@ impl Config {
         let healthz_bind_address = server_addr("healthzBindAddress", &kp.healthz_bind_address)?;
         let metrics_bind_address = server_addr("metricsBindAddress", &kp.metrics_bind_address)?;
         let ipvs = ipvs_config(&kp, &namer)?;
-        let gate = |g: &str| kp.feature_gates.get(g).copied().unwrap_or(false);
         // Localhost NodePorts: iptables mode's default (`iptables.localhostNodePorts`, IPv4,
         // when the NodePort addresses cover 127.0.0.1); nftables mode only behind upstream's
         // gate and with loopback listed explicitly; ours with --localhost-nodeports.
@@ -790,7 +807,7 @@ impl Config {
                         && nodeport_addresses.contains_ipv4_loopback()
                 }
                 "nftables" => {
-                    gate("KubeProxyNFTablesLocalhostNodePorts")
+                    gates.enabled(gates::KUBE_PROXY_NFTABLES_LOCALHOST_NODE_PORTS)
                         && nodeport_addresses.explicit_loopback()
                 }
                 _ => false,
@@ -872,6 +889,8 @@ impl Config {
             notices,
             warnings,
             detect_local,
+            gates,
+            flagz: flagz_values(p),
             upstream: kp,
         })
     }
@@ -886,6 +905,57 @@ impl Config {
     pub fn to_yaml(&self) -> String {
         v1alpha1::to_yaml(&self.to_kube_proxy_configuration())
     }
+}
+
+/// What upstream's `/flagz` lists: every flag of upstream's command line with the value it
+/// holds (its default unless given: with `--config` the flags still hold their own values,
+/// as upstream's flag set does), plus each of our flags that was given. Values are printed
+/// as pflag's `String()` prints them. Pure.
+pub fn flagz_values(p: &Parsed) -> std::collections::BTreeMap<String, String> {
+    let mut out: std::collections::BTreeMap<String, String> = flag_defaults::FLAG_DEFAULTS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for (spec, _) in &p.set {
+        let all = p.all(spec.name);
+        let last = all.last().copied().unwrap_or_default();
+        let v = match spec.kind {
+            flags::Kind::Bool => flags::parse_bool(last).unwrap_or(false).to_string(),
+            flags::Kind::Int32 | flags::Kind::Level => match flags::parse_int(last) {
+                Ok(n) => n.to_string(),
+                Err(_) => last.to_string(),
+            },
+            flags::Kind::Duration => match duration::parse(last) {
+                Ok(ns) => duration::format(ns),
+                Err(_) => last.to_string(),
+            },
+            // pflag's stringSlice prints `[a,b]`.
+            flags::Kind::StrSlice => format!(
+                "[{}]",
+                all.iter()
+                    .flat_map(|v| flags::split_list(v))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            // cliflag's MapStringBool prints its sorted `k=v` pairs.
+            flags::Kind::MapBool => {
+                let mut m = std::collections::BTreeMap::new();
+                for kv in all.iter().flat_map(|v| v.split(',')) {
+                    if let Some((k, b)) = kv.split_once('=') {
+                        m.insert(k.trim(), flags::parse_bool(b.trim()).unwrap_or(false));
+                    }
+                }
+                m.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+            flags::Kind::VModule => all.join(","),
+            _ => last.to_string(),
+        };
+        out.insert(spec.name.to_string(), v);
+    }
+    out
 }
 
 /// The IPVS settings, checked.

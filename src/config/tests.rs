@@ -857,3 +857,53 @@ fn durations() {
     assert!(parse_duration("10").is_err());
     assert!(parse_duration("5x").is_err());
 }
+
+#[test]
+fn unknown_feature_gate_is_an_error_naming_the_flag() {
+    let e = Config::from_flag_list(&["--feature-gates=NoSuchGate=true"]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid --feature-gates: unrecognized feature gate: NoSuchGate"
+    );
+}
+
+#[test]
+fn locked_feature_gate_set_to_the_other_value_is_an_error() {
+    let e = Config::from_flag_list(&["--feature-gates=PreferSameTrafficDistribution=false"])
+        .unwrap_err();
+    assert!(e.to_string().contains("feature is locked to true"), "{e}");
+}
+
+#[test]
+fn deprecated_gate_warns_and_kube_proxy_ipvs_off_refuses_ipvs_mode() {
+    let c = Config::from_flag_list(&["--feature-gates=KubeProxyIPVS=true"]).unwrap();
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.contains("deprecated feature gate KubeProxyIPVS")));
+    let e = Config::from_flag_list(&["--feature-gates=KubeProxyIPVS=false", "--proxy-mode=ipvs"])
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("invalid --proxy-mode: \"ipvs\": must be"),
+        "{e}"
+    );
+    assert!(Config::from_flag_list(&["--feature-gates=KubeProxyIPVS=false"]).is_ok());
+}
+
+#[test]
+fn flagz_shows_upstreams_defaults_and_given_values() {
+    let c = Config::from_flag_list(&[
+        "--proxy-mode=nftables",
+        "--sync-period=90s",
+        "--feature-gates=KubeProxyIPVS=true",
+        "--nodeport-addresses=primary",
+    ])
+    .unwrap();
+    assert_eq!(c.flagz["proxy-mode"], "nftables");
+    assert_eq!(c.flagz["sync-period"], "1m30s");
+    assert_eq!(c.flagz["feature-gates"], "KubeProxyIPVS=true");
+    assert_eq!(c.flagz["nodeport-addresses"], "[primary]");
+    assert_eq!(c.flagz["config-sync-period"], "15m0s");
+    assert_eq!(c.flagz["metrics-bind-address"], "127.0.0.1:10249");
+}

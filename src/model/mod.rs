@@ -289,6 +289,22 @@ impl PartialEq for Lineage {
 }
 impl Eq for Lineage {}
 
+/// The state as every mode sees it with upstream's `AllowServiceExternalIPs` gate off: no
+/// service port has externalIPs (upstream's `ServicePort.ExternalIPs()` answers none then,
+/// so no proxier, conntrack cleanup or health check sees them). Ports without externalIPs
+/// keep their `Arc`, so a partial sync still finds them unchanged. Pure.
+pub fn without_external_ips(state: &ProxyState) -> ProxyState {
+    let mut out = state.clone();
+    for sp in out.services.values_mut() {
+        if !sp.external_ips.is_empty() {
+            let mut p = (**sp).clone();
+            p.external_ips.clear();
+            *sp = Arc::new(p);
+        }
+    }
+    out
+}
+
 /// How many service ports changed between two states: (services, endpoint sets). These are
 /// the counts behind the `sync_proxy_rules_*_changes` metrics.
 pub fn count_changes(prev: &ProxyState, next: &ProxyState) -> (usize, usize) {
@@ -344,6 +360,31 @@ fn differing<K: Ord, V: PartialEq>(a: &BTreeMap<K, V>, b: &BTreeMap<K, V>) -> us
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn without_external_ips_clears_them_and_keeps_other_ports_shared() {
+        let mut st = super::fixtures::web_state(Some(30080));
+        let (name, web) = st
+            .services
+            .iter()
+            .next()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .unwrap();
+        let mut other = (*web).clone();
+        other.name.name = "api".into();
+        let other_name = other.name.clone();
+        st.services.insert(other_name.clone(), Arc::new(other));
+        let mut sp = (*web).clone();
+        sp.external_ips = vec!["203.0.113.7".parse().unwrap()];
+        st.services.insert(name.clone(), Arc::new(sp));
+        let off = without_external_ips(&st);
+        assert!(off.services[&name].external_ips.is_empty());
+        assert_eq!(off.services[&name].node_port, Some(30080));
+        assert!(Arc::ptr_eq(
+            &off.services[&other_name],
+            &st.services[&other_name]
+        ));
+    }
+
     use super::*;
 
     #[test]

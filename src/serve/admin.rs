@@ -1,5 +1,5 @@
-//! The daemon's HTTP endpoints: `/healthz` and `/livez` on the healthz address, `/metrics` on
-//! the metrics address. A port that cannot be bound is logged; the proxy keeps running
+//! The daemon's HTTP endpoints: `/healthz` and `/livez` on the healthz address, `/metrics`,
+//! `/configz`, `/proxyMode`, `/statusz` and `/flagz` on the metrics address. A port that cannot be bound is logged; the proxy keeps running
 //! (upstream's default `bindAddressHardFail: false`).
 
 use std::net::SocketAddr;
@@ -12,6 +12,7 @@ use axum::routing::get;
 
 use crate::serve::metrics::{CodeLabel, Metrics};
 use crate::serve::proxy_health::ProxyHealth;
+use crate::serve::zpages;
 
 /// State shared by the sync loop and the HTTP handlers.
 #[derive(Clone)]
@@ -26,6 +27,70 @@ pub struct Shared {
     /// Userspace mode's listeners after the last sync, served at `/userspace/listeners`
     /// (for `explain`; empty in the other modes).
     pub listeners: Arc<Mutex<Arc<Vec<crate::proxy::ListenerInfo>>>>,
+    /// `/statusz` and `/flagz`; `None`: the page's gate is off and it answers 404.
+    pub zpages: Arc<Zpages>,
+}
+
+/// What the metrics server's z-pages show.
+#[derive(Debug, Clone, Default)]
+pub struct Zpages {
+    pub statusz: Option<zpages::StatuszInfo>,
+    pub flagz: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// Answers a z-page: the text form or the negotiated structured form (see [`zpages`]).
+fn zpage_response(
+    headers: &axum::http::HeaderMap,
+    page: &str,
+    kind: &str,
+    text: impl FnOnce(&'static str) -> String,
+    object: impl FnOnce(&str) -> serde_json::Value,
+) -> Response {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    // apiserver pretty-prints for curl, Wget and browsers.
+    let agent_pretty = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| {
+            ["curl", "Wget", "Mozilla/5.0"]
+                .iter()
+                .any(|p| a.starts_with(p))
+        });
+    let typed = |body: String, ct: &str| {
+        let mut r = body.into_response();
+        if let Ok(v) = HeaderValue::from_str(ct) {
+            r.headers_mut().insert(header::CONTENT_TYPE, v);
+        }
+        r
+    };
+    match zpages::negotiate(accept, kind) {
+        zpages::Negotiated::Text => typed(
+            text(zpages::pick_delimiter(SystemTime::now())),
+            "text/plain; charset=utf-8",
+        ),
+        zpages::Negotiated::Structured {
+            yaml,
+            version,
+            pretty,
+        } => {
+            let body = zpages::encode(&object(version), yaml, pretty || agent_pretty);
+            let mut r = typed(body, &zpages::structured_content_type(yaml, version, kind));
+            if let Some(w) = zpages::deprecation_warning(page, version)
+                .and_then(|w| HeaderValue::from_str(&w).ok())
+            {
+                r.headers_mut().insert(header::WARNING, w);
+            }
+            r
+        }
+        zpages::Negotiated::NotAcceptable => {
+            let mut r = typed(zpages::not_acceptable_body(), "application/json");
+            *r.status_mut() = StatusCode::NOT_ACCEPTABLE;
+            r
+        }
+    }
 }
 
 fn health_response(shared: &Shared, live: bool) -> Response {
@@ -77,8 +142,41 @@ pub fn healthz_router(shared: Shared) -> axum::Router {
 }
 
 /// Routes of the metrics server, as upstream's metrics mux: `/metrics`, `/configz`,
-/// `/proxyMode`, `/healthz` (the server's own liveness, `ok`) and `/metrics/slis`.
+/// `/proxyMode`, `/healthz` (the server's own liveness, `ok`), `/metrics/slis`, and
+/// `/statusz` and `/flagz` when their gates are on.
 pub fn metrics_router(shared: Shared) -> axum::Router {
+    let mut router = axum::Router::new();
+    if let Some(info) = shared.zpages.statusz.clone() {
+        let info = Arc::new(info);
+        router = router.route(
+            "/statusz",
+            get(move |headers: axum::http::HeaderMap| async move {
+                let now = SystemTime::now();
+                zpage_response(
+                    &headers,
+                    "statusz",
+                    "Statusz",
+                    |d| zpages::render_statusz_text(&info, now, d),
+                    |v| zpages::statusz_object(&info, v, now),
+                )
+            }),
+        );
+    }
+    if let Some(flags) = shared.zpages.flagz.clone() {
+        let flags = Arc::new(flags);
+        router = router.route(
+            "/flagz",
+            get(move |headers: axum::http::HeaderMap| async move {
+                zpage_response(
+                    &headers,
+                    "flagz",
+                    "Flagz",
+                    |d| zpages::render_flagz_text(&flags, d),
+                    |v| zpages::flagz_object(&flags, v),
+                )
+            }),
+        );
+    }
     let configz = shared.configz.clone();
     let mode = shared.proxy_mode.clone();
     let checks = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -95,7 +193,7 @@ pub fn metrics_router(shared: Shared) -> axum::Router {
         );
         r
     };
-    axum::Router::new()
+    router
         .route(
             "/proxyMode",
             get(move || async move { plain(mode.to_string()) }),

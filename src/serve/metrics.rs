@@ -61,6 +61,14 @@ pub struct BuildInfoLabel {
     pub platform: String,
 }
 
+/// `kubernetes_feature_enabled`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureLabel {
+    pub name: String,
+    /// `ALPHA`, `BETA`, `DEPRECATED` or empty for GA (component-base's prerelease strings).
+    pub stage: String,
+}
+
 type Hist = MetricFamily<FamilyLabel, Histogram, fn() -> Histogram>;
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
@@ -98,6 +106,8 @@ pub struct Metrics {
     pub conntrack_deleted: MetricFamily<FamilyLabel, Counter>,
     pub conntrack_duration: Hist,
     pub build_info: MetricFamily<BuildInfoLabel, Gauge>,
+    /// component-base's feature enablement gauge, 1 or 0 per known gate.
+    pub feature_enabled: MetricFamily<FeatureLabel, Gauge>,
     start: SystemTime,
 }
 
@@ -144,6 +154,7 @@ impl Metrics {
             conntrack_deleted: Default::default(),
             conntrack_duration: hist(),
             build_info: Default::default(),
+            feature_enabled: Default::default(),
             registry: Registry::default(),
             start: SystemTime::now(),
         };
@@ -164,6 +175,11 @@ impl Metrics {
             "kubernetes_build_info",
             "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running.",
             m.build_info.clone(),
+        );
+        root.register(
+            "kubernetes_feature_enabled",
+            "[BETA] This metric records the data about the stage and enablement of a k8s feature.",
+            m.feature_enabled.clone(),
         );
         root.register(
             "rest_client_requests",
@@ -286,6 +302,18 @@ impl Metrics {
         Metrics {
             registry: root,
             ..m
+        }
+    }
+
+    /// Records every gate's (name, stage, enabled), as upstream's `AddMetrics` does at start.
+    pub fn record_features(&self, gates: &[(&str, &str, bool)]) {
+        for (name, stage, on) in gates {
+            self.feature_enabled
+                .get_or_create(&FeatureLabel {
+                    name: (*name).into(),
+                    stage: (*stage).into(),
+                })
+                .set(i64::from(*on));
         }
     }
 

@@ -286,6 +286,20 @@ mod tests {
     }
 
     #[test]
+    fn no_virtual_server_for_external_ips_when_the_gate_is_off() {
+        let mut sp = ServicePort::new(spn("web"), ip("10.96.0.10"), 80);
+        sp.external_ips = vec![ip("203.0.113.7")];
+        let st = state(vec![(
+            sp,
+            vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)],
+        )]);
+        let st = crate::model::without_external_ips(&st);
+        let plan = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]);
+        let keys: Vec<String> = plan.services.keys().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["tcp 10.96.0.10:80"]);
+    }
+
+    #[test]
     fn one_virtual_server_per_address_and_port() {
         let mut sp = ServicePort::new(spn("web"), ip("10.96.0.10"), 80);
         sp.node_port = Some(30080);

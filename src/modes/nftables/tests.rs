@@ -829,6 +829,34 @@ fn internal_traffic_policy_local_masquerades_like_cluster() {
     );
 }
 
+/// `AllowServiceExternalIPs=false` (upstream's `ServicePort.ExternalIPs()` answers none): the
+/// externalIP gets no rule while the ClusterIP keeps working.
+#[test]
+fn external_ips_are_not_programmed_when_the_gate_is_off() {
+    let mut s = syncer();
+    let svc = service("ext", "172.30.0.43", |s| {
+        s.external_ips = vec![ip("192.168.99.23")];
+    });
+    let st = state(vec![(svc, vec![ep("10.180.0.2", false)])]);
+    s.sync(&crate::model::without_external_ips(&st)).unwrap();
+    assert_eq!(
+        nat(&mut s, &pkt("10.180.3.3", "192.168.99.23", 80)),
+        [Outcome::Pass].into()
+    );
+    assert_eq!(
+        nat(&mut s, &pkt("10.180.3.3", "172.30.0.43", 80)),
+        [dnat("10.180.0.2", false)].into()
+    );
+    // With the gate on (the default) the same state programs it (external traffic with
+    // policy Cluster is masqueraded).
+    let mut s = syncer();
+    s.sync(&st).unwrap();
+    assert_eq!(
+        nat(&mut s, &pkt("10.180.3.3", "192.168.99.23", 80)),
+        [dnat("10.180.0.2", true)].into()
+    );
+}
+
 /// Upstream's TestExternalTrafficPolicyLocal / TestInternalExternalMasquerade rows for a
 /// Service with endpoints elsewhere but none on this node: pods and the node itself reaching
 /// its externalIP, LoadBalancer IP or NodePort are short-circuited to the cluster-wide

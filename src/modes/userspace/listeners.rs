@@ -103,4 +103,23 @@ mod tests {
             .is_empty());
         assert!(!want.contains_key(&key("empty", Protocol::Udp, true)));
     }
+
+    #[test]
+    fn no_external_listener_for_external_ips_when_the_gate_is_off() {
+        let mut st = sample();
+        let web = spn("web", Protocol::Tcp);
+        let mut sp = (*st.services[&web]).clone();
+        sp.node_port = None;
+        sp.load_balancer_ips.clear();
+        sp.external_ips = vec![ip("203.0.113.7")];
+        st.services.insert(web.clone(), sp.into());
+        let key = ListenerKey {
+            service: web,
+            external: true,
+            v4: true,
+        };
+        assert!(plan_listeners(&st).0.contains_key(&key));
+        let off = crate::model::without_external_ips(&st);
+        assert!(!plan_listeners(&off).0.contains_key(&key));
+    }
 }
