@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
-ver=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' go.mod)
+ver=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' go.mod)
 cache=${KUBE_NLPROXY_UPSTREAM_CACHE:-/var/tmp/kube-nlproxy-upstream}
 out=$cache/$ver
 minor=$(echo "$ver" | cut -d. -f2)
