@@ -303,10 +303,11 @@ impl NetlinkNftables {
     ) -> Result<Vec<decode::ListedRule>, Error> {
         let seq = self.sock.next_seq();
         let req = encode::encode_rule_dump(family, table, chain, seq);
-        let msgs = match self
-            .sock
-            .dump(&req, seq, &format!("list of chain {family} {table} {chain}"))
-        {
+        let msgs = match self.sock.dump(
+            &req,
+            seq,
+            &format!("list of chain {family} {table} {chain}"),
+        ) {
             Ok(m) => m,
             Err(e) if e.is_not_found() => return Ok(Vec::new()),
             Err(e) => return Err(e.into()),

@@ -1029,9 +1029,13 @@ mod tests {
         let rules = forward_rules(&ProxierConfig::default());
         assert_eq!(rules.len(), 2, "{rules:?}");
         assert!(
-            rules.iter().all(|r| !r.exprs.contains(&Expr::CtStateInvalid)),
+            rules
+                .iter()
+                .all(|r| !r.exprs.contains(&Expr::CtStateInvalid)),
             "{rules:?}"
         );
-        assert!(!text(&state(&[]), &ProxierConfig::default(), Family::Ip).contains("ct state invalid"));
+        assert!(
+            !text(&state(&[]), &ProxierConfig::default(), Family::Ip).contains("ct state invalid")
+        );
     }
 }
