@@ -73,6 +73,17 @@ fn sample(family: Family) -> Transaction {
             Expr::Counter,
         ],
     ));
+    tx.add(
+        Rule::new(
+            "filter-input",
+            vec![
+                Expr::CtStateInvalid,
+                Expr::Counter,
+                Expr::Verdict(Verdict::Drop),
+            ],
+        )
+        .with_comment("drop conntrack INVALID packets, kubernetes#74839"),
+    );
     tx.add(Rule::new(
         "filter-input",
         vec![
@@ -261,6 +272,10 @@ fn netlink_batch_matches_nft_f_of_rendered_text() {
             "netlink and nft -f disagree for {family}:\n--- ours\n{a}\n--- nft -f\n{b}"
         );
         assert!(a.contains("numgen random mod 2"), "{a}");
+        assert!(
+            a.contains("ct state invalid counter packets 0 bytes 0 drop"),
+            "{a}"
+        );
         assert!(
             a.contains(&format!(
                 "typeof {family} daddr . meta l4proto . th dport . numgen random mod 3 : \

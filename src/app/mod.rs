@@ -99,7 +99,7 @@ fn options(cfg: &Config) -> Options {
 }
 
 /// Runs the proxy as configured.
-pub async fn run(cfg: Config) -> Result<(), AppError> {
+pub async fn run(mut cfg: Config) -> Result<(), AppError> {
     let shutdown = Shutdown::install();
     for n in &cfg.notices {
         tracing::info!("{n}");
@@ -193,6 +193,10 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         }
     };
     if let Some(tool) = cfg.state_tool {
+        // `status` and `diff` compare the live table with what the daemon would program on
+        // this kernel now. (`--dry-run` plans from the configuration alone: in iptables
+        // mode it shows the INVALID drop whatever the sysctl says.)
+        resolve_drop_invalid(&mut cfg.proxier);
         watcher.abort();
         print!("{}", crate::tools::status::run(tool, &cfg, &state)?);
         return Ok(());
@@ -208,6 +212,7 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     for w in crate::kernel::conntrack::tuning::apply(&cfg.conntrack) {
         tracing::warn!("{w}");
     }
+    resolve_drop_invalid(&mut cfg.proxier);
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let nft_port = nft.port_id();
     // Someone else changed our state: a full sync restores it at once.
@@ -265,6 +270,27 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
     }
     watcher.abort();
     res
+}
+
+/// Upstream's iptables mode reads nf_conntrack_tcp_be_liberal once its conntrack tuning is
+/// applied and drops INVALID packets only when it reads 0 (`NewProxier`). The tuning only
+/// ever sets the sysctl to 1, so a second call after it can only turn the drop off.
+fn resolve_drop_invalid(p: &mut crate::proxy::ProxierConfig) {
+    use crate::kernel::conntrack::tuning;
+    if !p.drop_invalid {
+        return;
+    }
+    let liberal = tuning::read_tcp_be_liberal();
+    p.drop_invalid = tuning::drops_invalid(true, &liberal);
+    match liberal {
+        Ok(_) if !p.drop_invalid => tracing::info!(
+            sysctl = tuning::TCP_BE_LIBERAL,
+            "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(sysctl = tuning::TCP_BE_LIBERAL, error = %e,
+            "cannot read nf_conntrack_tcp_be_liberal; dropping INVALID packets as upstream does"),
+    }
 }
 
 /// A sender whose states reach `out` without externalIPs; `out` closes when it does.
@@ -365,9 +391,22 @@ fn zpages_of(cfg: &Config) -> admin::Zpages {
 /// Starts the health and metrics servers (each unless disabled by an empty address);
 /// returns what failed to bind as (event reason, message).
 async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)>), AppError> {
+    let mut metrics = Metrics::new();
+    if cfg.requested_mode == "iptables" {
+        // Upstream registers this collector in iptables mode only, whether or not the
+        // kernel is liberal (its counter then stays at 0).
+        let mut dropped = nftables::invalid::InvalidDropped::new(cfg.proxier.table.clone());
+        metrics.register_ct_state_invalid_dropped(Box::new(move || match dropped.read() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the INVALID drop counter");
+                None
+            }
+        }));
+    }
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::new(metrics),
         configz: Arc::new(
             serde_json::to_value(cfg.to_kube_proxy_configuration()).unwrap_or_default(),
         ),

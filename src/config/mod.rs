@@ -865,6 +865,9 @@ impl Config {
                 local_detector,
                 nodeport_addresses,
                 service_cidrs,
+                // Upstream's iptables mode (also what an empty mode means); whether the
+                // kernel is liberal is read once the conntrack tuning is applied.
+                drop_invalid: kp.mode == "iptables",
             },
             sync_period: kp.sync_period.std(),
             min_sync_period: kp.min_sync_period.std(),

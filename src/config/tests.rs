@@ -585,6 +585,21 @@ fn modes_map_onto_our_engines() {
     );
 }
 
+/// Upstream installs the INVALID drop in its iptables mode only (an empty mode is iptables);
+/// the sysctl decides the rest at start.
+#[test]
+fn only_iptables_mode_asks_to_drop_invalid_packets() {
+    for (args, want) in [
+        (&[][..], true),
+        (&["--proxy-mode=iptables"][..], true),
+        (&["--proxy-mode=nftables"][..], false),
+        (&["--proxy-mode=ipvs"][..], false),
+        (&["--proxy-mode=userspace"][..], false),
+    ] {
+        assert_eq!(run(args).unwrap().proxier.drop_invalid, want, "{args:?}");
+    }
+}
+
 #[test]
 fn nodeport_address_keywords() {
     let np = |v: &str| {

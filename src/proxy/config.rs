@@ -136,6 +136,10 @@ pub struct ProxierConfig {
     /// Service CIDRs known besides the ServiceCIDR objects (`--service-cidrs`); a sync uses
     /// the union of both.
     pub service_cidrs: Vec<Cidr>,
+    /// Drop forwarded packets that conntrack marks INVALID, counting them (upstream's
+    /// iptables mode when `nf_conntrack_tcp_be_liberal` reads 0 once the conntrack tuning is
+    /// applied; kubernetes#74839, #117924). Its nftables and IPVS modes never do.
+    pub drop_invalid: bool,
 }
 
 impl Default for ProxierConfig {
@@ -147,6 +151,7 @@ impl Default for ProxierConfig {
             local_detector: LocalDetector::None,
             nodeport_addresses: NodePortAddresses::all(),
             service_cidrs: Vec::new(),
+            drop_invalid: false,
         }
     }
 }

@@ -13,6 +13,10 @@ pub use super::config::{DEFAULT_TABLE, TABLE_COMMENT};
 pub const FILTER_PREROUTING_PRE_DNAT: &str = "filter-prerouting-pre-dnat";
 pub const FILTER_OUTPUT_PRE_DNAT: &str = "filter-output-pre-dnat";
 pub const FILTER_FORWARD: &str = "filter-forward";
+/// The comment of the iptables-mode rule in [`FILTER_FORWARD`] that drops INVALID packets:
+/// the kubeproxy_iptables_ct_state_invalid_dropped_packets_total metric reads its counter.
+pub const INVALID_DROP_COMMENT: &str =
+    "drop conntrack INVALID packets, kubernetes#74839 (nf_conntrack_tcp_be_liberal is 0)";
 pub const FILTER_INPUT: &str = "filter-input";
 pub const FILTER_OUTPUT: &str = "filter-output";
 pub const NAT_PREROUTING: &str = "nat-prerouting";

@@ -237,7 +237,12 @@ pub fn metrics_router(shared: Shared) -> axum::Router {
         .route(
             "/metrics",
             get(move || async move {
-                let mut r = shared.metrics.render().into_response();
+                // Rendering may read counters from the kernel (a netlink dump).
+                let m = shared.metrics.clone();
+                let body = tokio::task::spawn_blocking(move || m.render())
+                    .await
+                    .unwrap_or_default();
+                let mut r = body.into_response();
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

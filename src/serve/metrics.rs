@@ -1,11 +1,15 @@
 //! Prometheus metrics under upstream kube-proxy's names, types and buckets
-//! (`pkg/proxy/metrics`), plus process metrics read from /proc/self.
+//! (`pkg/proxy/metrics`), plus process metrics read from /proc/self. Counters that live in
+//! the kernel are read through a [`CounterReader`] the daemon wires in, at every scrape.
 
 use std::fmt::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family as MetricFamily;
 use prometheus_client::metrics::gauge::Gauge;
@@ -110,6 +114,44 @@ pub struct Metrics {
     pub feature_enabled: MetricFamily<FeatureLabel, Gauge>,
     start: SystemTime,
 }
+
+/// Reads a counter that lives in the kernel, at scrape time; `None` when it cannot be read
+/// (the sample is then left out, as upstream's collectors leave it out on an error).
+pub type CounterReader = Box<dyn FnMut() -> Option<u64> + Send>;
+
+/// A counter family whose one value comes from a [`CounterReader`] at each scrape.
+struct ScrapedCounter {
+    name: &'static str,
+    help: &'static str,
+    read: std::sync::Mutex<CounterReader>,
+}
+
+impl std::fmt::Debug for ScrapedCounter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapedCounter")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Collector for ScrapedCounter {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // A poisoned lock means an earlier read panicked: leave the sample out.
+        let Some(v) = self.read.lock().ok().and_then(|mut read| read()) else {
+            return Ok(());
+        };
+        let c: ConstCounter<u64> = ConstCounter::new(v);
+        let m = encoder.encode_descriptor(self.name, self.help, None, c.metric_type())?;
+        c.encode(m)
+    }
+}
+
+/// Upstream's name (without the `_total` the exposition adds) and help of the iptables
+/// mode's INVALID-drop counter (`pkg/proxy/metrics`, `iptablesCTStateInvalidDroppedPacketsDescription`).
+pub const CT_STATE_INVALID_DROPPED: (&str, &str) = (
+    "kubeproxy_iptables_ct_state_invalid_dropped_packets",
+    "packets dropped by iptables to work around conntrack problems",
+);
 
 fn network_programming_buckets() -> Vec<f64> {
     // Upstream: 0.25, 0.5, 1..59 by 1, 60..115 by 5, 120..300 by 30.
@@ -317,6 +359,17 @@ impl Metrics {
         }
     }
 
+    /// Registers `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`, read with
+    /// `read` at each scrape. Upstream registers it in iptables mode only.
+    pub fn register_ct_state_invalid_dropped(&mut self, read: CounterReader) {
+        let (name, help) = CT_STATE_INVALID_DROPPED;
+        self.registry.register_collector(Box::new(ScrapedCounter {
+            name,
+            help,
+            read: std::sync::Mutex::new(read),
+        }));
+    }
+
     /// Records a sync that took `d`, for both families (one sync programs both).
     pub fn observe_sync(&self, full: bool, d: Duration, ok: bool) {
         let s = d.as_secs_f64();
@@ -461,6 +514,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_invalid_drop_counter_is_read_at_each_scrape_and_absent_unless_registered() {
+        let name = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total";
+        assert!(!Metrics::new().render().contains(name));
+        let mut m = Metrics::new();
+        let mut reads = [Some(3), None, Some(5)].into_iter();
+        m.register_ct_state_invalid_dropped(Box::new(move || reads.next().flatten()));
+        let text = m.render();
+        assert!(
+            text.contains(&format!(
+                "# HELP {name} packets dropped by iptables to work around conntrack problems\n\
+                 # TYPE {name} counter\n{name} 3\n"
+            )),
+            "{text}"
+        );
+        assert!(!m.render().contains(name), "a failed read leaves it out");
+        assert!(m.render().contains(&format!("{name} 5\n")));
     }
 
     /// Upstream's definitions (pkg/proxy/metrics/metrics.go, v1.37.2) of the metrics this

@@ -78,6 +78,23 @@ pub fn plan_writes(cfg: &ConntrackConfig) -> Vec<SysctlWrite> {
     out
 }
 
+/// `nf_conntrack_tcp_be_liberal`, per network namespace: /proc/sys/net shows the namespace
+/// of the reading process, as every write here.
+pub const TCP_BE_LIBERAL: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_be_liberal";
+
+/// Whether INVALID packets are to be dropped: when the mode asks for it (upstream's iptables
+/// mode) and the kernel is not liberal. As upstream's `NewProxier`, only a successful read of
+/// a non-zero value counts as liberal: an unreadable sysctl (nf_conntrack not loaded yet)
+/// keeps the drop.
+pub fn drops_invalid(mode_asks: bool, tcp_be_liberal: &std::io::Result<u64>) -> bool {
+    mode_asks && !matches!(tcp_be_liberal, Ok(v) if *v != 0)
+}
+
+/// Reads [`TCP_BE_LIBERAL`] (after [`apply`], which may have set it).
+pub fn read_tcp_be_liberal() -> std::io::Result<u64> {
+    read_u64(TCP_BE_LIBERAL)
+}
+
 fn read_u64(path: &str) -> std::io::Result<u64> {
     std::fs::read_to_string(path)?
         .trim()
@@ -135,6 +152,16 @@ pub fn apply(cfg: &ConntrackConfig) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invalid_packets_are_dropped_unless_the_kernel_is_liberal() {
+        let gone = || Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert!(drops_invalid(true, &Ok(0)));
+        assert!(!drops_invalid(true, &Ok(1)));
+        assert!(drops_invalid(true, &gone()), "unreadable: upstream drops");
+        assert!(!drops_invalid(false, &Ok(0)), "not iptables mode");
+        assert!(!drops_invalid(false, &gone()));
+    }
 
     #[test]
     fn max_follows_upstream_formula() {

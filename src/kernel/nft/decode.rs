@@ -42,6 +42,17 @@ pub struct ListedRule {
     pub handle: u64,
     pub exprs: Vec<KExpr>,
     pub comment: Option<String>,
+    /// The values of the rule's `counter` expressions, in order (one per
+    /// [`KExpr::Counter`] in `exprs`). Kept apart from `exprs` so that a listed rule still
+    /// equals the lowering of the rule we wrote, whatever it counted since.
+    pub counters: Vec<CounterValues>,
+}
+
+/// What a `counter` expression counted (`NFTA_COUNTER_PACKETS`, `NFTA_COUNTER_BYTES`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterValues {
+    pub packets: u64,
+    pub bytes: u64,
 }
 
 /// An element as listed by the kernel.
@@ -322,22 +333,40 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
     })
 }
 
+/// The values of a `counter` expression's data; a missing attribute reads as 0 (the
+/// kernel always dumps both, `nft_counter_dump`).
+fn decode_counter(elem: Attr<'_>) -> CounterValues {
+    let d = elem
+        .nested()
+        .get(NFTA_EXPR_DATA)
+        .map(|x| x.nested())
+        .unwrap_or(Attrs::new(&[]));
+    let get = |ty| d.get(ty).and_then(|x| x.be64()).unwrap_or(0);
+    CounterValues {
+        packets: get(super::uapi::NFTA_COUNTER_PACKETS),
+        bytes: get(super::uapi::NFTA_COUNTER_BYTES),
+    }
+}
+
 pub fn decode_rule(m: &RawMsg<'_>) -> Result<ListedRule, DecodeError> {
     let (_, a) = body(m, "rule")?;
-    let exprs = match a.get(NFTA_RULE_EXPRESSIONS) {
-        Some(list) => list
-            .nested()
-            .filter(|x| x.ty == NFTA_LIST_ELEM)
-            .map(decode_kexpr)
-            .collect::<Result<Vec<_>, _>>()?,
-        None => Vec::new(),
-    };
+    let (mut exprs, mut counters) = (Vec::new(), Vec::new());
+    if let Some(list) = a.get(NFTA_RULE_EXPRESSIONS) {
+        for elem in list.nested().filter(|x| x.ty == NFTA_LIST_ELEM) {
+            let e = decode_kexpr(elem)?;
+            if e == KExpr::Counter {
+                counters.push(decode_counter(elem));
+            }
+            exprs.push(e);
+        }
+    }
     Ok(ListedRule {
         table: req_str(&a, NFTA_RULE_TABLE, "rule")?,
         chain: req_str(&a, NFTA_RULE_CHAIN, "rule")?,
         handle: a.get(NFTA_RULE_HANDLE).and_then(|x| x.be64()).unwrap_or(0),
         exprs,
         comment: comment_of(a.get(NFTA_RULE_USERDATA), UDATA_COMMENT),
+        counters,
     })
 }
 
@@ -444,6 +473,7 @@ mod tests {
                         negate: true,
                     },
                     Expr::CtStateNew,
+                    Expr::CtStateInvalid,
                     Expr::CtStatusDnat,
                     Expr::FibLocal(Field::Daddr),
                     Expr::MarkBitClear(0x4000),
@@ -468,6 +498,58 @@ mod tests {
                 fam,
             );
         }
+    }
+
+    /// A dumped rule `ct state invalid counter packets 3 bytes 180 drop`, as the kernel
+    /// lists it (`nft_counter_dump`: bytes, then packets, then padding).
+    #[test]
+    fn counters_carry_their_values_and_the_expressions_still_match_the_lowering() {
+        let exprs = vec![
+            Expr::CtStateInvalid,
+            Expr::Counter,
+            Expr::Verdict(Verdict::Drop),
+        ];
+        let kexprs = lower(&exprs, Family::Ip);
+        let mut w = MsgWriter::new();
+        w.begin_msg(msg_type(NFT_MSG_NEWRULE), 0, 1);
+        w.put_raw(&nfgenmsg(2, 0));
+        w.attr_str(NFTA_RULE_TABLE, "t");
+        w.attr_str(NFTA_RULE_CHAIN, "c");
+        w.nest_start(NFTA_RULE_EXPRESSIONS);
+        for k in &kexprs {
+            if *k == KExpr::Counter {
+                w.nest_start(NFTA_LIST_ELEM);
+                w.attr_str(NFTA_EXPR_NAME, "counter");
+                w.nest_start(NFTA_EXPR_DATA);
+                w.attr_be64(super::super::uapi::NFTA_COUNTER_BYTES, 180);
+                w.attr_be64(super::super::uapi::NFTA_COUNTER_PACKETS, 3);
+                w.nest_end();
+                w.nest_end();
+            } else {
+                let one = rule_message(Family::Ip, std::slice::from_ref(k));
+                let m = parse_msgs(&one).unwrap();
+                let (_, a) = body(&m[0], "rule").unwrap();
+                let list = a.get(NFTA_RULE_EXPRESSIONS).unwrap();
+                w.put_raw(list.data);
+            }
+        }
+        w.nest_end();
+        w.end_msg();
+        let b = w.into_bytes();
+        let m = parse_msgs(&b).unwrap();
+        let r = decode_rule(&m[0]).unwrap();
+        assert_eq!(r.exprs, kexprs);
+        assert_eq!(
+            r.counters,
+            [CounterValues {
+                packets: 3,
+                bytes: 180
+            }]
+        );
+        // A counter as we write it (no values) reads as zero.
+        let b = rule_message(Family::Ip, &kexprs);
+        let r = decode_rule(&parse_msgs(&b).unwrap()[0]).unwrap();
+        assert_eq!(r.counters, [CounterValues::default()]);
     }
 
     #[test]

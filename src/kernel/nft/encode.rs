@@ -634,6 +634,21 @@ pub fn encode_dump(msg: u16, family: Family, table: &str, set: Option<&str>, seq
     w.into_bytes()
 }
 
+/// A `GETRULE` dump of one chain's rules (`NFTA_RULE_TABLE`, `NFTA_RULE_CHAIN`).
+pub fn encode_rule_dump(family: Family, table: &str, chain: &str, seq: u32) -> Vec<u8> {
+    let mut w = MsgWriter::new();
+    w.begin_msg(
+        msg_type(NFT_MSG_GETRULE),
+        NLM_F_REQUEST | crate::kernel::netlink::msg::NLM_F_DUMP,
+        seq,
+    );
+    w.put_raw(&nfgenmsg(family.nfproto(), 0));
+    w.attr_str(NFTA_RULE_TABLE, table);
+    w.attr_str(NFTA_RULE_CHAIN, chain);
+    w.end_msg();
+    w.into_bytes()
+}
+
 /// A plain `GETTABLE` dump of a family (all tables).
 pub fn encode_table_dump(family: Family, seq: u32) -> Vec<u8> {
     let mut w = MsgWriter::new();

@@ -267,11 +267,11 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
                 flags: if *negate { NFT_LOOKUP_F_INV } else { 0 },
             });
         }
-        Expr::CtStateNew | Expr::CtStatusDnat => {
-            let (key, bit) = if *e == Expr::CtStateNew {
-                (NFT_CT_STATE, CT_STATE_NEW)
-            } else {
-                (NFT_CT_STATUS, CT_STATUS_DNAT)
+        Expr::CtStateNew | Expr::CtStateInvalid | Expr::CtStatusDnat => {
+            let (key, bit) = match e {
+                Expr::CtStateNew => (NFT_CT_STATE, CT_STATE_NEW),
+                Expr::CtStateInvalid => (NFT_CT_STATE, CT_STATE_INVALID),
+                _ => (NFT_CT_STATUS, CT_STATUS_DNAT),
             };
             out.push(KExpr::Ct { key, dreg: r });
             out.push(KExpr::Bitwise {

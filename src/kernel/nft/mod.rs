@@ -498,6 +498,9 @@ pub enum Expr {
     },
     /// `ct state new`.
     CtStateNew,
+    /// `ct state invalid`: conntrack could not make sense of the packet (an out-of-window
+    /// TCP segment, an ACK for no connection with `nf_conntrack_tcp_loose` 0, …).
+    CtStateInvalid,
     /// `ct status dnat`: the connection was destination-NATed.
     CtStatusDnat,
     /// `fib daddr type local` / `fib saddr type local`.

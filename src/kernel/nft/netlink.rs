@@ -293,6 +293,36 @@ impl NetlinkNftables {
         Ok(out)
     }
 
+    /// Lists one chain's rules, their counters' values included (for metrics that read
+    /// counters at scrape time). An absent table or chain lists as empty.
+    pub fn list_chain_rules(
+        &mut self,
+        family: Family,
+        table: &str,
+        chain: &str,
+    ) -> Result<Vec<decode::ListedRule>, Error> {
+        let seq = self.sock.next_seq();
+        let req = encode::encode_rule_dump(family, table, chain, seq);
+        let msgs = match self.sock.dump(
+            &req,
+            seq,
+            &format!("list of chain {family} {table} {chain}"),
+        ) {
+            Ok(m) => m,
+            Err(e) if e.is_not_found() => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for m in &msgs {
+            let r = decode::decode_rule(&m.as_raw())?;
+            // Kernels before 4.14 ignore the filter: keep only the chain asked for.
+            if r.table == table && r.chain == chain {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
     /// Reads one table whole, in the kernel's own terms (for `explain`, `status`, `diff`).
     /// A rule whose expressions do not decode (another program's) is kept with the reason;
     /// an absent table reads as empty.

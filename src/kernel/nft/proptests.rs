@@ -65,6 +65,7 @@ fn expr(family: Family) -> impl Strategy<Value = Expr> {
         )
             .prop_map(|(key, set, negate)| Expr::InSet { key, set, negate }),
         Just(Expr::CtStateNew),
+        Just(Expr::CtStateInvalid),
         Just(Expr::CtStatusDnat),
         Just(Expr::FibLocal(Field::Saddr)),
         any::<u32>().prop_map(Expr::MarkBitClear),

@@ -72,6 +72,7 @@ pub fn expr(e: &Expr, family: Family) -> String {
             format!("{} {op}@{set}", concat(key, family))
         }
         Expr::CtStateNew => "ct state new".into(),
+        Expr::CtStateInvalid => "ct state invalid".into(),
         Expr::CtStatusDnat => "ct status dnat".into(),
         Expr::FibLocal(f) => {
             let w = if *f == Field::Saddr { "saddr" } else { "daddr" };

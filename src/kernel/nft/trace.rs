@@ -185,6 +185,8 @@ impl Tracer<'_> {
                 go_on(found != *negate, out)
             }
             Expr::CtStateNew => go_on(true, out),
+            // The traced packet opens a new connection, which conntrack tracks.
+            Expr::CtStateInvalid => go_on(false, out),
             Expr::CtStatusDnat => go_on(false, out),
             Expr::FibLocal(f) => {
                 let KeyValue::Addr(a) = self.field(*f) else {

@@ -104,6 +104,11 @@ pub const NFT_CT_STATE: u32 = 0;
 pub const NFT_CT_STATUS: u32 = 2;
 /// `NF_CT_STATE_BIT(IP_CT_NEW)`.
 pub const CT_STATE_NEW: u32 = 1 << 3;
+/// `NF_CT_STATE_INVALID_BIT`.
+pub const CT_STATE_INVALID: u32 = 1;
+/// `NFTA_COUNTER_BYTES` and `NFTA_COUNTER_PACKETS` (big-endian u64s in a counter's data).
+pub const NFTA_COUNTER_BYTES: u16 = 1;
+pub const NFTA_COUNTER_PACKETS: u16 = 2;
 /// `IPS_DST_NAT`.
 pub const CT_STATUS_DNAT: u32 = 1 << 5;
 pub const NFTA_FIB_F_SADDR: u32 = 1;

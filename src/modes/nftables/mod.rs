@@ -1,6 +1,7 @@
 //! The nftables mode: one table per family, planned from the model ([`plan`], [`names`],
 //! [`slots`]) and kept in step by the [`proxier::NftablesProxier`].
 
+pub mod invalid;
 pub mod plan;
 #[cfg(test)]
 mod policy_matrix;

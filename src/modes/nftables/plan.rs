@@ -51,15 +51,33 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
         ],
         FIREWALL_CHECK,
     );
+    // Upstream's iptables mode drops forwarded INVALID packets first in KUBE-FORWARD
+    // (proxier.go, "Drop the packets in INVALID state"): an out-of-window segment that
+    // conntrack leaves un-NATed would reach the pod with the Service's address and be
+    // answered with a reset that kills the connection (kubernetes#74839, #117924).
+    let invalid = cfg.drop_invalid.then(|| {
+        r(
+            FILTER_FORWARD,
+            vec![
+                Expr::CtStateInvalid,
+                Expr::Counter,
+                Expr::Verdict(Verdict::Drop),
+            ],
+        )
+        .with_comment(INVALID_DROP_COMMENT)
+    });
     rs.chain(
         b(FILTER_FORWARD, Filter, Hook::Forward, FILTER),
-        vec![
-            r(
-                FILTER_FORWARD,
-                vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
-            ),
-            r(FILTER_FORWARD, vec![new.clone(), jump(CLUSTER_IPS_CHECK)]),
-        ],
+        invalid
+            .into_iter()
+            .chain([
+                r(
+                    FILTER_FORWARD,
+                    vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
+                ),
+                r(FILTER_FORWARD, vec![new.clone(), jump(CLUSTER_IPS_CHECK)]),
+            ])
+            .collect(),
     );
     rs.chain(
         b(FILTER_INPUT, Filter, Hook::Input, FILTER),
@@ -967,5 +985,57 @@ mod tests {
         assert!(detected.contains("ip saddr != 10.0.0.0/8"), "{detected}");
         assert!(!all.contains("ip saddr != 10.0.0.0/8"), "{all}");
         assert!(all.contains("jump mark-for-masquerade"), "{all}");
+    }
+
+    /// The forward chain's rules of `cfg`'s IPv4 ruleset, in order.
+    fn forward_rules(cfg: &ProxierConfig) -> Vec<Rule> {
+        let rs = build_ruleset(&state(&["10.180.0.1"]), cfg, Family::Ip);
+        let rules = rs
+            .chains()
+            .find(|(c, _)| c.name == FILTER_FORWARD)
+            .map(|(_, rules)| rules.clone());
+        rules.unwrap_or_default()
+    }
+
+    #[test]
+    fn iptables_mode_with_a_strict_conntrack_drops_invalid_packets_first_in_forward() {
+        let cfg = ProxierConfig {
+            drop_invalid: true,
+            ..Default::default()
+        };
+        let rules = forward_rules(&cfg);
+        assert_eq!(
+            rules[0].exprs,
+            [
+                Expr::CtStateInvalid,
+                Expr::Counter,
+                Expr::Verdict(Verdict::Drop)
+            ]
+        );
+        assert_eq!(rules[0].comment.as_deref(), Some(INVALID_DROP_COMMENT));
+        assert!(INVALID_DROP_COMMENT.contains("kubernetes#74839"));
+        assert_eq!(rules.len(), 3, "{rules:?}");
+        let t = text(&state(&["10.180.0.1"]), &cfg, Family::Ip6);
+        assert!(
+            t.contains("add rule ip6 kube-nlproxy filter-forward ct state invalid counter drop"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn nftables_mode_or_a_liberal_conntrack_forwards_invalid_packets_untouched() {
+        // Neither upstream's nftables mode nor its iptables mode with
+        // nf_conntrack_tcp_be_liberal=1 has the rule; both reach the planner as `false`.
+        let rules = forward_rules(&ProxierConfig::default());
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert!(
+            rules
+                .iter()
+                .all(|r| !r.exprs.contains(&Expr::CtStateInvalid)),
+            "{rules:?}"
+        );
+        assert!(
+            !text(&state(&[]), &ProxierConfig::default(), Family::Ip).contains("ct state invalid")
+        );
     }
 }
