@@ -80,9 +80,10 @@ fn layer(unit: &str) -> u8 {
         "kernel" => 1,
         "proxy" => 2,
         "modes" | "source" => 3,
-        "config" | "serve" => 4,
-        // The operator tools (explain, status, diff) read the config and the kernel.
-        "tools" => 5,
+        "config" => 4,
+        // What the daemon serves (`/configz`, `/flagz`, `/statusz`) renders the config, and
+        // the operator tools (explain, status, diff) read the config and the kernel.
+        "serve" | "tools" => 5,
         "app" => 6,
         "crate" | "main" | "lib" => 7,
         other => panic!("unit {other} has no layer: add it to tests/layers.rs"),
