@@ -76,7 +76,7 @@ impl Reply {
     }
 }
 
-fn parse_greeting(s: &str) -> Reply {
+pub(crate) fn parse_greeting(s: &str) -> Reply {
     let mut it = s.split_whitespace();
     match (it.next(), it.next().and_then(|p| p.parse().ok())) {
         (Some(n), Some(peer)) => Reply::Answered {
@@ -87,7 +87,7 @@ fn parse_greeting(s: &str) -> Reply {
     }
 }
 
-fn classify(e: &std::io::Error) -> Reply {
+pub(crate) fn classify(e: &std::io::Error) -> Reply {
     match e.kind() {
         ErrorKind::ConnectionRefused => Reply::Refused,
         ErrorKind::TimedOut | ErrorKind::WouldBlock => Reply::Timeout,

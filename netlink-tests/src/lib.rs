@@ -1,6 +1,6 @@
 //! Helpers for kube-nlproxy's real-kernel tests: throwaway namespaces (`ns`), a small
 //! two-node cluster with pods and an external host (`cluster`), and TCP/UDP backends that
-//! say who answered and whom they saw (`backend`).
+//! say who answered and whom they saw (`backend`; their SCTP twins in `sctp`).
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 pub mod apiserver;
@@ -15,3 +15,4 @@ pub mod listing;
 pub mod ns;
 pub mod realnode;
 pub mod scenario;
+pub mod sctp;

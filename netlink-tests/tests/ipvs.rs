@@ -3,7 +3,9 @@
 //! (`netlink-tests/vm/run-in-vm.sh`) and runs this same test binary there, executing the
 //! `guest::` tests. Those are marked ignored so that a plain `cargo test` on the host does
 //! not run them outside the VM; the VM run includes them and fails if any fails. A missing
-//! prerequisite (qemu, the kernel package) is a failure, never a skip.
+//! prerequisite (qemu, the kernel package) is a failure, never a skip. The guest's kernel
+//! also has SCTP, which the hosts' lack, so the SCTP Service tests of both IPVS and
+//! nftables modes run here too (`guest::sctp`).
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use std::path::{Path, PathBuf};
@@ -847,5 +849,364 @@ COMMIT
     fn flows_match_upstream_ipvs_mode() {
         in_vm();
         netlink_tests::differential::fake_differential(IPVS, "ipvs", &[]);
+    }
+    /// SCTP Services with real associations, in IPVS and nftables modes: the development and
+    /// CI kernels have no SCTP sockets, this guest's has (`sctp` in run-in-vm.sh's modules).
+    /// The `sig` Service (SCTP 3868, NodePort 30868) has the SCTP backends `local` (pod A)
+    /// and `remote` (node2) on port 8080 behind it.
+    mod sctp {
+        use std::time::Duration;
+
+        use netlink_tests::backend::{tally, Reply};
+        use netlink_tests::cluster::{sa, yaml, Cluster, EXT_IP, NODE_IP};
+        use netlink_tests::scenario::{names, peer, LOCAL_EP, REMOTE_EP};
+        use netlink_tests::sctp::{sctp_backend, sctp_probe, sctp_probes, OpenAssoc};
+
+        use super::{ipvsadm, wait_for, IPVS};
+
+        const SIG_IP: &str = "10.96.0.30";
+        const SIG_PORT: u16 = 3868;
+        const SIG_NODE_PORT: u16 = 30868;
+        /// A Service without endpoints.
+        const EMPTY_IP: &str = "10.96.0.31";
+        const CLIENT: &str = "10.244.1.3";
+
+        /// Pod A (10.244.1.2, SCTP backend `local`), pod B (10.244.1.3, the client) and the
+        /// remote endpoint on node2 (SCTP backend `remote`).
+        fn sctp_cluster() -> Cluster {
+            super::in_vm();
+            assert!(
+                std::path::Path::new("/proc/net/sctp").exists(),
+                "the guest kernel has SCTP (run-in-vm.sh loads sctp)"
+            );
+            let mut c = Cluster::new();
+            c.add_pod(2);
+            c.add_pod(3);
+            c.add_remote_pod_ip(REMOTE_EP);
+            sctp_backend(&c.pods[0], "local", sa(LOCAL_EP, 8080));
+            sctp_backend(&c.node2, "remote", sa(REMOTE_EP, 8080));
+            c
+        }
+
+        /// `default/sig` with endpoints `eps` (`extra` adds spec lines), and `default/empty`,
+        /// an SCTP Service without endpoints.
+        fn sig_yaml(extra: &str, eps: &[&str]) -> String {
+            let mut y = yaml::service(
+                "default",
+                "sig",
+                &[SIG_IP],
+                &[("diameter", "SCTP", SIG_PORT, SIG_NODE_PORT)],
+                &format!("type: NodePort\n{extra}"),
+            );
+            let eps: Vec<_> = eps
+                .iter()
+                .map(|ip| yaml::ready(ip, netlink_tests::scenario::node_of(ip)))
+                .collect();
+            y += &yaml::slice(
+                "default",
+                "sig",
+                "sig-v4",
+                "IPv4",
+                ("diameter", "SCTP", 8080),
+                &eps,
+            );
+            y += &yaml::service(
+                "default",
+                "empty",
+                &[EMPTY_IP],
+                &[("diameter", "SCTP", SIG_PORT, 0)],
+                "",
+            );
+            y
+        }
+
+        fn both() -> std::collections::BTreeSet<String> {
+            ["local", "remote"].map(String::from).into()
+        }
+
+        /// The helpers themselves, without a proxy: an association straight to a backend
+        /// says who answered and whom it saw; nothing listening is refused (ABORT).
+        #[test]
+        #[ignore = "needs SCTP: run by ipvs_mode_in_a_vm"]
+        fn sctp_backends_answer_associations() {
+            let c = sctp_cluster();
+            let r = sctp_probe(&c.pods[1], sa(LOCAL_EP, 8080));
+            assert_eq!(r.name(), Some("local"), "{r:?}");
+            assert_eq!(peer(&r), CLIENT);
+            let r = sctp_probe(&c.pods[1], sa(REMOTE_EP, 8080));
+            assert_eq!(r.name(), Some("remote"), "{r:?}");
+            assert_eq!(peer(&r), CLIENT, "routed, not NATed");
+            let r = sctp_probe(&c.pods[1], sa(LOCAL_EP, 8081));
+            assert_eq!(r, Reply::Refused, "answered with an ABORT");
+            let a = OpenAssoc::open(&c.pods[1], None, sa(LOCAL_EP, 8080));
+            assert_eq!(a.echo("ping").unwrap(), "ping");
+        }
+
+        #[test]
+        #[ignore = "needs IPVS and SCTP: run by ipvs_mode_in_a_vm"]
+        fn ipvs_sctp_cluster_ip_and_node_port_round_robin() {
+            let c = sctp_cluster();
+            c.sync_once(&sig_yaml("", &[LOCAL_EP, REMOTE_EP]), IPVS);
+            let list = ipvsadm(&c);
+            assert!(list.contains("SCTP 10.96.0.30:3868 rr"), "{list}");
+            assert!(list.contains("SCTP 192.168.50.1:30868 rr"), "{list}");
+            // ipvsadm's own view of the one virtual server, by protocol.
+            let vs = c.node.sh("ipvsadm -Ln --sctp-service 10.96.0.30:3868");
+            for rs in ["-> 10.244.1.2:8080", "-> 10.244.2.2:8080"] {
+                assert!(vs.contains(rs), "{vs}");
+            }
+            // rr alternates exactly across associations.
+            let replies = sctp_probes(&c.pods[1], sa(SIG_IP, SIG_PORT), 10);
+            let n = tally(&replies);
+            assert_eq!(
+                (n.get("local"), n.get("remote")),
+                (Some(&5), Some(&5)),
+                "{n:?}"
+            );
+            assert!(
+                replies.iter().all(|r| peer(r) == CLIENT),
+                "pod source kept: {replies:?}"
+            );
+            let replies = sctp_probes(&c.ext, sa(NODE_IP, SIG_NODE_PORT), 6);
+            let n = tally(&replies);
+            assert_eq!(
+                (n.get("local"), n.get("remote")),
+                (Some(&3), Some(&3)),
+                "{n:?}"
+            );
+            assert!(
+                replies.iter().all(|r| peer(r) != EXT_IP),
+                "NodePort traffic from outside is masqueraded: {replies:?}"
+            );
+            // No endpoints: no association. The reject's ICMP port unreachable is only a
+            // soft error to SCTP, which retries its INIT: a timeout, not a refusal.
+            let r = sctp_probe(&c.pods[1], sa(EMPTY_IP, SIG_PORT));
+            assert_eq!(r, Reply::Timeout);
+            // externalTrafficPolicy Local: the local endpoint only, the client's own address.
+            c.sync_once(
+                &sig_yaml("externalTrafficPolicy: Local", &[LOCAL_EP, REMOTE_EP]),
+                IPVS,
+            );
+            let replies = sctp_probes(&c.ext, sa(NODE_IP, SIG_NODE_PORT), 4);
+            assert_eq!(names(&replies), ["local".to_string()].into(), "{replies:?}");
+            assert!(replies.iter().all(|r| peer(r) == EXT_IP), "{replies:?}");
+        }
+
+        #[test]
+        #[ignore = "needs IPVS and SCTP: run by ipvs_mode_in_a_vm"]
+        fn ipvs_sctp_client_ip_affinity_is_persistence() {
+            let c = sctp_cluster();
+            c.sync_once(
+                &sig_yaml(
+                    "sessionAffinity: ClientIP\nsessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+                    &[LOCAL_EP, REMOTE_EP],
+                ),
+                IPVS,
+            );
+            let list = ipvsadm(&c);
+            assert!(
+                list.contains("SCTP 10.96.0.30:3868 rr persistent 60"),
+                "{list}"
+            );
+            let replies = sctp_probes(&c.pods[1], sa(SIG_IP, SIG_PORT), 8);
+            assert_eq!(names(&replies).len(), 1, "sticks: {replies:?}");
+            assert!(replies.iter().all(|r| r.name().is_some()), "{replies:?}");
+        }
+
+        #[test]
+        #[ignore = "needs SCTP: run by ipvs_mode_in_a_vm"]
+        fn nftables_sctp_cluster_ip_and_node_port() {
+            let c = sctp_cluster();
+            c.sync_once(&sig_yaml("", &[LOCAL_EP, REMOTE_EP]), &[]);
+            // Random balancing: 16 associations miss one of two endpoints with probability
+            // 2^-15.
+            let replies = sctp_probes(&c.pods[1], sa(SIG_IP, SIG_PORT), 16);
+            assert_eq!(names(&replies), both(), "{replies:?}");
+            assert!(
+                replies.iter().all(|r| peer(r) == CLIENT),
+                "pod source kept: {replies:?}"
+            );
+            let replies = sctp_probes(&c.ext, sa(NODE_IP, SIG_NODE_PORT), 16);
+            assert_eq!(names(&replies), both(), "{replies:?}");
+            assert!(
+                replies.iter().all(|r| peer(r) != EXT_IP),
+                "NodePort traffic from outside is masqueraded: {replies:?}"
+            );
+            // No endpoints, or a port the ClusterIP does not serve: no association (a
+            // timeout, see the IPVS test).
+            for dst in [sa(EMPTY_IP, SIG_PORT), sa(SIG_IP, SIG_PORT + 1)] {
+                assert_eq!(sctp_probe(&c.pods[1], dst), Reply::Timeout, "to {dst}");
+            }
+            c.sync_once(
+                &sig_yaml("externalTrafficPolicy: Local", &[LOCAL_EP, REMOTE_EP]),
+                &[],
+            );
+            let replies = sctp_probes(&c.ext, sa(NODE_IP, SIG_NODE_PORT), 4);
+            assert_eq!(names(&replies), ["local".to_string()].into(), "{replies:?}");
+            assert!(replies.iter().all(|r| peer(r) == EXT_IP), "{replies:?}");
+        }
+
+        #[test]
+        #[ignore = "needs SCTP: run by ipvs_mode_in_a_vm"]
+        fn nftables_sctp_client_ip_affinity() {
+            let c = sctp_cluster();
+            c.sync_once(
+                &sig_yaml(
+                    "sessionAffinity: ClientIP\nsessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+                    &[LOCAL_EP, REMOTE_EP],
+                ),
+                &[],
+            );
+            let replies = sctp_probes(&c.pods[1], sa(SIG_IP, SIG_PORT), 12);
+            assert_eq!(names(&replies).len(), 1, "sticks: {replies:?}");
+            assert!(replies.iter().all(|r| r.name().is_some()), "{replies:?}");
+            let replies = sctp_probes(&c.ext, sa(NODE_IP, SIG_NODE_PORT), 8);
+            assert_eq!(names(&replies).len(), 1, "sticks: {replies:?}");
+            assert!(replies.iter().all(|r| r.name().is_some()), "{replies:?}");
+        }
+
+        /// `conntrack -L -p sctp` lines of the client's association to the Service
+        /// (original source port `sport`, original destination the ClusterIP).
+        fn sig_entries(c: &Cluster, sport: u16) -> Vec<String> {
+            c.node
+                .sh("conntrack -L -p sctp 2>/dev/null || true")
+                .lines()
+                .filter(|l| {
+                    l.contains(&format!("dst={SIG_IP} ")) && l.contains(&format!("sport={sport} "))
+                })
+                .map(str::to_owned)
+                .collect()
+        }
+
+        /// The stale-entry cleanup with a real association: the client's association to
+        /// the local endpoint stays open while the Service's endpoint is replaced by the
+        /// remote one; then the client aborts it and opens a new one from the same port.
+        /// Returns the client's conntrack entries after the sync and the new association's
+        /// greeting. (`mode` is the proxy mode's flags; `cleanup` false is the control run.)
+        fn replace_endpoint_under_association(
+            mode: &[&str],
+            cleanup: bool,
+        ) -> (Vec<String>, Reply) {
+            let c = sctp_cluster();
+            let mut extra = mode.to_vec();
+            if !cleanup {
+                extra.push("--no-conntrack-cleanup");
+            }
+            let d = c.start_daemon(&sig_yaml("", &[LOCAL_EP]), &extra);
+            let src = sa(CLIENT, 41000);
+            let a = OpenAssoc::open(&c.pods[1], Some(src), sa(SIG_IP, SIG_PORT));
+            assert_eq!(a.greeting.name(), Some("local"), "{:?}", a.greeting);
+            assert_eq!(a.local_addr(), src);
+            let before = sig_entries(&c, 41000);
+            assert!(
+                before.iter().any(|l| l.contains("src=10.244.1.2 ")),
+                "the association's entry, answered by the local endpoint: {before:?}"
+            );
+            c.write_manifests(&sig_yaml("", &[REMOTE_EP]));
+            d.wait_for_log("synced", 2);
+            if cleanup {
+                d.wait_for_log("deleted stale conntrack entries", 1);
+            } else {
+                // Long enough for a cleanup to have run had it been on.
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            let after = sig_entries(&c, 41000);
+            a.abort();
+            // The same client port again: a stale entry would still send it to `local`.
+            let next = c.pods[1].run(move || {
+                netlink_tests::sctp::sctp_probe_here(
+                    sa(SIG_IP, SIG_PORT),
+                    Some(src),
+                    netlink_tests::sctp::PROBE_TIMEOUT,
+                )
+            });
+            (after, next)
+        }
+
+        fn to_local(entries: &[String]) -> bool {
+            entries.iter().any(|l| l.contains("src=10.244.1.2 "))
+        }
+
+        /// nftables mode: the sync deletes the entry whose reply source is the removed
+        /// endpoint, and the same client port then reaches the new one. Without the cleanup
+        /// the entry outlives the sync and keeps sending that client port to the old
+        /// endpoint (its pod still runs here), as upstream's conntrack tests describe.
+        #[test]
+        #[ignore = "needs SCTP: run by ipvs_mode_in_a_vm"]
+        fn nftables_sctp_stale_conntrack_entry_is_deleted() {
+            let (after, next) = replace_endpoint_under_association(&[], true);
+            assert!(
+                !to_local(&after),
+                "entry to the removed endpoint: {after:?}"
+            );
+            assert_eq!(next.name(), Some("remote"), "{next:?}");
+            assert_eq!(peer(&next), CLIENT);
+            let (after, next) = replace_endpoint_under_association(&[], false);
+            assert!(
+                to_local(&after),
+                "control: the entry outlives the sync: {after:?}"
+            );
+            assert_eq!(
+                next.name(),
+                Some("local"),
+                "control: still the old endpoint"
+            );
+        }
+
+        /// IPVS mode: the same cleanup (IPVS's conntrack integration keeps an entry per
+        /// association). Without it the client port is stuck: the new association gets no
+        /// answer at all.
+        #[test]
+        #[ignore = "needs IPVS and SCTP: run by ipvs_mode_in_a_vm"]
+        fn ipvs_sctp_stale_conntrack_entry_is_deleted() {
+            let (after, next) = replace_endpoint_under_association(IPVS, true);
+            assert!(
+                !to_local(&after),
+                "entry to the removed endpoint: {after:?}"
+            );
+            assert_eq!(next.name(), Some("remote"), "{next:?}");
+            let (after, next) = replace_endpoint_under_association(IPVS, false);
+            assert!(
+                to_local(&after),
+                "control: the entry outlives the sync: {after:?}"
+            );
+            assert_ne!(next.name(), Some("remote"), "control: {next:?}");
+        }
+
+        /// A removed SCTP endpoint drains as a TCP one does (weight 0, docs/features.md):
+        /// new associations avoid it while an established one keeps working, even though
+        /// the conntrack cleanup deleted that association's entry (IPVS forwards it by its
+        /// own connection table).
+        #[test]
+        #[ignore = "needs IPVS and SCTP: run by ipvs_mode_in_a_vm"]
+        fn ipvs_sctp_removed_endpoint_drains() {
+            let c = sctp_cluster();
+            let d = c.start_daemon(&sig_yaml("", &[LOCAL_EP, REMOTE_EP]), IPVS);
+            let a = loop {
+                let a = OpenAssoc::open(&c.pods[1], None, sa(SIG_IP, SIG_PORT));
+                if a.greeting.name() == Some("local") {
+                    break a;
+                }
+            };
+            assert_eq!(a.echo("one").unwrap(), "one");
+            c.write_manifests(&sig_yaml("", &[REMOTE_EP]));
+            wait_for("weight 0", || {
+                ipvsadm(&c).contains("-> 10.244.1.2:8080 Masq 0")
+            });
+            d.wait_for_log("deleted stale conntrack entries", 1);
+            let replies = sctp_probes(&c.pods[1], sa(SIG_IP, SIG_PORT), 6);
+            assert_eq!(
+                names(&replies),
+                ["remote".to_string()].into(),
+                "{replies:?}"
+            );
+            let echoed = a.echo("two");
+            assert_eq!(
+                echoed.as_deref().ok(),
+                Some("two"),
+                "established association kept: {echoed:?}\n{}",
+                d.log_text()
+            );
+        }
     }
 }

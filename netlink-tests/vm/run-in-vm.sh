@@ -8,8 +8,8 @@
 #
 # --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
 # guest's working directory is $PWD when it lies inside a share. The guest has busybox,
-# dash as /bin/sh, iproute2's ip, nft, ipvsadm, iptables (-nft and -legacy), ipset, strace
-# and glibc (so -gnu Rust binaries reached through a share run as they are). Test oracles only: nothing here is used by src/.
+# dash as /bin/sh, iproute2's ip, nft, ipvsadm, iptables (-nft and -legacy), ipset, conntrack,
+# strace and glibc (so -gnu Rust binaries reached through a share run as they are). Test oracles only: nothing here is used by src/.
 #
 # Needs: qemu-system-x86 busybox-static cpio (apt), and apt access to Debian's archive
 # the first time (cache: $KNP_VM_CACHE, default /var/tmp/kube-nlproxy-vm, ~160 MB).
@@ -20,7 +20,7 @@ set -euo pipefail
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 MEM=1024 TIMEOUT=900 SETUP_ONLY=0
 SHARES=() ENVS=()
-STAMP=9
+STAMP=10
 
 die() { echo "run-in-vm: $*" >&2; exit 126; }
 
@@ -45,7 +45,10 @@ MODULES="crc32c_generic virtio_pci 9pnet_virtio 9p dummy veth
  x_tables xt_tcpudp xt_comment xt_mark xt_addrtype xt_conntrack xt_set xt_nat xt_MASQUERADE
  nft_compat ip_tables iptable_nat iptable_filter ipt_REJECT ip6t_REJECT xt_physdev xt_multiport xt_statistic xt_ipvs
  ip_set ip_set_hash_ip ip_set_hash_ipport ip_set_hash_ipportip ip_set_hash_ipportnet
- ip_set_hash_net ip_set_bitmap_port"
+ ip_set_hash_net ip_set_bitmap_port
+ sctp"
+# sctp: SCTP sockets for the SCTP Service tests (the host kernels lack CONFIG_IP_SCTP);
+# conntrack's and IPVS's SCTP support are built into nf_conntrack and ip_vs.
 ORACLE_PKGS="ipvsadm libnl-3-200 libnl-genl-3-200 libpopt0"
 
 # Maps a host path onto the guest's merged-/usr layout.
@@ -112,8 +115,8 @@ setup() {
   local a
   for a in $(busybox --list-full); do a=$(guest_path "/$a"); [ -e "$R$a" ] || ln -s /usr/bin/busybox "$R$a"; done
   # busybox ash prefers its own applets (its ip has no dummy links): dash is /bin/sh.
-  for a in dash bash ip nft strace; do
-    local f; f=$(command -v $a) || die "host tool $a missing (apt-get install dash bash iproute2 nftables strace)"
+  for a in dash bash ip nft strace conntrack; do
+    local f; f=$(command -v $a) || die "host tool $a missing (apt-get install dash bash iproute2 nftables strace conntrack)"
     f=$(realpath "$f"); rm -f "$R/usr/bin/$a" "$R/usr/sbin/$a"; copy_with_libs "$R" "$f"
     [ -e "$R/usr/sbin/$a" ] || ln -sf "$(guest_path "$f")" "$R/usr/sbin/$a"
   done
