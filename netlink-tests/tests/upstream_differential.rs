@@ -64,6 +64,19 @@ fn create_objects(cp: &ControlPlane, ns: &NetNs) {
     });
 }
 
+/// Sets `node1`'s zone label through the API.
+fn relabel_node(cp: &ControlPlane, ns: &NetNs, zone: &str) {
+    let patch = serde_json::json!({"metadata": {"labels": {"topology.kubernetes.io/zone": zone}}});
+    cp.with_admin(ns, |client| {
+        Box::pin(async move {
+            Api::<Node>::all(client)
+                .patch("node1", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap_or_else(|e| panic!("Node node1 zone label: {e}"));
+        })
+    });
+}
+
 /// Runs the flow table through ours (with `ours_args`) and upstream (in `upstream_mode`),
 /// and compares. `deviations`: flows whose outcomes differ by design (README says why).
 fn differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
@@ -84,9 +97,12 @@ fn differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
     let mut args = vec!["--kubeconfig", admin.to_str().unwrap()];
     args.extend_from_slice(ours_args);
     let d = ours.start_daemon_with(&args);
+    // Both proxies read the one API server's Node: ours sees the same two label changes.
+    let relabel = |zone: &str| relabel_node(&cp, &ours.node, zone);
     check_flows(
         (&ours, "ours", &|| d.log_text()),
         (&theirs, upstream_mode, &mut upstream),
+        &relabel,
         &format!("ours ({ours_args:?}) vs upstream {upstream_mode} mode"),
         deviations,
     );

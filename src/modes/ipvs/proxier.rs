@@ -1,7 +1,7 @@
 //! Applies [`IpvsPlan`]s: the companion nftables table in one atomic batch per family,
 //! VIPs on the dummy link, then virtual and real servers, one acknowledged request per
 //! change. Removed real servers drain at weight 0 until their connections are gone or the
-//! grace period ends (UDP has no connections to drain: deleted at once). Virtual servers we
+//! grace period ends (UDP and SCTP are deleted at once, as upstream). Virtual servers we
 //! do not own (address neither on our dummy link nor a node address serving a NodePort) are
 //! never touched, nor are any inside `excludeCIDRs`.
 
@@ -396,8 +396,12 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
                     weight: 0,
                     ..RealServer::masq(k.0, k.1)
                 };
-                if key.protocol == crate::model::net::proto::UDP {
-                    // Nothing to drain; expire_nodest_conn drops its flows on the next packet.
+                if matches!(
+                    key.protocol,
+                    crate::model::net::proto::UDP | crate::model::net::proto::SCTP
+                ) {
+                    // Not drained, as upstream (`IsRsGracefulTerminationNeeded`: UDP and
+                    // SCTP): expire_nodest_conn drops its flows on the next packet.
                     round.push(IpvsOp::DeleteDest(d.vs.clone(), rs));
                     then.push(Then::Nothing);
                 } else if w != 0 {
@@ -819,6 +823,17 @@ mod tests {
             .unwrap();
         r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 0, 4);
         r.sync(&state(&["10.244.1.2"], Protocol::Udp)).unwrap();
+        assert_eq!(dest_weights(&mut r, &k), [("10.244.1.2".into(), 1)]);
+    }
+
+    #[test]
+    fn sctp_real_servers_are_deleted_at_once_as_upstream() {
+        let mut r = reconciler();
+        let k = key("10.96.0.10", 80, 132);
+        r.sync(&state(&["10.244.1.2", "10.244.1.3"], Protocol::Sctp))
+            .unwrap();
+        r.ipvs().set_conns(&k, (ip("10.244.1.3"), 8080), 3, 0);
+        r.sync(&state(&["10.244.1.2"], Protocol::Sctp)).unwrap();
         assert_eq!(dest_weights(&mut r, &k), [("10.244.1.2".into(), 1)]);
     }
 

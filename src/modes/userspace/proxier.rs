@@ -259,6 +259,33 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
+    async fn an_sctp_port_gets_no_listener_and_one_warning() {
+        let mut p = UserspaceProxier::new(
+            FakeNftables::default(),
+            ProxierConfig {
+                table: "t".into(),
+                ..Default::default()
+            },
+        );
+        let st = sample();
+        p.sync(&st).unwrap();
+        p.sync(&st).unwrap();
+        let sctp = spn("sctp", Protocol::Sctp);
+        // Remembered once, so the second sync did not warn again.
+        assert_eq!(p.warned_sctp.iter().collect::<Vec<_>>(), [&sctp]);
+        for (external, v4) in [(false, true), (true, true)] {
+            let key = ListenerKey {
+                service: sctp.clone(),
+                external,
+                v4,
+            };
+            assert_eq!(p.listener_port(&key), None);
+        }
+        let dump = p.nft().dump(Family::Ip, "t");
+        assert!(!dump.contains("10.96.0.12"), "{dump}");
+    }
+
+    #[tokio::test]
     async fn sync_binds_listeners_and_redirects_to_them() {
         let mut p = UserspaceProxier::new(
             FakeNftables::default(),
