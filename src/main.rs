@@ -7,22 +7,27 @@ fn main() -> std::process::ExitCode {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    use kube_nlproxy::tools::{Dispatch, ToolError};
+    use kube_nlproxy::tools::{Dispatch, ToolError, EXIT_FINDING, EXIT_TROUBLE};
     let (state_tool, flags) = match kube_nlproxy::tools::dispatch(&args) {
         Dispatch::Daemon => (None, args),
         Dispatch::Done(out, tool) => {
+            // As diff(1): 0 nothing found, 1 a finding, 2 trouble.
             return match out {
-                Ok(text) | Err(ToolError::Help(text)) => {
+                Ok(printed) => {
+                    print!("{}", printed.text);
+                    std::process::ExitCode::from(printed.exit_code())
+                }
+                Err(ToolError::Help(text)) => {
                     print!("{text}");
                     std::process::ExitCode::SUCCESS
                 }
                 Err(e @ ToolError::Usage { .. }) => {
                     eprintln!("kube-nlproxy {e}");
-                    std::process::ExitCode::from(2)
+                    std::process::ExitCode::from(EXIT_TROUBLE)
                 }
                 Err(e) => {
                     eprintln!("kube-nlproxy {tool}: {e}");
-                    std::process::ExitCode::FAILURE
+                    std::process::ExitCode::from(EXIT_TROUBLE)
                 }
             };
         }
@@ -65,8 +70,12 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    let tool = state_tool.is_some();
     match rt.block_on(kube_nlproxy::app::run(cfg)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(kube_nlproxy::app::Finished::Stopped) => std::process::ExitCode::SUCCESS,
+        Ok(kube_nlproxy::app::Finished::DriftReported) => {
+            std::process::ExitCode::from(EXIT_FINDING)
+        }
         Err(e) if e.is_usage() => {
             eprintln!("kube-nlproxy: {e}");
             std::process::ExitCode::from(2)
@@ -75,7 +84,8 @@ fn main() -> std::process::ExitCode {
             let e = anyhow::Error::from(e);
             tracing::error!("{e:#}");
             eprintln!("kube-nlproxy: {e:#}");
-            std::process::ExitCode::FAILURE
+            // status and diff: trouble is 2, as diff(1); the daemon's failure stays 1.
+            std::process::ExitCode::from(if tool { EXIT_TROUBLE } else { 1 })
         }
     }
 }

@@ -177,6 +177,13 @@ impl Cluster {
     /// (`--hostname-override node1 --cluster-cidr …`) added, as the daemon gets them;
     /// panics with its stderr on failure, else returns its stdout.
     pub fn proxy_stdout(&self, args: &[&str]) -> String {
+        self.proxy_report(args, 0)
+    }
+
+    /// As [`Cluster::proxy_stdout`], for an operator tool whose exit status says what it
+    /// found (`diff(1)`'s: 0 nothing, 1 a finding, 2 trouble): panics unless it exits
+    /// `want`, else returns its stdout.
+    pub fn proxy_report(&self, args: &[&str], want: i32) -> String {
         let mut all = args.to_vec();
         all.extend([
             "--hostname-override",
@@ -185,9 +192,11 @@ impl Cluster {
             CLUSTER_CIDR,
         ]);
         let out = self.node.output(proxy_bin().to_str().unwrap(), &all);
-        assert!(
-            out.status.success(),
-            "kube-nlproxy {all:?} failed:\n{}",
+        assert_eq!(
+            out.status.code(),
+            Some(want),
+            "kube-nlproxy {all:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()

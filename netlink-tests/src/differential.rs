@@ -739,10 +739,26 @@ pub fn explain_json(ns: &NetNs, args: &[&str]) -> Result<Value, String> {
     let mut all = vec!["explain", "--json"];
     all.extend_from_slice(args);
     let out = ns.output(bin.to_str().unwrap(), &all);
-    if !out.status.success() {
+    let code = out.status.code();
+    if !matches!(code, Some(0 | 1)) {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("explain printed no JSON: {e}"))
+    let report: Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("explain printed no JSON: {e}"))?;
+    // Exit status 1 exactly when some outcome is a drop or a reject (0 otherwise).
+    let refused = report["tables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["outcomes"].as_array().into_iter().flatten())
+        .any(|o| matches!(o["verdict"].as_str(), Some("drop" | "reject")));
+    if code != Some(i32::from(refused)) {
+        return Err(format!(
+            "explain exited {code:?}, but the report {} a drop or reject",
+            if refused { "has" } else { "has no" }
+        ));
+    }
+    Ok(report)
 }
 
 /// What `kube-nlproxy explain` says flow `f` does on `c`'s node, in [`outcome`]'s terms:

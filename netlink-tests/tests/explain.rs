@@ -62,7 +62,7 @@ fn a_foreign_rule_is_reported_not_guessed() {
         detail.starts_with("chain nat-prerouting, rule ") && detail.contains("limit"),
         "{detail}"
     );
-    let s = c.proxy_stdout(&["status", &master]);
+    let s = c.proxy_report(&["status", &master], 1);
     assert!(
         s.contains("chain nat-prerouting: 2 rules, planned 1; from rule 1: rule handle"),
         "{s}"

@@ -775,21 +775,25 @@ COMMIT
         let c = web_cluster();
         c.sync_once(&web_yaml(""), IPVS);
         let m = c.dir.join("cluster.yaml");
-        let run = |tool: &str| {
-            c.proxy_stdout(&[
-                tool,
-                "--manifests",
-                m.to_str().unwrap(),
-                "--proxy-mode",
-                "ipvs",
-            ])
+        // Exit status 0 in sync, 1 drift (as diff(1)).
+        let run = |tool: &str, code: i32| {
+            c.proxy_report(
+                &[
+                    tool,
+                    "--manifests",
+                    m.to_str().unwrap(),
+                    "--proxy-mode",
+                    "ipvs",
+                ],
+                code,
+            )
         };
-        let s = run("status");
+        let s = run("status", 0);
         assert!(s.contains("IPVS: 4 virtual servers, 8 real servers"), "{s}");
         assert!(s.contains("drift: none"), "{s}");
         c.node
             .sh("ipvsadm -d -t 10.96.0.10:80 -r 10.244.2.2:8080 && ipvsadm -A -u 10.96.0.99:53");
-        let s = run("status");
+        let s = run("status", 1);
         assert!(
             s.contains("virtual server tcp 10.96.0.10:80: real server 10.244.2.2:8080 missing"),
             "{s}"
@@ -798,7 +802,7 @@ COMMIT
             s.contains("virtual server udp 10.96.0.99:53: not in the plan"),
             "{s}"
         );
-        let d = run("diff");
+        let d = run("diff", 1);
         assert!(
             d.contains("-a -t 10.96.0.10:80 -r 10.244.2.2:8080 -m -w 1"),
             "{d}"
@@ -815,7 +819,7 @@ COMMIT
             "ipvsadm -R < {}",
             c.dir.join("ipvs.rules").display()
         ));
-        assert!(run("status").contains("drift: none"));
+        assert!(run("status", 0).contains("drift: none"));
     }
 
     /// `kube-nlproxy explain` in IPVS mode: the companion table's verdicts, the virtual

@@ -9,11 +9,12 @@ use netlink_tests::cluster::{yaml, Cluster};
 use netlink_tests::ns::NetNs;
 use netlink_tests::scenario::{dns_yaml, web_yaml_with, LOCAL_EP, REMOTE_EP};
 
-/// Runs `kube-nlproxy TOOL --manifests M EXTRA` with the daemon's node flags.
-fn tool(c: &Cluster, tool: &str, manifests: &std::path::Path, extra: &[&str]) -> String {
+/// Runs `kube-nlproxy TOOL --manifests M EXTRA` with the daemon's node flags; its exit
+/// status must be `code` (0 in sync, 1 drift).
+fn tool(c: &Cluster, tool: &str, manifests: &std::path::Path, extra: &[&str], code: i32) -> String {
     let mut args = vec![tool, "--manifests", manifests.to_str().unwrap()];
     args.extend_from_slice(extra);
-    c.proxy_stdout(&args)
+    c.proxy_report(&args, code)
 }
 
 fn first_yaml() -> String {
@@ -84,7 +85,7 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
     let c = Cluster::new();
     let mut d = c.start_daemon(&first_yaml(), &[]);
     let m = c.dir.join("cluster.yaml");
-    let s = tool(&c, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[], 0);
     assert!(s.contains("drift: none"), "{s}");
     assert!(
         s.contains("2 Services (2 service ports, 3 endpoints)"),
@@ -100,7 +101,7 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
         .sh("nft delete element ip kube-nlproxy service-ips '{ 10.96.0.10 . tcp . 80 }'");
     c.node
         .sh("nft insert rule ip kube-nlproxy services ip saddr 192.0.2.1 drop");
-    let s = tool(&c, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[], 1);
     assert!(s.contains("daemon: not reachable"), "{s}");
     assert!(s.contains("drift: 2 differences"), "{s}");
     assert!(
@@ -112,10 +113,10 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
         "{s}"
     );
     let json: serde_json::Value =
-        serde_json::from_str(&tool(&c, "status", &m, &["--json"])).unwrap();
+        serde_json::from_str(&tool(&c, "status", &m, &["--json"], 1)).unwrap();
     assert_eq!(json["in_sync"], false);
     // diff's commands, through the real nft, undo both.
-    let ops = tool(&c, "diff", &m, &[]);
+    let ops = tool(&c, "diff", &m, &[], 1);
     let script: String = ops
         .lines()
         .filter(|l| l.starts_with("add ") || l.starts_with("flush ") || l.starts_with("delete "))
@@ -132,12 +133,12 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
     std::fs::write(c.dir.join("repair.nft"), &script).unwrap();
     c.node
         .sh(&format!("nft -f {}", c.dir.join("repair.nft").display()));
-    let s = tool(&c, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[], 0);
     assert!(
         s.contains("drift: none"),
         "after applying diff:\n{s}\n{ops}"
     );
-    assert!(tool(&c, "diff", &m, &[]).contains("no changes"));
+    assert!(tool(&c, "diff", &m, &[], 0).contains("no changes"));
 }
 
 #[test]
@@ -146,7 +147,7 @@ fn diff_shows_exactly_what_the_next_sync_does() {
     let d = c.start_daemon(&first_yaml(), &[]);
     let next = c.dir.join("next.yaml");
     std::fs::write(&next, second_yaml()).unwrap();
-    let ops = tool(&c, "diff", &next, &[]);
+    let ops = tool(&c, "diff", &next, &[], 1);
     let script: String = ops
         .lines()
         .filter(|l| l.starts_with("add ") || l.starts_with("flush ") || l.starts_with("delete "))
@@ -188,7 +189,7 @@ fn diff_shows_exactly_what_the_next_sync_does() {
         only(&ours, &theirs),
         only(&theirs, &ours)
     );
-    assert!(tool(&c, "diff", &next, &[]).contains("no changes"));
+    assert!(tool(&c, "diff", &next, &[], 0).contains("no changes"));
 }
 
 #[test]
@@ -201,10 +202,10 @@ fn a_table_loaded_by_nft_from_our_dry_run_is_in_sync() {
     std::fs::write(c.dir.join("plan.nft"), plan).unwrap();
     c.node
         .sh(&format!("nft -f {}", c.dir.join("plan.nft").display()));
-    let s = tool(&c, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[], 0);
     assert!(s.contains("drift: none"), "{s}");
     // …and a rule nft changed is still seen.
     c.node.sh("nft flush chain ip kube-nlproxy nat-output");
-    let s = tool(&c, "status", &m, &[]);
+    let s = tool(&c, "status", &m, &[], 1);
     assert!(s.contains("chain nat-output: 0 rules, planned 1"), "{s}");
 }

@@ -98,8 +98,17 @@ fn options(cfg: &Config) -> Options {
     }
 }
 
+/// How a run ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// Stopped (a signal, a dry run, a tool with nothing to report).
+    Stopped,
+    /// `status` or `diff` reported drift (exit 1, as `diff(1)`).
+    DriftReported,
+}
+
 /// Runs the proxy as configured.
-pub async fn run(mut cfg: Config) -> Result<(), AppError> {
+pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
     let shutdown = Shutdown::install();
     for n in &cfg.notices {
         tracing::info!("{n}");
@@ -108,7 +117,7 @@ pub async fn run(mut cfg: Config) -> Result<(), AppError> {
         tracing::warn!("{w}");
     }
     if cfg.cleanup {
-        return cleanup_everything(&cfg);
+        return cleanup_everything(&cfg).map(|()| Finished::Stopped);
     }
     if cfg.init_only {
         // Upstream's --init-only: the steps that need full privileges, then exit, so that
@@ -118,7 +127,7 @@ pub async fn run(mut cfg: Config) -> Result<(), AppError> {
             tracing::warn!("{w}");
         }
         tracing::info!("initialization done (--init-only); exiting");
-        return Ok(());
+        return Ok(Finished::Stopped);
     }
     // IPVS mode needs IPVS in the kernel: prove it before anything is changed (another
     // mode's rules removed, sysctls written) or waited for, as upstream's
@@ -189,7 +198,7 @@ pub async fn run(mut cfg: Config) -> Result<(), AppError> {
             r = rx.changed() => if r.is_err() {
                 return Err(AppError::SourceEnded);
             },
-            _ = shutdown.clone().signalled() => return Ok(()),
+            _ = shutdown.clone().signalled() => return Ok(Finished::Stopped),
         }
     };
     if let Some(tool) = cfg.state_tool {
@@ -198,15 +207,20 @@ pub async fn run(mut cfg: Config) -> Result<(), AppError> {
         // mode it shows the INVALID drop whatever the sysctl says.)
         resolve_drop_invalid(&mut cfg.proxier);
         watcher.abort();
-        print!("{}", crate::tools::status::run(tool, &cfg, &state)?);
-        return Ok(());
+        let printed = crate::tools::status::run(tool, &cfg, &state)?;
+        print!("{}", printed.text);
+        return Ok(if printed.finding {
+            Finished::DriftReported
+        } else {
+            Finished::Stopped
+        });
     }
     if cfg.dry_run {
         if let Opened::DryRun(text) = open_mode(&cfg, None, &state)? {
             print!("{text}");
         }
         watcher.abort();
-        return Ok(());
+        return Ok(Finished::Stopped);
     }
     set_oom_score_adj(cfg.oom_score_adj);
     for w in crate::kernel::conntrack::tuning::apply(&cfg.conntrack) {
@@ -249,7 +263,7 @@ pub async fn run(mut cfg: Config) -> Result<(), AppError> {
         None
     };
     let Opened::Proxier { proxier, link } = open_mode(&cfg, Some((nft, conntrack)), &state)? else {
-        return Ok(());
+        return Ok(Finished::Stopped);
     };
     let watch = Watch {
         tamper,
@@ -269,7 +283,7 @@ pub async fn run(mut cfg: Config) -> Result<(), AppError> {
         }
     }
     watcher.abort();
-    res
+    res.map(|()| Finished::Stopped)
 }
 
 /// Upstream's iptables mode reads nf_conntrack_tcp_be_liberal once its conntrack tuning is

@@ -16,7 +16,7 @@ use crate::model::net::proto;
 use super::args::{self, Flag};
 use super::ToolError;
 
-pub const USAGE: &str = "--to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS|node|external] [--iif NAME] [--mark VALUE] [--json]";
+pub const USAGE: &str = "--to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS|node|external] [--iif NAME] [--mark VALUE] [--json] [--exit-zero]";
 
 pub const FLAGS: &[Flag] = &[
     Flag {
@@ -68,6 +68,11 @@ pub const FLAGS: &[Flag] = &[
         name: "json",
         value: false,
         help: "print JSON",
+    },
+    Flag {
+        name: "exit-zero",
+        value: false,
+        help: "exit 0 even when the packet is dropped or rejected (by default: 1, as a finding; 2 on trouble)",
     },
 ];
 
@@ -883,15 +888,29 @@ impl KernelView for LiveKernel {
     }
 }
 
-/// The `explain` command.
-pub fn run(args: &[String]) -> Result<String, ToolError> {
+/// The `explain` command: a finding (exit 1) when the packet can be dropped or rejected,
+/// unless `--exit-zero`.
+pub fn run(args: &[String]) -> Result<super::Printed, ToolError> {
     let a = args::parse("explain", USAGE, FLAGS, args)?;
     let report = explain(&mut LiveKernel::new(), &a)?;
-    Ok(if a.has("json") {
+    let text = if a.has("json") {
         serde_json::to_string_pretty(&report).expect("a report serializes") + "\n"
     } else {
         render_text(&report)
+    };
+    Ok(super::Printed {
+        text,
+        finding: !a.has("exit-zero") && refused(&report),
     })
+}
+
+/// Whether some outcome of the packet, in any table, is a drop or a reject.
+pub fn refused(report: &Report) -> bool {
+    report
+        .tables
+        .iter()
+        .flat_map(|t| &t.outcomes)
+        .any(|o| matches!(o.verdict, "drop" | "reject"))
 }
 
 #[cfg(test)]
@@ -979,6 +998,25 @@ mod tests {
     fn golden_text_for_an_unused_cluster_ip_port_from_a_pod() {
         let got = text(&["--from", "10.244.1.3", "--to", "10.96.0.10:81/tcp"]).unwrap();
         super::super::golden("explain-unused-port.txt", &got);
+    }
+
+    #[test]
+    fn a_rejected_packet_is_a_finding_and_a_delivered_one_is_not() {
+        let rejected = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:81/tcp"]).unwrap();
+        assert!(refused(&rejected));
+        let delivered = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:80"]).unwrap();
+        assert!(!refused(&delivered));
+        // The exit status run() gives them (1 a finding, 0 nothing found).
+        let printed = |finding| super::super::Printed {
+            text: String::new(),
+            finding,
+        };
+        assert_eq!(printed(refused(&rejected)).exit_code(), 1);
+        assert_eq!(printed(refused(&delivered)).exit_code(), 0);
+        let a = ["--to", "10.96.0.10:81", "--exit-zero"].map(String::from);
+        assert!(args::parse("explain", USAGE, FLAGS, &a)
+            .unwrap()
+            .has("exit-zero"));
     }
 
     #[test]

@@ -27,6 +27,40 @@ pub const TOOLS: &[(&str, &str)] = &[
     ),
 ];
 
+/// What a tool printed, and whether it reported a finding. The exit status follows
+/// `diff(1)`: 0 nothing found (in sync; the packet is delivered), [`EXIT_FINDING`] a finding
+/// (`status`/`diff`: drift; `explain`: dropped or rejected, unless `--exit-zero`),
+/// [`EXIT_TROUBLE`] trouble (a usage or kernel error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Printed {
+    pub text: String,
+    pub finding: bool,
+}
+
+impl Printed {
+    /// A report with nothing to flag.
+    pub fn plain(text: String) -> Printed {
+        Printed {
+            text,
+            finding: false,
+        }
+    }
+
+    /// The process exit status for this report.
+    pub fn exit_code(&self) -> u8 {
+        if self.finding {
+            EXIT_FINDING
+        } else {
+            0
+        }
+    }
+}
+
+/// Exit status of a tool that found drift, or a packet dropped or rejected.
+pub const EXIT_FINDING: u8 = 1;
+/// Exit status of a tool that could not answer (bad flags, a kernel read that failed).
+pub const EXIT_TROUBLE: u8 = 2;
+
 /// An operator tool's failure: one line naming the flag or the kernel operation.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
@@ -53,7 +87,7 @@ pub enum Dispatch {
     /// Not a tool: the daemon's flag line.
     Daemon,
     /// A tool that ran: its output (or error), and its name.
-    Done(Result<String, ToolError>, &'static str),
+    Done(Result<Printed, ToolError>, &'static str),
     /// `status` or `diff`: they run with the daemon's flags (`rest`), after its sources
     /// delivered the state.
     WithState(status::StateTool, Vec<String>),
@@ -66,7 +100,7 @@ pub fn dispatch(args: &[String]) -> Dispatch {
     };
     match name.as_str() {
         "explain" => Dispatch::Done(explain::run(rest), "explain"),
-        "uninstall" => Dispatch::Done(uninstall::run(rest), "uninstall"),
+        "uninstall" => Dispatch::Done(uninstall::run(rest).map(Printed::plain), "uninstall"),
         "status" | "diff" => {
             let diff = name == "diff";
             if rest.iter().any(|a| a == "--help" || a == "-h") {

@@ -450,7 +450,8 @@ fn mode_name(m: ProxyMode) -> &'static str {
 }
 
 /// `status` or `diff` of `state` (from the daemon's sources) against the live kernel.
-pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<String, ToolError> {
+/// A finding (exit 1) when the live kernel differs from the plan.
+pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::Printed, ToolError> {
     let opts = crate::proxy::Options {
         proxier: cfg.proxier.clone(),
         detect_local: cfg.detect_local.clone(),
@@ -535,10 +536,14 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<String, 
         daemon,
         in_sync,
     };
-    Ok(if tool.json {
+    let text = if tool.json {
         serde_json::to_string_pretty(&report).expect("a report serializes") + "\n"
     } else {
         render_text(&report, tool.diff)
+    };
+    Ok(super::Printed {
+        text,
+        finding: !report.in_sync,
     })
 }
 
