@@ -35,6 +35,10 @@ fn main() -> std::process::ExitCode {
     };
     let mut cfg = match Config::from_args(flags) {
         Ok(Command::Run(c)) => *c,
+        Ok(Command::Help) => {
+            print!("{}", kube_nlproxy::tools::top_level_help());
+            return std::process::ExitCode::SUCCESS;
+        }
         Ok(Command::Print(text)) => {
             print!("{text}");
             return std::process::ExitCode::SUCCESS;

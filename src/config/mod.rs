@@ -123,7 +123,10 @@ pub struct Config {
 #[derive(Debug)]
 pub enum Command {
     Run(Box<Config>),
-    /// `--help` or `--version`: print this and exit 0.
+    /// `--help`: the binary prints the flags' usage ([`flags::usage`]) with its
+    /// subcommands, and exits 0.
+    Help,
+    /// `--version`: print this and exit 0.
     Print(String),
 }
 
@@ -465,7 +468,7 @@ impl Config {
             why: e.0,
         })?;
         if parsed.bool("help") == Some(true) {
-            return Ok(Command::Print(flags::usage()));
+            return Ok(Command::Help);
         }
         match parsed.last("version") {
             Some("true") | Some("raw") => {
@@ -489,7 +492,9 @@ impl Config {
     pub fn from_flag_list(args: &[&str]) -> Result<Config, ConfigError> {
         match Config::from_args(args)? {
             Command::Run(c) => Ok(*c),
-            Command::Print(_) => Err(bad("command line", "asked for --help or --version")),
+            Command::Help | Command::Print(_) => {
+                Err(bad("command line", "asked for --help or --version"))
+            }
         }
     }
 

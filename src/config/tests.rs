@@ -851,10 +851,8 @@ fn kubespray_ipvs_file() {
 
 #[test]
 fn help_and_version() {
-    assert!(
-        matches!(Config::from_args(["--help"]), Ok(Command::Print(t)) if t.contains("--iptables-masquerade-bit"))
-    );
-    assert!(matches!(Config::from_args(["-h"]), Ok(Command::Print(_))));
+    assert!(matches!(Config::from_args(["--help"]), Ok(Command::Help)));
+    assert!(matches!(Config::from_args(["-h"]), Ok(Command::Help)));
     assert!(
         matches!(Config::from_args(["--version"]), Ok(Command::Print(t)) if t.starts_with("kube-nlproxy "))
     );

@@ -16,7 +16,16 @@ use crate::model::net::proto;
 use super::args::{self, Flag};
 use super::ToolError;
 
-pub const USAGE: &str = "--to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS|node|external] [--iif NAME] [--mark VALUE] [--json] [--exit-zero]";
+pub const USAGE: &str = "--to ADDRESS:PORT[/PROTOCOL] [--from ADDRESS|NAMESPACE/POD|node|external] [--iif NAME] [--mark VALUE] [--json] [--exit-zero]
+
+What the live kernel does to one packet: every rule of ours it meets, the endpoints it can
+reach with their probability, the source address they see, or where it is dropped or
+rejected. Read-only, over netlink.
+
+Example, a pod asking the cluster DNS:
+  kubectl -n kube-system exec ds/kube-nlproxy -- /usr/local/bin/kube-proxy explain --from 10.244.1.3 --to 10.96.0.10:53/udp
+
+Exit status: 0 delivered, 1 dropped or rejected (0 with --exit-zero), 2 trouble.";
 
 pub const FLAGS: &[Flag] = &[
     Flag {

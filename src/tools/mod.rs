@@ -27,6 +27,18 @@ pub const TOOLS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The top-level `--help`: the daemon's flags (upstream's) and the subcommands.
+pub fn top_level_help() -> String {
+    let flags = crate::config::flags::usage();
+    let mut commands = String::from(
+        "Usage:\n  kube-nlproxy [flags]\n  kube-nlproxy COMMAND [flags]    (kube-nlproxy COMMAND --help: its flags, an example, its exit status)\n\nCommands:\n",
+    );
+    for (name, what) in TOOLS {
+        commands.push_str(&format!("  {name:<10} {what}\n"));
+    }
+    flags.replacen("Usage:\n  kube-nlproxy [flags]\n", &commands, 1)
+}
+
 /// What a tool printed, and whether it reported a finding. The exit status follows
 /// `diff(1)`: 0 nothing found (in sync; the packet is delivered), [`EXIT_FINDING`] a finding
 /// (`status`/`diff`: drift; `explain`: dropped or rejected, unless `--exit-zero`),
@@ -106,7 +118,7 @@ pub fn dispatch(args: &[String]) -> Dispatch {
             if rest.iter().any(|a| a == "--help" || a == "-h") {
                 return Dispatch::Done(
                     Err(ToolError::Help(format!(
-                        "Usage: kube-nlproxy {name} [--json] [the daemon's flags: --config, --manifests, --kubeconfig, --proxy-mode, …]\n\n{}\n",
+                        "Usage: kube-nlproxy {name} [--json] [the daemon's flags: --config, --manifests, --kubeconfig, --proxy-mode, …]\n\n{}: it reads the same sources as the daemon with the same flags, and the kernel over netlink; it changes nothing.\n\nExample, in the DaemonSet's pod:\n  kubectl -n kube-system exec ds/kube-nlproxy -- /usr/local/bin/kube-proxy {name} --config=/var/lib/kube-proxy/config.conf --hostname-override=$NODE\n\nExit status, as diff(1): 0 in sync, 1 drift, 2 trouble.\n",
                         TOOLS.iter().find(|(t, _)| t == name).map(|(_, h)| *h).unwrap_or("")
                     ))),
                     if diff { "diff" } else { "status" },
@@ -152,4 +164,38 @@ pub(crate) fn golden(name: &str, got: &str) {
     }
     let want = std::fs::read_to_string(&path).unwrap_or_default();
     assert_eq!(got, want, "{name}; got:\n{got}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_level_help_lists_the_subcommands_and_every_flag() {
+        let h = top_level_help();
+        assert!(h.contains("kube-nlproxy COMMAND [flags]"), "{h}");
+        for (name, what) in TOOLS {
+            assert!(h.contains(&format!("  {name:<10} {what}\n")), "{name}: {h}");
+        }
+        for spec in crate::config::flags::FLAGS {
+            assert!(h.contains(&format!("--{}", spec.name)), "{}", spec.name);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_help_has_an_example_and_its_exit_status() {
+        for (name, _) in TOOLS {
+            let args = [name.to_string(), "--help".into()];
+            let Dispatch::Done(Err(ToolError::Help(h)), _) = dispatch(&args) else {
+                panic!("{name} --help is not help");
+            };
+            assert!(
+                h.starts_with(&format!("Usage: kube-nlproxy {name} ")),
+                "{h}"
+            );
+            assert_eq!(h.matches("Usage:").count(), 1, "{h}");
+            assert!(h.contains("Example"), "{name}: {h}");
+            assert!(h.contains("Exit status"), "{name}: {h}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::proxy::{DetectLocal, Options, ProxierConfig, DEFAULT_TABLE};
 use super::args::{self, Flag};
 use super::ToolError;
 
-const USAGE: &str = "Usage: kube-nlproxy uninstall [--ipvs]
+const USAGE: &str = "[--ipvs]
 
 Removes what kube-nlproxy programmed on this node: its nftables tables (every mode's, IPv4
 and IPv6, only those carrying kube-nlproxy's comment). Upstream kube-proxy's rules are left
@@ -24,7 +24,8 @@ Established connections keep working: their conntrack entries stay.
 
 Example, on every node once upstream's DaemonSet is rolled out again:
   kubectl apply -f deploy/uninstall/ && kubectl -n kube-system rollout status ds/kube-nlproxy-uninstall
-";
+
+Exit status: 0 done, 2 trouble (a flag, a kernel operation that failed).";
 
 const FLAGS: &[Flag] = &[Flag {
     name: "ipvs",
