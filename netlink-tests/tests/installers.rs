@@ -321,8 +321,8 @@ fn verbosity_changes_what_is_logged() {
     };
     let quiet = run("0");
     let chatty = run("2");
-    assert!(!quiet.contains("] synced full="), "{quiet}");
-    assert!(chatty.contains("] synced full="), "{chatty}");
+    assert!(!quiet.contains("] \"synced\" full="), "{quiet}");
+    assert!(chatty.contains("] \"synced\" full="), "{chatty}");
     assert!(
         quiet.lines().all(|l| l.starts_with(['I', 'W', 'E'])),
         "klog headers: {quiet}"

@@ -1,7 +1,8 @@
-//! Log output as kube-proxy's: klog's text header (`I1201 13:57:24.123456  1234
-//! file.rs:42] msg key="value"`) or, with `--logging-format json`, component-base's JSON
-//! schema (`{"ts":…,"caller":"file.rs:42","msg":"…","v":0,"key":"value"}`; errors carry no
-//! `v`). Verbosity as upstream's `-v`: 0-1 info, 2-3 adds debug, 4+ trace. Colours only on
+//! Log output as kube-proxy's: klog's `InfoS` text (`I1201 13:57:24.123456  1234
+//! file.rs:42] "Message" key="value"`) or, with `--logging-format json`, component-base's
+//! JSON schema (`{"ts":<ms since the epoch>,"caller":"dir/file.rs:42","msg":"…","v":0,
+//! "key":"value"}`, zap's short caller; errors carry no `v`). A field named `error` is
+//! written as `err`, klog's and component-base's key for an error. Verbosity as upstream's `-v`: 0-1 info, 2-3 adds debug, 4+ trace. Colours only on
 //! a terminal and never with NO_COLOR. Pure formatting; `init` installs it.
 
 use std::fmt::Write as _;
@@ -19,31 +20,40 @@ struct Fields {
     kv: Vec<(String, serde_json::Value)>,
 }
 
+/// The key a field is written under: `err` for an error, as klog's `ErrorS` and
+/// component-base's JSON (zapr's `ErrorKey("err")`).
+fn key_of(f: &Field) -> String {
+    match f.name() {
+        "error" => "err".into(),
+        other => other.into(),
+    }
+}
+
 impl Visit for Fields {
     fn record_str(&mut self, f: &Field, v: &str) {
         if f.name() == "message" {
             self.msg = v.to_string();
         } else {
-            self.kv.push((f.name().into(), v.into()));
+            self.kv.push((key_of(f), v.into()));
         }
     }
     fn record_i64(&mut self, f: &Field, v: i64) {
-        self.kv.push((f.name().into(), v.into()));
+        self.kv.push((key_of(f), v.into()));
     }
     fn record_u64(&mut self, f: &Field, v: u64) {
-        self.kv.push((f.name().into(), v.into()));
+        self.kv.push((key_of(f), v.into()));
     }
     fn record_bool(&mut self, f: &Field, v: bool) {
-        self.kv.push((f.name().into(), v.into()));
+        self.kv.push((key_of(f), v.into()));
     }
     fn record_f64(&mut self, f: &Field, v: f64) {
-        self.kv.push((f.name().into(), v.into()));
+        self.kv.push((key_of(f), v.into()));
     }
     fn record_debug(&mut self, f: &Field, v: &dyn std::fmt::Debug) {
         if f.name() == "message" {
             self.msg = format!("{v:?}");
         } else {
-            self.kv.push((f.name().into(), format!("{v:?}").into()));
+            self.kv.push((key_of(f), format!("{v:?}").into()));
         }
     }
 }
@@ -58,12 +68,23 @@ pub fn verbosity_of(level: &Level) -> Option<u32> {
     }
 }
 
+/// klog's text caller: the file's base name and line (`server.go:123`).
 fn caller(event: &Event<'_>) -> String {
     let m = event.metadata();
     let file = m.file().unwrap_or("?");
-    // klog prints the base name.
     let base = file.rsplit('/').next().unwrap_or(file);
     format!("{base}:{}", m.line().unwrap_or(0))
+}
+
+/// zap's short caller, as component-base's JSON writes it: the file's directory and name
+/// (`app/server.go:137`), so one of our ~15 `mod.rs` files is told from another.
+fn short_caller(file: &str, line: u32) -> String {
+    let mut parts = file.rsplitn(3, '/');
+    let base = parts.next().unwrap_or(file);
+    match parts.next() {
+        Some(dir) => format!("{dir}/{base}:{line}"),
+        None => format!("{base}:{line}"),
+    }
 }
 
 /// component-base's JSON lines.
@@ -85,16 +106,27 @@ where
         writeln!(
             w,
             "{}",
-            json_line(event.metadata().level(), &caller(event), f, now_secs())
+            json_line(
+                event.metadata().level(),
+                &short_caller(
+                    event.metadata().file().unwrap_or("?"),
+                    event.metadata().line().unwrap_or(0)
+                ),
+                f,
+                now_millis()
+            )
         )
     }
 }
 
-fn now_secs() -> f64 {
+/// Milliseconds since the epoch, with a fraction, as component-base's
+/// `epochMillisTimeEncoder` (a pipeline reading seconds would date lines to 1970).
+fn now_millis() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
-        .as_secs_f64()
+        .as_nanos() as f64
+        / 1e6
 }
 
 /// One JSON object in component-base's key order: ts, caller, msg, v, then the pairs.
@@ -183,7 +215,9 @@ fn text_line(level: &Level, when: &str, pid: u32, caller: &str, f: Fields) -> St
         Level::WARN => 'W',
         _ => 'I',
     };
-    let mut s = format!("{letter}{when} {pid:>7} {caller}] {}", f.msg);
+    // klog's InfoS: the message quoted (Go's strconv.Quote; Rust's escaping agrees on
+    // quotes, backslashes and control characters).
+    let mut s = format!("{letter}{when} {pid:>7} {caller}] {:?}", f.msg);
     for (k, v) in f.kv {
         match v {
             serde_json::Value::String(x) => {
@@ -237,17 +271,17 @@ mod tests {
             &Level::INFO,
             "hooks.rs:72",
             fields("synced", &[("rules", 61.into()), ("full", true.into())]),
-            1764597444.5,
+            1764597444500.25,
         );
         let v: serde_json::Value = serde_json::from_str(&l).unwrap();
-        assert_eq!(v["ts"], 1764597444.5);
+        assert_eq!(v["ts"], 1764597444500.25);
         assert_eq!(v["caller"], "hooks.rs:72");
         assert_eq!(v["msg"], "synced");
         assert_eq!(v["v"], 0);
         assert_eq!(v["rules"], 61);
         assert!(
             l.starts_with(
-                "{\"ts\":1764597444.5,\"caller\":\"hooks.rs:72\",\"msg\":\"synced\",\"v\":0,"
+                "{\"ts\":1764597444500.25,\"caller\":\"hooks.rs:72\",\"msg\":\"synced\",\"v\":0,"
             ),
             "{l}"
         );
@@ -269,11 +303,57 @@ mod tests {
         );
         assert_eq!(
             l,
-            "W1201 13:57:24.123456      42 app.rs:9] cannot set value=\"x y\" n=3"
+            "W1201 13:57:24.123456      42 app.rs:9] \"cannot set\" value=\"x y\" n=3"
         );
+        let q = text_line(
+            &Level::INFO,
+            "1201 00:00:00.000000",
+            1,
+            "a.rs:1",
+            fields("say \"hi\"\n", &[]),
+        );
+        assert!(q.ends_with(r#"] "say \"hi\"\n""#), "{q}");
         assert_eq!(civil_from_days(0), (1970, 1, 1));
         assert_eq!(civil_from_days(20423), (2025, 12, 1));
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_764_597_444);
         assert_eq!(&chrono_like(t)[..4], "1201");
+    }
+
+    #[test]
+    fn json_caller_names_the_directory_and_errors_go_in_err() {
+        assert_eq!(short_caller("src/app/mod.rs", 102), "app/mod.rs:102");
+        assert_eq!(short_caller("/x/src/modes/ipvs/mod.rs", 7), "ipvs/mod.rs:7");
+        assert_eq!(short_caller("main.rs", 3), "main.rs:3");
+        // Through a real subscriber: the `error` field is written as `err`.
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || SharedBuf(sink.clone()))
+            .event_format(JsonFormat)
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            tracing::error!(error = "no route", service = "ns/web", "sync failed");
+        });
+        let line = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(v["err"], "no route", "{line}");
+        assert_eq!(v["service"], "ns/web");
+        assert!(v.get("error").is_none(), "{line}");
+        let caller = v["caller"].as_str().unwrap();
+        assert!(caller.starts_with("app/logging.rs:"), "{caller}");
+        let ts = v["ts"].as_f64().unwrap();
+        assert!(ts > 1.7e12, "milliseconds since the epoch: {ts}");
+    }
+
+    struct SharedBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for SharedBuf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 }
