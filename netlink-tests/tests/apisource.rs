@@ -353,11 +353,11 @@ fn api_outage_keeps_rules_and_recovers() {
 fn config_sync_period_republishes_the_watched_state() {
     let (c, api) = setup();
     let d = c.start_daemon_with(&["--master", &api.url(), "--config-sync-period", "1s"]);
-    let before = d.log_text().matches(" synced").count();
-    d.wait_for_log(" synced", before + 2);
+    let before = d.log_text().matches("] \"synced\"").count();
+    d.wait_for_log("] \"synced\"", before + 2);
     // Nothing changed, so the resyncs send nothing to the kernel.
     let text = d.log_text();
-    let last = text.lines().rfind(|l| l.contains(" synced")).unwrap();
+    let last = text.lines().rfind(|l| l.contains("] \"synced\"")).unwrap();
     assert!(
         last.contains("Ip: 0") && last.contains("full=false"),
         "{last}"

@@ -88,7 +88,7 @@ fn sixty_seconds_of_endpoint_churn_loses_nothing() {
     let t0 = Instant::now();
     while !fs::read_to_string(&log)
         .unwrap_or_default()
-        .contains(" synced")
+        .contains("] \"synced\"")
     {
         assert!(t0.elapsed() < Duration::from_secs(30), "no first sync");
         std::thread::sleep(Duration::from_millis(50));

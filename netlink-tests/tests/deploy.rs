@@ -60,7 +60,7 @@ fn rbac_is_least_privilege() {
 #[test]
 fn daemonset_is_a_drop_in_for_kubeadms_kube_proxy() {
     let ds: DaemonSet = serde_yaml::from_str(&deploy("daemonset.yaml")).unwrap();
-    let pod = ds.spec.unwrap().template.spec.unwrap();
+    let pod = ds.spec.template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(
         pod.priority_class_name.as_deref(),
@@ -224,7 +224,7 @@ fn dockerfile_builds_the_same_tree_as_xtask() {
 fn deploy_names_the_image_xtask_builds() {
     let reference = xtask::image::default_reference().unwrap();
     let ds: DaemonSet = serde_yaml::from_str(&deploy("daemonset.yaml")).unwrap();
-    let spec = ds.spec.unwrap().template.spec.unwrap();
+    let spec = ds.spec.template.spec.unwrap();
     let c = &spec.containers[0];
     assert_eq!(c.image.as_deref(), Some(reference.as_str()));
     assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
@@ -246,7 +246,7 @@ fn deploy_names_the_image_xtask_builds() {
     assert_eq!(k["images"][0]["newTag"], tag);
     let un: DaemonSet =
         serde_yaml::from_str(&deploy("uninstall/kube-nlproxy-uninstall.yaml")).unwrap();
-    let pod = un.spec.unwrap().template.spec.unwrap();
+    let pod = un.spec.template.spec.unwrap();
     let init = &pod.init_containers.unwrap()[0];
     assert_eq!(init.image.as_deref(), Some(reference.as_str()));
     assert_eq!(

@@ -93,11 +93,10 @@ fn setup(
                 .await
                 .unwrap();
             let tr = TokenRequest {
-                spec: TokenRequestSpec {
-                    audiences: vec![],
+                spec: Some(TokenRequestSpec {
                     expiration_seconds: Some(3600),
                     ..Default::default()
-                },
+                }),
                 ..Default::default()
             };
             Api::<ServiceAccount>::namespaced(client, "kube-system")
@@ -105,8 +104,8 @@ fn setup(
                 .await
                 .unwrap()
                 .status
-                .unwrap()
-                .token
+                .and_then(|s| s.token)
+                .expect("the TokenRequest's status holds a token")
         })
     })
 }
@@ -380,7 +379,12 @@ fn node_updates_through_the_real_api_reach_the_kernel() {
     let cp = ControlPlane::start(&c.node);
     // Topology hints: the local endpoint for zone-a, the remote one for zone-b.
     let mut hinted = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]);
-    for (e, zone) in hinted.endpoints.iter_mut().zip(["zone-a", "zone-b"]) {
+    for (e, zone) in hinted
+        .endpoints
+        .iter_mut()
+        .flatten()
+        .zip(["zone-a", "zone-b"])
+    {
         e.hints = Some(
             serde_json::from_value(serde_json::json!({"forZones": [{"name": zone}]})).unwrap(),
         );
@@ -486,7 +490,8 @@ fn a_missing_rbac_rule_is_named_and_nothing_is_programmed() {
     });
     let kc = cp.kubeconfig(&token, "kube-nlproxy");
     let d = c.spawn_daemon_with(&["--kubeconfig", kc.to_str().unwrap()]);
-    d.wait_for_log("cannot watch resource \"endpointslices\"", 1);
+    // The message is quoted as klog's InfoS quotes it: inner quotes escaped.
+    d.wait_for_log(r#"cannot watch resource \"endpointslices\""#, 1);
     let log = d.log_text();
     let line = log
         .lines()
@@ -514,12 +519,13 @@ fn explain_finds_a_pod_by_name_with_the_proxys_own_token() {
     let c = scenario::web_cluster(Backends::default());
     let cp = ControlPlane::start(&c.node);
     let mut web = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]);
-    web.endpoints[0].target_ref = Some(k8s_openapi::api::core::v1::ObjectReference {
-        kind: Some("Pod".into()),
-        namespace: Some("default".into()),
-        name: Some("web-local".into()),
-        ..Default::default()
-    });
+    web.endpoints.as_mut().expect("two endpoints")[0].target_ref =
+        Some(k8s_openapi::api::core::v1::ObjectReference {
+            kind: Some("Pod".into()),
+            namespace: Some("default".into()),
+            name: Some("web-local".into()),
+            ..Default::default()
+        });
     let token = setup(
         &c,
         &cp,

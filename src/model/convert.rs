@@ -394,8 +394,10 @@ pub fn convert_slice(
             port: super::intern::shared(port.name.as_deref().unwrap_or_default()),
             protocol,
         };
-        let mut eps = Vec::with_capacity(slice.endpoints.len());
-        for ep in &slice.endpoints {
+        // Optional in the current API types: a slice without endpoints may omit it.
+        let endpoints = slice.endpoints.as_deref().unwrap_or_default();
+        let mut eps = Vec::with_capacity(endpoints.len());
+        for ep in endpoints {
             // Upstream uses only the first address of an endpoint.
             let Some(addr) = ep.addresses.first() else {
                 continue;

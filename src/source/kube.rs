@@ -1321,7 +1321,10 @@ mod tests {
         assert_ne!(first.lineage.generation, 0);
         // One slice changed: its Service's port.
         let mut web2 = fx.endpoint_slices[1].clone();
-        web2.endpoints.pop();
+        web2.endpoints
+            .as_mut()
+            .expect("the fixture lists endpoints")
+            .pop();
         s.apply(Update::Slice(Change::Apply(
             key_of(&web2),
             logged(|w| convert_slice(&web2, node, w)),

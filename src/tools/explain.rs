@@ -842,7 +842,7 @@ impl KernelView for LiveKernel {
             .map_err(|_| "the API server did not answer in 10 s".to_string())?
             .map_err(|e| format!("cannot list EndpointSlices in {ns}: {e}"))?;
             for s in list.items.iter().filter(|s| s.address_type == want) {
-                for e in &s.endpoints {
+                for e in s.endpoints.iter().flatten() {
                     let is_it = e.target_ref.as_ref().is_some_and(|t| {
                         t.kind.as_deref() == Some("Pod") && t.name.as_deref() == Some(name)
                     });

@@ -558,7 +558,7 @@ fn manifest_daemon_first_sync(
     let synced = || {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
-            .contains(" synced")
+            .contains("] \"synced\"")
     };
     while !synced() {
         assert!(
