@@ -141,6 +141,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         proxy_mode: "iptables".into(),
         listeners: Default::default(),
         zpages: Default::default(),
+        localhost_accepted: Default::default(),
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
@@ -325,6 +326,7 @@ fn zpages_shared(statusz: bool, flagz: bool) -> Shared {
         configz: Arc::new(serde_json::json!({})),
         proxy_mode: "nftables".into(),
         listeners: Default::default(),
+        localhost_accepted: Default::default(),
         zpages: Arc::new(admin::Zpages {
             statusz: statusz.then(|| kube_nlproxy::serve::zpages::StatuszInfo {
                 start: std::time::SystemTime::now(),

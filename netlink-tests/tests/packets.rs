@@ -715,6 +715,23 @@ fn localhost_node_ports_follow_the_mode_and_the_options() {
     );
     let r = udp_probe(&c.node, sa("127.0.0.1", 30053));
     assert_eq!(r.name(), Some("dns"), "{r:?}");
+    // Upstream's iptables-mode counter of accepted localhost NodePort traffic (the first
+    // packet of each connection): one more connection, one more.
+    let accepted = || {
+        let (code, _, m) = http_get(&c.node, sa("127.0.0.1", 10249), "/metrics").unwrap();
+        assert_eq!(code, 200);
+        let name = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total ";
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name}in {m}"))
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let before = accepted();
+    assert!(before >= 21, "20 connections and a UDP session: {before}");
+    assert!(tcp_probe(&c.node, sa("127.0.0.1", 30080)).name().is_some());
+    assert_eq!(accepted(), before + 1);
     // An established connection survives an endpoint change.
     let mut conn = OpenConn::open(&c.node, sa("127.0.0.1", 30080));
     let gone = if conn.greeting.name() == Some("local") {

@@ -265,6 +265,7 @@ mod tests {
             proxy_mode: "nftables".into(),
             listeners: Default::default(),
             zpages: Default::default(),
+            localhost_accepted: Default::default(),
         };
         let mut hooks = Hooks::new(shared);
         let mut state = crate::model::fixtures::synthetic_state(3, 1);

@@ -418,6 +418,15 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
             }
         }));
     }
+    let localhost_accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if cfg.requested_mode == "iptables" {
+        // Upstream counts the first packet of each connection to a localhost NodePort with
+        // an nfacct rule; ours are the connections and UDP sessions its listeners forward.
+        let accepted = localhost_accepted.clone();
+        metrics.register_localhost_nodeports_accepted(Box::new(move || {
+            Some(accepted.load(std::sync::atomic::Ordering::Relaxed))
+        }));
+    }
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
         metrics: Arc::new(metrics),
@@ -427,6 +436,7 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
         proxy_mode: cfg.requested_mode.as_str().into(),
         listeners: Default::default(),
         zpages: Arc::new(zpages_of(cfg)),
+        localhost_accepted,
     };
     shared.metrics.record_features(&cfg.gates.metric_values());
     let mut failures = Vec::new();
@@ -712,10 +722,13 @@ async fn drive<P: Proxier>(
     let Some(shared) = shared else {
         return Ok(());
     };
+    let localhost_accepted = shared.localhost_accepted.clone();
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
     if cfg.localhost_nodeports {
-        hooks.localhost = Some(userspace::localhost::LocalhostNodePorts::new());
+        hooks.localhost = Some(userspace::localhost::LocalhostNodePorts::new(
+            localhost_accepted,
+        ));
     }
     // Restore our state at once when someone else changes it (nf_tables and rtnetlink
     // notifications).

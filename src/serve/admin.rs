@@ -29,6 +29,9 @@ pub struct Shared {
     pub listeners: Arc<Mutex<Arc<Vec<crate::proxy::ListenerInfo>>>>,
     /// `/statusz` and `/flagz`; `None`: the page's gate is off and it answers 404.
     pub zpages: Arc<Zpages>,
+    /// Connections and UDP sessions the localhost NodePort listeners forwarded (iptables
+    /// mode's `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`).
+    pub localhost_accepted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What the metrics server's z-pages show.

@@ -153,6 +153,13 @@ pub const CT_STATE_INVALID_DROPPED: (&str, &str) = (
     "packets dropped by iptables to work around conntrack problems",
 );
 
+/// Upstream's name (without `_total`) and help of the iptables mode's localhost NodePort
+/// counter (`localhostNodePortsAcceptedPacketsDescription`).
+pub const LOCALHOST_NODEPORTS_ACCEPTED: (&str, &str) = (
+    "kubeproxy_iptables_localhost_nodeports_accepted_packets",
+    "Number of packets accepted on nodeports of loopback interface",
+);
+
 fn network_programming_buckets() -> Vec<f64> {
     // Upstream: 0.25, 0.5, 1..59 by 1, 60..115 by 5, 120..300 by 30.
     let mut b = vec![0.25, 0.5];
@@ -370,6 +377,17 @@ impl Metrics {
         }));
     }
 
+    /// Registers `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`, read with
+    /// `read` at each scrape. Upstream registers it in iptables mode only.
+    pub fn register_localhost_nodeports_accepted(&mut self, read: CounterReader) {
+        let (name, help) = LOCALHOST_NODEPORTS_ACCEPTED;
+        self.registry.register_collector(Box::new(ScrapedCounter {
+            name,
+            help,
+            read: std::sync::Mutex::new(read),
+        }));
+    }
+
     /// Records a sync that took `d`, for both families (one sync programs both).
     pub fn observe_sync(&self, full: bool, d: Duration, ok: bool) {
         let s = d.as_secs_f64();
@@ -514,6 +532,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_localhost_nodeports_counter_is_read_at_each_scrape_and_absent_unless_registered() {
+        let name = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
+        assert!(!Metrics::new().render().contains(name));
+        let mut m = Metrics::new();
+        let mut reads = [Some(2), Some(7)].into_iter();
+        m.register_localhost_nodeports_accepted(Box::new(move || reads.next().flatten()));
+        let first = m.render();
+        assert!(
+            first.contains(&format!(
+                "# HELP {name} Number of packets accepted on nodeports of loopback interface\n\
+                 # TYPE {name} counter\n{name} 2\n"
+            )),
+            "{first}"
+        );
+        assert!(m.render().contains(&format!("{name} 7\n")));
     }
 
     #[test]

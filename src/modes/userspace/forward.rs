@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -25,11 +25,20 @@ pub struct Balancer {
     forward: RwLock<Option<Forward>>,
     next: AtomicUsize,
     sticky: Mutex<HashMap<IpAddr, (SocketAddr, Instant)>>,
+    /// Counts each connection and UDP session forwarded: what upstream's NAT-table nfacct
+    /// rule counts for localhost NodePorts (the first packet of each connection).
+    accepted: Option<Arc<AtomicU64>>,
 }
 
 impl Balancer {
     pub fn set(&self, f: Forward) {
         *self.forward.write().expect("balancer") = Some(f);
+    }
+
+    fn note_accepted(&self) {
+        if let Some(c) = &self.accepted {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Where it forwards now.
@@ -85,7 +94,20 @@ impl Drop for Listener {
 
 /// Binds `addr` for `proto` and starts forwarding to `f`. Must run inside the runtime.
 pub fn listen(proto: Protocol, addr: SocketAddr, f: Forward) -> std::io::Result<Listener> {
-    let b = Arc::new(Balancer::default());
+    listen_counted(proto, addr, f, None)
+}
+
+/// [`listen`], adding each connection or UDP session it forwards to `accepted`.
+pub fn listen_counted(
+    proto: Protocol,
+    addr: SocketAddr,
+    f: Forward,
+    accepted: Option<Arc<AtomicU64>>,
+) -> std::io::Result<Listener> {
+    let b = Arc::new(Balancer {
+        accepted,
+        ..Balancer::default()
+    });
     b.set(f);
     let (task, port) = match proto {
         Protocol::Tcp => {
@@ -125,6 +147,7 @@ async fn serve_tcp(l: tokio::net::TcpListener, b: Arc<Balancer>) {
             drop(client); // no endpoint: the connection is refused by closing it
             continue;
         };
+        b.note_accepted();
         tokio::spawn(async move {
             match tokio::net::TcpStream::connect(ep).await {
                 Ok(mut up) => {
@@ -179,6 +202,7 @@ async fn serve_udp(sock: Arc<tokio::net::UdpSocket>, b: Arc<Balancer>) {
                 let Some(ep) = b.pick(client.ip()) else {
                     continue;
                 };
+                b.note_accepted();
                 let bind = if ep.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
                 let Ok(up) = tokio::net::UdpSocket::bind(bind).await else {
                     continue;
@@ -248,5 +272,74 @@ mod tests {
             affinity: None,
         });
         assert_eq!(b.pick(c), None);
+    }
+
+    #[tokio::test]
+    async fn counted_listeners_count_connections_and_udp_sessions() {
+        let backend = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ep = backend.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let f = Forward {
+            endpoints: vec![ep],
+            affinity: None,
+        };
+        let l = listen_counted(
+            Protocol::Tcp,
+            "127.0.0.1:0".parse().unwrap(),
+            f,
+            Some(accepted.clone()),
+        )
+        .unwrap();
+        for _ in 0..3 {
+            let c = tokio::net::TcpStream::connect(("127.0.0.1", l.port))
+                .await
+                .unwrap();
+            drop(c);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while accepted.load(Ordering::Relaxed) < 3 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(accepted.load(Ordering::Relaxed), 3, "one per connection");
+        // UDP: one session per client address, however many datagrams it sends.
+        let up = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let f = Forward {
+            endpoints: vec![up.local_addr().unwrap()],
+            affinity: None,
+        };
+        let u = listen_counted(
+            Protocol::Udp,
+            "127.0.0.1:0".parse().unwrap(),
+            f,
+            Some(accepted.clone()),
+        )
+        .unwrap();
+        let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for _ in 0..3 {
+            client.send_to(b"x", ("127.0.0.1", u.port)).await.unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while accepted.load(Ordering::Relaxed) < 4 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(accepted.load(Ordering::Relaxed), 4, "one per UDP session");
+        // An uncounted listener counts nothing.
+        let plain = listen(
+            Protocol::Tcp,
+            "127.0.0.1:0".parse().unwrap(),
+            Forward {
+                endpoints: vec![ep],
+                affinity: None,
+            },
+        )
+        .unwrap();
+        drop(
+            tokio::net::TcpStream::connect(("127.0.0.1", plain.port))
+                .await
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(accepted.load(Ordering::Relaxed), 4);
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::model::topology::categorize_family;
 use crate::model::{Protocol, ProxyState};
 pub use crate::modes::userspace::forward::Forward;
-use crate::modes::userspace::forward::{listen, Listener};
+use crate::modes::userspace::forward::{listen_counted, Listener};
 
 /// The localhost NodePorts wanted by `state` (IPv4 endpoints; 127.0.0.1 is IPv4), keyed by
 /// protocol and port. A port whose Service has no usable endpoint is still listened on and
@@ -51,11 +51,18 @@ pub fn plan_localhost(state: &ProxyState) -> BTreeMap<(Protocol, u16), Forward> 
 pub struct LocalhostNodePorts {
     listeners: BTreeMap<(Protocol, u16), Listener>,
     failed: std::collections::BTreeSet<(Protocol, u16)>,
+    /// Connections and UDP sessions forwarded, for
+    /// `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`.
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LocalhostNodePorts {
-    pub fn new() -> Self {
-        Self::default()
+    /// Listeners that add each connection or UDP session they forward to `accepted`.
+    pub fn new(accepted: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Self {
+            accepted,
+            ..Self::default()
+        }
     }
 
     /// Starts, updates and stops listeners to match `want`. Must run inside the runtime. A
@@ -67,7 +74,8 @@ impl LocalhostNodePorts {
                 l.balancer.set(f);
                 continue;
             }
-            match listen(k.0, SocketAddr::from(([127, 0, 0, 1], k.1)), f) {
+            let at = SocketAddr::from(([127, 0, 0, 1], k.1));
+            match listen_counted(k.0, at, f, Some(self.accepted.clone())) {
                 Ok(l) => {
                     self.failed.remove(&k);
                     self.listeners.insert(k, l);
