@@ -229,6 +229,39 @@ fn load_balancer_source_ranges_and_external_ips() {
     );
 }
 
+/// Upstream's `AllowServiceExternalIPs` gate off: a Service's externalIPs are not served
+/// (its `ServicePort.ExternalIPs()` answers none), its ClusterIP and NodePort still are.
+#[test]
+fn external_ips_are_not_served_with_allow_service_external_ips_off() {
+    let c = web_cluster();
+    let y = web_yaml("externalIPs: [192.0.2.10]");
+    let ext_ip = sa("192.0.2.10", 80);
+    c.sync_once(&y, &[]);
+    assert!(
+        tcp_probe_from(&c.ext, EXT_IP.parse().unwrap(), ext_ip)
+            .name()
+            .is_some(),
+        "control: served with the gate on (its default)"
+    );
+    c.sync_once(&y, &["--feature-gates=AllowServiceExternalIPs=false"]);
+    let r = tcp_probe_from(&c.ext, EXT_IP.parse().unwrap(), ext_ip);
+    assert!(
+        r.name().is_none(),
+        "externalIP served with the gate off: {r:?}"
+    );
+    assert!(!c
+        .node
+        .sh("nft list table ip kube-nlproxy")
+        .contains("192.0.2.10"));
+    assert!(
+        tcp_probe_from(&c.ext, EXT_IP.parse().unwrap(), sa(NODE_IP, 30080))
+            .name()
+            .is_some(),
+        "the NodePort still is"
+    );
+    assert!(tcp_probe(&c.pods[1], sa("10.96.0.10", 80)).name().is_some());
+}
+
 #[test]
 fn services_labelled_for_another_proxy_are_ignored() {
     let c = web_cluster();
