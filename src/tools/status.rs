@@ -211,9 +211,39 @@ pub struct Report {
     pub source: String,
     pub families: Vec<FamilyReport>,
     pub ipvs: Option<IpvsReport>,
-    /// None when the daemon's metrics endpoint does not answer (with why).
+    /// The daemon's figures, or why its metrics endpoint could not be read. In JSON:
+    /// `{"reachable": true, "metrics_url": …, …}` or `{"reachable": false, "error": "…"}`.
+    #[serde(serialize_with = "daemon_json")]
     pub daemon: Result<Daemon, String>,
     pub in_sync: bool,
+}
+
+/// [`Report::daemon`] as a plain object: no Rust `Ok`/`Err` wrapper in the schema.
+fn daemon_json<S: serde::Serializer>(d: &Result<Daemon, String>, s: S) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    #[derive(serde::Serialize)]
+    struct Reachable<'a> {
+        reachable: bool,
+        #[serde(flatten)]
+        daemon: &'a Daemon,
+    }
+    #[derive(serde::Serialize)]
+    struct Unreachable<'a> {
+        reachable: bool,
+        error: &'a str,
+    }
+    match d {
+        Ok(daemon) => Reachable {
+            reachable: true,
+            daemon,
+        }
+        .serialize(s),
+        Err(error) => Unreachable {
+            reachable: false,
+            error,
+        }
+        .serialize(s),
+    }
 }
 
 fn ipvsadm_service(k: &VsKey) -> String {
@@ -661,6 +691,73 @@ kube_nlproxy_sync_last_result 0\n";
             daemon: Err("Connection refused (os error 111)".into()),
             in_sync: false,
         }
+    }
+
+    /// The `--json` schema (docs/operating.md): its field names pinned, and no Rust
+    /// `Ok`/`Err` wrapper anywhere.
+    #[test]
+    fn json_schema_is_pinned() {
+        fn keys(v: &serde_json::Value) -> Vec<&str> {
+            let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+            k.sort_unstable();
+            k
+        }
+        fn no_wrappers(v: &serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    assert!(!m.contains_key("Ok") && !m.contains_key("Err"), "{v}");
+                    m.values().for_each(no_wrappers);
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(no_wrappers),
+                _ => {}
+            }
+        }
+        let mut r = report(true);
+        let down = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            keys(&down),
+            ["daemon", "families", "in_sync", "ipvs", "mode", "source"]
+        );
+        assert_eq!(
+            down["daemon"],
+            serde_json::json!({"reachable": false, "error": "Connection refused (os error 111)"})
+        );
+        assert_eq!(
+            keys(&down["families"][0]),
+            [
+                "counts",
+                "differences",
+                "family",
+                "generation",
+                "operations",
+                "table"
+            ]
+        );
+        no_wrappers(&down);
+        r.daemon = Ok(Daemon {
+            metrics_url: "http://127.0.0.1:10249/metrics".into(),
+            syncs: 3,
+            ..Daemon::default()
+        });
+        let up = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            keys(&up["daemon"]),
+            [
+                "last_sync",
+                "last_sync_ok",
+                "last_sync_seconds",
+                "mean_sync_seconds",
+                "metrics_url",
+                "pending_endpoint_changes",
+                "pending_service_changes",
+                "reachable",
+                "sync_failures",
+                "syncs"
+            ]
+        );
+        assert_eq!(up["daemon"]["reachable"], true);
+        assert_eq!(up["daemon"]["syncs"], 3);
+        no_wrappers(&up);
     }
 
     /// Service ports with chains and those without (one endpoint, or several through a
