@@ -3,6 +3,8 @@
 //! [`proxier::IpvsProxier`] that applies them.
 
 pub mod plan;
+#[cfg(test)]
+mod policy_matrix;
 pub(crate) mod proxier;
 pub(crate) mod sysctl;
 pub mod table;

@@ -122,4 +122,59 @@ mod tests {
         let off = crate::model::without_external_ips(&st);
         assert!(!plan_listeners(&off).0.contains_key(&key));
     }
+
+    /// The traffic-policy matrix (issue #35.1): for every case of
+    /// [`crate::model::fixtures::policy_matrix`], the ClusterIP listener forwards to what
+    /// upstream's `CategorizeEndpoints` lets internal traffic use, the external one (NodePort,
+    /// externalIP, LB IP) to what it lets external traffic use, and affinity carries over.
+    #[test]
+    fn every_policy_endpoint_count_and_affinity_forwards_to_upstreams_endpoints() {
+        use crate::model::fixtures::policy_matrix::cases;
+        use crate::model::Endpoint;
+        let sorted = |eps: &[Endpoint]| {
+            let mut v: Vec<SocketAddr> =
+                eps.iter().map(|e| SocketAddr::new(e.ip, e.port)).collect();
+            v.sort();
+            v
+        };
+        let all = cases();
+        assert_eq!(all.len(), 72, "matrix size");
+        let mut failures = Vec::new();
+        for c in &all {
+            let mut st = ProxyState::default();
+            st.endpoints
+                .insert(c.service.name.clone(), c.endpoints.clone().into());
+            st.services
+                .insert(c.service.name.clone(), c.service.clone().into());
+            let (want, _) = plan_listeners(&st);
+            for external in [false, true] {
+                let key = ListenerKey {
+                    service: c.service.name.clone(),
+                    external,
+                    v4: true,
+                };
+                let Some(f) = want.get(&key) else {
+                    failures.push(format!("{}: no listener external={external}", c.name));
+                    continue;
+                };
+                let mut got = f.endpoints.clone();
+                got.sort();
+                let expected = sorted(&if external { c.external() } else { c.internal() });
+                if got != expected {
+                    failures.push(format!(
+                        "{}: external={external}: want {expected:?}, got {got:?}",
+                        c.name
+                    ));
+                }
+                let affinity = c
+                    .service
+                    .affinity_timeout
+                    .map(|t| Duration::from_secs(t.into()));
+                if f.affinity != affinity {
+                    failures.push(format!("{}: affinity {:?}", c.name, f.affinity));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
 }
