@@ -461,7 +461,10 @@ mod tests {
     }
 
     fn archive(image: &Image) -> (Written, Vec<u8>) {
-        let dir = std::env::temp_dir().join(format!("xtask-oci-{}", std::process::id()));
+        // A directory per call: the tests run in parallel and each removes its own.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("xtask-oci-{}-{n}", std::process::id()));
         let out = dir.join(format!("{}.tar", image.gzip));
         let w = write_archive(image, &out).unwrap();
         let bytes = std::fs::read(&out).unwrap();
