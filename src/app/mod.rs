@@ -406,26 +406,30 @@ fn zpages_of(cfg: &Config) -> admin::Zpages {
 /// returns what failed to bind as (event reason, message).
 async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)>), AppError> {
     let mut metrics = Metrics::new();
-    if cfg.requested_mode == "iptables" {
-        // Upstream registers this collector in iptables mode only, whether or not the
-        // kernel is liberal (its counter then stays at 0).
-        let mut dropped = nftables::invalid::InvalidDropped::new(cfg.proxier.table.clone());
-        metrics.register_ct_state_invalid_dropped(Box::new(move || match dropped.read() {
-            Ok(v) => Some(v),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the INVALID drop counter");
-                None
-            }
-        }));
-    }
     let localhost_accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if cfg.requested_mode == "iptables" {
-        // Upstream counts the first packet of each connection to a localhost NodePort with
-        // an nfacct rule; ours are the connections and UDP sessions its listeners forward.
+        // Upstream registers these collectors in iptables mode only, whether or not the
+        // kernel is liberal (the INVALID count then stays at 0) or localhost NodePorts are
+        // served. Upstream counts the first packet of each connection to a localhost
+        // NodePort with an nfacct rule; ours are the connections and UDP sessions its
+        // listeners forward.
+        use crate::serve::metrics::{CT_STATE_INVALID_DROPPED, LOCALHOST_NODEPORTS_ACCEPTED};
+        let mut dropped = nftables::invalid::InvalidDropped::new(cfg.proxier.table.clone());
+        metrics.register_scraped_counter(
+            CT_STATE_INVALID_DROPPED,
+            Box::new(move || match dropped.read() {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the INVALID drop counter");
+                    None
+                }
+            }),
+        );
         let accepted = localhost_accepted.clone();
-        metrics.register_localhost_nodeports_accepted(Box::new(move || {
-            Some(accepted.load(std::sync::atomic::Ordering::Relaxed))
-        }));
+        metrics.register_scraped_counter(
+            LOCALHOST_NODEPORTS_ACCEPTED,
+            Box::new(move || Some(accepted.load(std::sync::atomic::Ordering::Relaxed))),
+        );
     }
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),

@@ -710,6 +710,21 @@ mod tests {
         assert_eq!(c.ports.capacity(), c.ports.len());
     }
 
+    /// An empty slice as the API server writes it, `endpoints` left out (optional in the
+    /// current API types): decoded and converted to a port with no endpoints.
+    #[test]
+    fn a_slice_without_endpoints_converts_to_none() {
+        let o: EndpointSlice = parse(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\n",
+        );
+        assert!(o.endpoints.is_none());
+        let mut warnings = Vec::new();
+        let c = convert_slice(&o, "n1", &mut warnings);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(c.ports.len(), 1);
+        assert!(c.ports[0].1.is_empty(), "{:?}", c.ports[0].1);
+    }
+
     /// Namespaces and port names are held once, and a slice's Service name once for the
     /// slice and its ports (issue #18: 10k Services' slices each held their own copies).
     #[test]

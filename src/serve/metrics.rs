@@ -366,21 +366,15 @@ impl Metrics {
         }
     }
 
-    /// Registers `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`, read with
-    /// `read` at each scrape. Upstream registers it in iptables mode only.
-    pub fn register_ct_state_invalid_dropped(&mut self, read: CounterReader) {
-        let (name, help) = CT_STATE_INVALID_DROPPED;
-        self.registry.register_collector(Box::new(ScrapedCounter {
-            name,
-            help,
-            read: std::sync::Mutex::new(read),
-        }));
-    }
-
-    /// Registers `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`, read with
-    /// `read` at each scrape. Upstream registers it in iptables mode only.
-    pub fn register_localhost_nodeports_accepted(&mut self, read: CounterReader) {
-        let (name, help) = LOCALHOST_NODEPORTS_ACCEPTED;
+    /// Registers a counter read with `read` at each scrape (a failed read leaves it out of
+    /// that scrape): `metric` is one of [`CT_STATE_INVALID_DROPPED`] and
+    /// [`LOCALHOST_NODEPORTS_ACCEPTED`], which upstream registers in iptables mode only.
+    pub fn register_scraped_counter(
+        &mut self,
+        metric: (&'static str, &'static str),
+        read: CounterReader,
+    ) {
+        let (name, help) = metric;
         self.registry.register_collector(Box::new(ScrapedCounter {
             name,
             help,
@@ -535,40 +529,32 @@ mod tests {
     }
 
     #[test]
-    fn the_localhost_nodeports_counter_is_read_at_each_scrape_and_absent_unless_registered() {
-        let name = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
-        assert!(!Metrics::new().render().contains(name));
-        let mut m = Metrics::new();
-        let mut reads = [Some(2), Some(7)].into_iter();
-        m.register_localhost_nodeports_accepted(Box::new(move || reads.next().flatten()));
-        let first = m.render();
-        assert!(
-            first.contains(&format!(
-                "# HELP {name} Number of packets accepted on nodeports of loopback interface\n\
-                 # TYPE {name} counter\n{name} 2\n"
-            )),
-            "{first}"
-        );
-        assert!(m.render().contains(&format!("{name} 7\n")));
-    }
-
-    #[test]
-    fn the_invalid_drop_counter_is_read_at_each_scrape_and_absent_unless_registered() {
-        let name = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total";
-        assert!(!Metrics::new().render().contains(name));
-        let mut m = Metrics::new();
-        let mut reads = [Some(3), None, Some(5)].into_iter();
-        m.register_ct_state_invalid_dropped(Box::new(move || reads.next().flatten()));
-        let text = m.render();
-        assert!(
-            text.contains(&format!(
-                "# HELP {name} packets dropped by iptables to work around conntrack problems\n\
-                 # TYPE {name} counter\n{name} 3\n"
-            )),
-            "{text}"
-        );
-        assert!(!m.render().contains(name), "a failed read leaves it out");
-        assert!(m.render().contains(&format!("{name} 5\n")));
+    fn scraped_counters_are_read_at_each_scrape_and_absent_unless_registered() {
+        for (metric, help) in [
+            (
+                CT_STATE_INVALID_DROPPED,
+                "packets dropped by iptables to work around conntrack problems",
+            ),
+            (
+                LOCALHOST_NODEPORTS_ACCEPTED,
+                "Number of packets accepted on nodeports of loopback interface",
+            ),
+        ] {
+            let name = format!("{}_total", metric.0);
+            assert!(!Metrics::new().render().contains(&name));
+            let mut m = Metrics::new();
+            let mut reads = [Some(3), None, Some(5)].into_iter();
+            m.register_scraped_counter(metric, Box::new(move || reads.next().flatten()));
+            let text = m.render();
+            assert!(
+                text.contains(&format!(
+                    "# HELP {name} {help}\n# TYPE {name} counter\n{name} 3\n"
+                )),
+                "{text}"
+            );
+            assert!(!m.render().contains(&name), "a failed read leaves it out");
+            assert!(m.render().contains(&format!("{name} 5\n")));
+        }
     }
 
     /// Upstream's definitions (pkg/proxy/metrics/metrics.go, v1.37.2) of the metrics this

@@ -296,11 +296,18 @@ mod tests {
                 .unwrap();
             drop(c);
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while accepted.load(Ordering::Relaxed) < 3 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(accepted.load(Ordering::Relaxed), 3, "one per connection");
+        // Bounded: the listener task counts after accepting.
+        let settled = |want: u64| {
+            let accepted = accepted.clone();
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while accepted.load(Ordering::Relaxed) < want && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                accepted.load(Ordering::Relaxed)
+            }
+        };
+        assert_eq!(settled(3).await, 3, "one per connection");
         // UDP: one session per client address, however many datagrams it sends.
         let up = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let f = Forward {
@@ -318,10 +325,7 @@ mod tests {
         for _ in 0..3 {
             client.send_to(b"x", ("127.0.0.1", u.port)).await.unwrap();
         }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while accepted.load(Ordering::Relaxed) < 4 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        settled(4).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(accepted.load(Ordering::Relaxed), 4, "one per UDP session");
         // An uncounted listener counts nothing.

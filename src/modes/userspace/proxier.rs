@@ -237,6 +237,17 @@ pub(crate) mod tests {
         st
     }
 
+    /// A proxier on the fake kernel with table `t` and the default configuration.
+    fn proxier() -> UserspaceProxier<FakeNftables> {
+        UserspaceProxier::new(
+            FakeNftables::default(),
+            ProxierConfig {
+                table: "t".into(),
+                ..Default::default()
+            },
+        )
+    }
+
     #[tokio::test]
     async fn node_ports_follow_nodeport_addresses() {
         let mut p = UserspaceProxier::new(
@@ -260,13 +271,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn an_sctp_port_gets_no_listener_and_one_warning() {
-        let mut p = UserspaceProxier::new(
-            FakeNftables::default(),
-            ProxierConfig {
-                table: "t".into(),
-                ..Default::default()
-            },
-        );
+        let mut p = proxier();
         let st = sample();
         p.sync(&st).unwrap();
         p.sync(&st).unwrap();
@@ -287,13 +292,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn sync_binds_listeners_and_redirects_to_them() {
-        let mut p = UserspaceProxier::new(
-            FakeNftables::default(),
-            ProxierConfig {
-                table: "t".into(),
-                ..Default::default()
-            },
-        );
+        let mut p = proxier();
         let st = sample();
         p.sync(&st).unwrap();
         let key = ListenerKey {
