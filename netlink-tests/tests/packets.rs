@@ -782,6 +782,113 @@ fn localhost_node_ports_follow_the_mode_and_the_options() {
     assert_eq!(conn.echo("still").unwrap(), "still");
 }
 
+/// nftables mode with upstream 1.37's alpha gate `KubeProxyNFTablesLocalhostNodePorts`: with
+/// loopback listed in `nodePortAddresses`, TCP NodePorts answer on 127.0.0.1 and ::1 through a
+/// userspace proxy to the family's endpoints and UDP is rejected; without it every protocol is
+/// rejected. Each reject is counted in
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total{ip_family,protocol}` (what
+/// tells our rule's reject from a port nobody listens on), and the listeners in
+/// `kubeproxy_nftables_localhost_nodeport_listeners{ip_family}`.
+#[test]
+fn nftables_mode_serves_or_rejects_localhost_node_ports_behind_upstreams_gate() {
+    let mut c = web_cluster();
+    c.add_pod(5);
+    udp_backend(&c.pods[2], "dns", sa("10.244.1.5", 53));
+    let mut y = web_yaml("");
+    y += &dns_yaml("kube-system", 30053, &["10.244.1.5"]);
+    let gate = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
+    let metric = |name: &str, labels: &str| -> Option<u64> {
+        let (code, _, m) = http_get(&c.node, sa("127.0.0.1", 10249), "/metrics").unwrap();
+        assert_eq!(code, 200);
+        let prefix = format!("{name}{{{labels}}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+    };
+    const REJECTED: &str = "kubeproxy_nftables_localhost_nodeport_rejected_packets_total";
+    const LISTENERS: &str = "kubeproxy_nftables_localhost_nodeport_listeners";
+    {
+        let d = c.start_daemon(
+            &y,
+            &[
+                "--proxy-mode=nftables",
+                gate,
+                "--nodeport-addresses=primary,localhost",
+            ],
+        );
+        d.wait_for_log("synced", 1);
+        for (lo, want) in [
+            ("127.0.0.1", ["local", "remote"]),
+            ("::1", ["local6", "remote6"]),
+        ] {
+            let t0 = Instant::now();
+            let replies = loop {
+                let r = tcp_probes(&c.node, sa(lo, 30080), 20);
+                if r.iter().all(|r| r.name().is_some()) {
+                    break r;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(5), "{lo}: {r:?}");
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            assert_eq!(
+                names(&replies),
+                want.map(String::from).into(),
+                "{lo}: the family's endpoints"
+            );
+        }
+        assert_eq!(
+            udp_probe(&c.node, sa("127.0.0.1", 30053)),
+            Reply::Refused,
+            "UDP is not proxied: rejected"
+        );
+        let udp = metric(REJECTED, r#"ip_family="IPv4",protocol="UDP""#);
+        assert!(udp.is_some_and(|n| n >= 1), "UDP reject counted: {udp:?}");
+        assert_eq!(
+            metric(REJECTED, r#"ip_family="IPv4",protocol="TCP""#),
+            None,
+            "TCP is served, so not rejected"
+        );
+        for f in ["IPv4", "IPv6"] {
+            assert_eq!(
+                metric(LISTENERS, &format!("ip_family=\"{f}\"")),
+                Some(1),
+                "{f}: one TCP NodePort with endpoints"
+            );
+        }
+    }
+    let _d = c.start_daemon(&y, &["--proxy-mode=nftables", gate]);
+    let rejected = |family: &str| {
+        metric(
+            REJECTED,
+            &format!("ip_family=\"{family}\",protocol=\"TCP\""),
+        )
+    };
+    let t0 = Instant::now();
+    while rejected("IPv4").is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no IPv4 TCP reject chain"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (lo, family) in [("127.0.0.1", "IPv4"), ("::1", "IPv6")] {
+        let before = rejected(family).unwrap();
+        assert_eq!(
+            tcp_probe(&c.node, sa(lo, 30080)),
+            Reply::Refused,
+            "{lo}: loopback not listed: TCP rejected"
+        );
+        // Counted in packets: one refused connect may count more than one (two for ::1 here).
+        let after = rejected(family).unwrap();
+        assert!(after > before, "{lo}: by our rule: {before} then {after}");
+    }
+    assert_eq!(
+        metric(LISTENERS, r#"ip_family="IPv4""#),
+        None,
+        "no proxy, no listener gauge (as upstream)"
+    );
+}
+
 /// The single manifest file disappears (an editor's unlink-and-create, a ConfigMap volume
 /// swap): the daemon keeps the last good state with a warning, and picks the file up again
 /// when it returns.

@@ -15,8 +15,11 @@ use crate::serve::service_health::{plan_health_checks, ServiceHealthServers};
 
 /// Feeds health, metrics and health-check ports from the sync loop.
 pub struct Hooks {
-    /// The localhost NodePort forwarder, when enabled.
-    pub localhost: Option<crate::modes::userspace::localhost::LocalhostNodePorts>,
+    /// The localhost NodePort forwarder and what it listens on, when enabled.
+    pub localhost: Option<(
+        crate::modes::userspace::localhost::LocalhostNodePorts,
+        crate::proxy::LoopbackListeners,
+    )>,
     /// Where warning events go when the API source is in use.
     pub warnings: Option<tokio::sync::mpsc::UnboundedSender<crate::source::kube::Warning>>,
     shared: Shared,
@@ -197,8 +200,24 @@ impl SyncHooks for Hooks {
                             .set(n as i64);
                     }
                 }
-                if let Some(l) = self.localhost.as_mut() {
-                    l.sync(crate::modes::userspace::localhost::plan_localhost(state));
+                if let Some((forwarder, listen)) = self.localhost.as_mut() {
+                    use crate::modes::userspace::localhost::plan_localhost;
+                    let failed = forwarder.sync(plan_localhost(state, listen));
+                    if let Some(lm) = &self.shared.localhost_metrics {
+                        for (ip, _, _) in failed {
+                            lm.creation_failures
+                                .get_or_create(&FamilyLabel::of(Family::of(&ip)))
+                                .inc();
+                        }
+                        for v4 in [true, false] {
+                            if !listen.of(v4).is_empty() {
+                                let f = if v4 { Family::Ip } else { Family::Ip6 };
+                                lm.listeners
+                                    .get_or_create(&FamilyLabel::of(f))
+                                    .set(forwarder.listening(v4) as i64);
+                            }
+                        }
+                    }
                 }
                 for (port, svc, err) in self.hc.sync(plan_health_checks(state)) {
                     if let Some(w) = &self.warnings {
@@ -266,6 +285,7 @@ mod tests {
             listeners: Default::default(),
             zpages: Default::default(),
             localhost_accepted: Default::default(),
+            localhost_metrics: None,
         };
         let mut hooks = Hooks::new(shared);
         let mut state = crate::model::fixtures::synthetic_state(3, 1);

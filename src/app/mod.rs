@@ -23,7 +23,7 @@ use crate::modes::{ipvs, nftables, userspace};
 use crate::proxy::runner::{self, Timing};
 use crate::proxy::{cleanup, Options, Proxier, SyncError};
 use crate::serve::admin::{self, Shared};
-use crate::serve::metrics::Metrics;
+use crate::serve::metrics::{FamilyLabel, Metrics};
 use crate::serve::proxy_health::ProxyHealth;
 use crate::source::kube as kube_source;
 use crate::source::manifest::{self, ManifestCache};
@@ -431,6 +431,32 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
             Box::new(move || Some(accepted.load(std::sync::atomic::Ordering::Relaxed))),
         );
     }
+    // Upstream registers these with the gate on in nftables mode, whether or not a family
+    // serves or rejects anything.
+    let localhost_metrics = (cfg.requested_mode == "nftables"
+        && cfg
+            .gates
+            .enabled(gates::KUBE_PROXY_NFTABLES_LOCALHOST_NODE_PORTS))
+    .then(|| {
+        let mut rejected = nftables::localhost::RejectedCounts::new(cfg.proxier.table.clone());
+        metrics.register_scraped_counters(
+            crate::serve::metrics::LOCALHOST_NODEPORT_REJECTED,
+            Box::new(move || {
+                rejected
+                    .read()
+                    .into_iter()
+                    .map(|((family, proto), n)| {
+                        let labels = vec![
+                            ("ip_family", FamilyLabel::of(family).ip_family),
+                            ("protocol", proto.upper().to_owned()),
+                        ];
+                        (labels, n)
+                    })
+                    .collect()
+            }),
+        );
+        metrics.register_localhost_nodeports()
+    });
     let shared = Shared {
         health: Arc::new(Mutex::new(ProxyHealth::new(cfg.sync_period * 2))),
         metrics: Arc::new(metrics),
@@ -441,6 +467,7 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
         listeners: Default::default(),
         zpages: Arc::new(zpages_of(cfg)),
         localhost_accepted,
+        localhost_metrics,
     };
     shared.metrics.record_features(&cfg.gates.metric_values());
     let mut failures = Vec::new();
@@ -729,9 +756,10 @@ async fn drive<P: Proxier>(
     let localhost_accepted = shared.localhost_accepted.clone();
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
-    if cfg.localhost_nodeports {
-        hooks.localhost = Some(userspace::localhost::LocalhostNodePorts::new(
-            localhost_accepted,
+    if !cfg.localhost_listeners.is_empty() {
+        hooks.localhost = Some((
+            userspace::localhost::LocalhostNodePorts::new(localhost_accepted),
+            cfg.localhost_listeners.clone(),
         ));
     }
     // Restore our state at once when someone else changes it (nf_tables and rtnetlink

@@ -24,7 +24,11 @@ pub mod yaml_out;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
 use crate::kernel::nft::Cidr;
-use crate::proxy::{names, LocalDetector, NodePortAddresses, ProxierConfig};
+use crate::model::Protocol;
+use crate::proxy::{
+    names, LocalDetector, LoopbackListeners, LoopbackNodePorts, LoopbackPolicy, NodePortAddresses,
+    ProxierConfig,
+};
 use flags::{Parsed, Target};
 use internal::KubeProxyConfig;
 use v1alpha1::GoDuration;
@@ -89,7 +93,8 @@ pub struct Config {
     pub conntrack_cleanup: bool,
     pub conntrack: ConntrackConfig,
     pub json_logs: bool,
-    pub localhost_nodeports: bool,
+    /// The loopback listeners that forward NodePorts in userspace (none: no forwarder).
+    pub localhost_listeners: LoopbackListeners,
     pub oom_score_adj: i32,
     pub write_config_to: Option<PathBuf>,
     /// `kube-nlproxy status` / `diff`: report instead of syncing (set by the binary).
@@ -802,21 +807,12 @@ impl Config {
         let healthz_bind_address = server_addr("healthzBindAddress", &kp.healthz_bind_address)?;
         let metrics_bind_address = server_addr("metricsBindAddress", &kp.metrics_bind_address)?;
         let ipvs = ipvs_config(&kp, &namer)?;
-        // Localhost NodePorts: iptables mode's default (`iptables.localhostNodePorts`, IPv4,
-        // when the NodePort addresses cover 127.0.0.1); nftables mode only behind upstream's
-        // gate and with loopback listed explicitly; ours with --localhost-nodeports.
-        let localhost_nodeports = p.bool("localhost-nodeports").unwrap_or(false)
-            || match kp.mode.as_str() {
-                "iptables" => {
-                    kp.iptables.localhost_node_ports.unwrap_or(true)
-                        && nodeport_addresses.contains_ipv4_loopback()
-                }
-                "nftables" => {
-                    gates.enabled(gates::KUBE_PROXY_NFTABLES_LOCALHOST_NODE_PORTS)
-                        && nodeport_addresses.explicit_loopback()
-                }
-                _ => false,
-            };
+        let (localhost_listeners, loopback_nodeports) = localhost_nodeports(
+            &kp,
+            &nodeport_addresses,
+            &gates,
+            p.bool("localhost-nodeports"),
+        );
         let ct = &kp.conntrack;
         let pos = |d: Option<GoDuration>| d.filter(|d| d.0 > 0).map(GoDuration::std);
         let conntrack = ConntrackConfig {
@@ -873,6 +869,7 @@ impl Config {
                 // Upstream's iptables mode (also what an empty mode means); whether the
                 // kernel is liberal is read once the conntrack tuning is applied.
                 drop_invalid: kp.mode == "iptables",
+                loopback_nodeports,
             },
             sync_period: kp.sync_period.std(),
             min_sync_period: kp.min_sync_period.std(),
@@ -886,7 +883,7 @@ impl Config {
             init_only: p.bool("init-only").unwrap_or(false),
             conntrack_cleanup: !p.bool("no-conntrack-cleanup").unwrap_or(false),
             json_logs: kp.logging.format == "json",
-            localhost_nodeports,
+            localhost_listeners,
             verbosity,
             log_level: match verbosity {
                 0 | 1 => "info",
@@ -964,6 +961,46 @@ pub fn flagz_values(p: &Parsed) -> std::collections::BTreeMap<String, String> {
         out.insert(spec.name.to_string(), v);
     }
     out
+}
+
+/// Localhost NodePorts: which loopback listeners forward them, and which loopback NodePort
+/// traffic the rules reject and count.
+/// - iptables mode (upstream's default `iptables.localhostNodePorts`, IPv4 only, when the
+///   NodePort addresses cover 127.0.0.1; upstream DNATs with route_localnet): TCP and UDP on
+///   127.0.0.1.
+/// - nftables mode with upstream's gate `KubeProxyNFTablesLocalhostNodePorts`, per family:
+///   loopback listed explicitly, TCP on 127.0.0.1 or ::1 and UDP and SCTP rejected;
+///   otherwise every protocol rejected.
+/// - ours, `--localhost-nodeports`: TCP and UDP on 127.0.0.1 in every mode (IPv4 then
+///   rejects nothing).
+fn localhost_nodeports(
+    kp: &KubeProxyConfig,
+    addresses: &NodePortAddresses,
+    gates: &gates::FeatureGates,
+    ours: Option<bool>,
+) -> (LoopbackListeners, LoopbackPolicy) {
+    let gate =
+        kp.mode == "nftables" && gates.enabled(gates::KUBE_PROXY_NFTABLES_LOCALHOST_NODE_PORTS);
+    let mut policy = LoopbackPolicy {
+        v4: LoopbackNodePorts::of(gate, addresses.explicit_loopback_of(true)),
+        v6: LoopbackNodePorts::of(gate, addresses.explicit_loopback_of(false)),
+    };
+    let served = |p: LoopbackNodePorts| match p {
+        LoopbackNodePorts::ServeTcp => vec![Protocol::Tcp],
+        _ => Vec::new(),
+    };
+    let mut listeners = LoopbackListeners {
+        v4: served(policy.v4),
+        v6: served(policy.v6),
+    };
+    let iptables = kp.mode == "iptables"
+        && kp.iptables.localhost_node_ports.unwrap_or(true)
+        && addresses.contains_ipv4_loopback();
+    if ours.unwrap_or(false) || iptables {
+        listeners.v4 = vec![Protocol::Tcp, Protocol::Udp];
+        policy.v4 = LoopbackNodePorts::Untouched;
+    }
+    (listeners, policy)
 }
 
 /// The IPVS settings, checked.

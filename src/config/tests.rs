@@ -517,7 +517,7 @@ fn modes_map_onto_our_engines() {
     assert_eq!(c.mode, ProxyMode::Nftables);
     assert!(c.notices[0].contains("proxy mode iptables"));
     assert!(
-        c.localhost_nodeports,
+        !c.localhost_listeners.is_empty(),
         "iptables mode: localhostNodePorts defaults to true"
     );
     assert_eq!(c.proxier.nodeport_addresses, NodePortAddresses::all());
@@ -526,16 +526,16 @@ fn modes_map_onto_our_engines() {
         "--iptables-localhost-nodeports=false",
     ])
     .unwrap();
-    assert!(!c.localhost_nodeports);
+    assert!(c.localhost_listeners.is_empty());
     let c = run(&[
         "--proxy-mode=iptables",
         "--nodeport-addresses=192.168.0.0/16",
     ])
     .unwrap();
-    assert!(!c.localhost_nodeports, "127.0.0.1 not covered");
+    assert!(c.localhost_listeners.is_empty(), "127.0.0.1 not covered");
     let c = run(&["--proxy-mode=nftables"]).unwrap();
     assert_eq!((c.mode, c.notices.len()), (ProxyMode::Nftables, 0));
-    assert!(!c.localhost_nodeports);
+    assert!(c.localhost_listeners.is_empty());
     assert_eq!(
         c.proxier.nodeport_addresses,
         NodePortAddresses::primary(),
@@ -547,7 +547,7 @@ fn modes_map_onto_our_engines() {
         "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
     ])
     .unwrap();
-    assert!(c.localhost_nodeports);
+    assert!(!c.localhost_listeners.is_empty());
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     assert_eq!(run(&["--proxy-mode=ipvs"]).unwrap().mode, ProxyMode::Ipvs);
     assert_eq!(
@@ -760,7 +760,7 @@ fn kubeadm_configmap_starts_with_upstreams_defaults() {
         c.conntrack.tcp_close_wait_timeout,
         Some(Duration::from_secs(3600))
     );
-    assert!(c.localhost_nodeports);
+    assert!(!c.localhost_listeners.is_empty());
     assert_eq!(
         c.proxier.local_detector,
         LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()])
@@ -846,7 +846,7 @@ fn kubespray_ipvs_file() {
     assert_eq!(c.ipvs.scheduler, "rr");
     assert_eq!(c.min_sync_period, Duration::ZERO);
     assert_eq!(c.proxier.nodeport_addresses, NodePortAddresses::all());
-    assert!(!c.localhost_nodeports);
+    assert!(c.localhost_listeners.is_empty());
 }
 
 #[test]
@@ -919,4 +919,109 @@ fn flagz_shows_upstreams_defaults_and_given_values() {
     assert_eq!(c.flagz["nodeport-addresses"], "[primary]");
     assert_eq!(c.flagz["config-sync-period"], "15m0s");
     assert_eq!(c.flagz["metrics-bind-address"], "127.0.0.1:10249");
+}
+
+/// Localhost NodePorts as upstream 1.37 decides them per mode, gate and family
+/// (`localhostNodePortRejectProtocols`, `useLocalhostNodePortProxy` per family's
+/// `ContainsExplicitLoopback`, iptables mode's `localhostNodePorts` on 127.0.0.1).
+#[test]
+fn localhost_node_ports_per_mode_gate_and_family() {
+    use crate::model::Protocol::{Tcp, Udp};
+    use crate::proxy::LoopbackNodePorts::{RejectAll, ServeTcp, Untouched};
+    const GATE: &str = "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true";
+    type Case<'a> = (&'a [&'a str], [Vec<Protocol>; 2], [LoopbackNodePorts; 2]);
+    let cases: &[Case] = &[
+        (
+            &["--proxy-mode=nftables"],
+            [vec![], vec![]],
+            [Untouched, Untouched],
+        ),
+        (
+            &["--proxy-mode=nftables", "--nodeport-addresses=localhost"],
+            [vec![], vec![]],
+            [Untouched, Untouched],
+        ),
+        (
+            &["--proxy-mode=nftables", GATE],
+            [vec![], vec![]],
+            [RejectAll, RejectAll],
+        ),
+        (
+            &[
+                "--proxy-mode=nftables",
+                GATE,
+                "--nodeport-addresses=localhost",
+            ],
+            [vec![Tcp], vec![Tcp]],
+            [ServeTcp, ServeTcp],
+        ),
+        (
+            &[
+                "--proxy-mode=nftables",
+                GATE,
+                "--nodeport-addresses=127.0.0.0/8",
+            ],
+            [vec![Tcp], vec![]],
+            [ServeTcp, RejectAll],
+        ),
+        (
+            &[
+                "--proxy-mode=nftables",
+                GATE,
+                "--nodeport-addresses=primary,::1/128",
+            ],
+            [vec![], vec![Tcp]],
+            [RejectAll, ServeTcp],
+        ),
+        (
+            &[
+                "--proxy-mode=nftables",
+                GATE,
+                "--nodeport-addresses=0.0.0.0/0,::/0",
+            ],
+            [vec![], vec![]],
+            [RejectAll, RejectAll],
+        ),
+        (
+            &[
+                "--proxy-mode=nftables",
+                GATE,
+                "--nodeport-addresses=localhost",
+                "--localhost-nodeports",
+            ],
+            [vec![Tcp, Udp], vec![Tcp]],
+            [Untouched, ServeTcp],
+        ),
+        (
+            &["--proxy-mode=iptables", GATE],
+            [vec![Tcp, Udp], vec![]],
+            [Untouched, Untouched],
+        ),
+        (
+            &["--proxy-mode=iptables", "--nodeport-addresses=10.0.0.0/8"],
+            [vec![], vec![]],
+            [Untouched, Untouched],
+        ),
+        (
+            &["--proxy-mode=ipvs", GATE, "--nodeport-addresses=localhost"],
+            [vec![], vec![]],
+            [Untouched, Untouched],
+        ),
+    ];
+    for (args, [v4, v6], [p4, p6]) in cases {
+        let c = run(args).unwrap();
+        assert_eq!(
+            (&c.localhost_listeners.v4, &c.localhost_listeners.v6),
+            (v4, v6),
+            "listeners of {args:?}"
+        );
+        assert_eq!(
+            (
+                c.proxier.loopback_nodeports.v4,
+                c.proxier.loopback_nodeports.v6
+            ),
+            (*p4, *p6),
+            "rejects of {args:?}"
+        );
+    }
 }

@@ -41,6 +41,14 @@ impl Protocol {
             Protocol::Sctp => "sctp",
         }
     }
+    /// The API's spelling (`TCP`), as upstream's metric labels carry it.
+    pub fn upper(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
     pub fn parse(s: &str) -> Option<Protocol> {
         match s {
             "TCP" => Some(Protocol::Tcp),

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use crate::model::net::Cidr;
-use crate::model::NodeInfo;
+use crate::model::{NodeInfo, Protocol};
 
 /// Our table's default name (the nftables mode's table; other modes add a suffix).
 pub const DEFAULT_TABLE: &str = "kube-nlproxy";
@@ -119,9 +119,88 @@ impl NodePortAddresses {
     /// Whether loopback is listed explicitly (`localhost` or a loopback CIDR), which
     /// nftables mode requires before serving localhost NodePorts.
     pub fn explicit_loopback(&self) -> bool {
+        self.explicit_loopback_of(true) || self.explicit_loopback_of(false)
+    }
+
+    /// [`Self::explicit_loopback`] for one family's CIDRs (IPv4 when `v4`), as upstream's
+    /// per-family `ContainsExplicitLoopback`: `127.0.0.0/8` alone leaves `::1` unlisted.
+    pub fn explicit_loopback_of(&self, v4: bool) -> bool {
         self.cidrs
             .iter()
-            .any(|c| c.prefix() > 0 && c.addr().is_loopback())
+            .any(|c| c.is_ipv4() == v4 && c.prefix() > 0 && c.addr().is_loopback())
+    }
+}
+
+/// What one family does with NodePort traffic to its loopback address in nftables mode
+/// (upstream 1.37's alpha gate `KubeProxyNFTablesLocalhostNodePorts`; without it, or in
+/// other modes, nothing: no rule, and nothing listens unless a forwarder is configured).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoopbackNodePorts {
+    #[default]
+    Untouched,
+    /// Loopback listed explicitly in `nodePortAddresses`: TCP is proxied in userspace,
+    /// UDP and SCTP are rejected and counted.
+    ServeTcp,
+    /// The gate is on but loopback is not listed: every protocol is rejected and counted.
+    RejectAll,
+}
+
+impl LoopbackNodePorts {
+    /// The protocols whose loopback NodePort traffic is rejected and counted (upstream's
+    /// `localhostNodePortRejectProtocols`).
+    pub fn rejects(self) -> &'static [Protocol] {
+        match self {
+            LoopbackNodePorts::Untouched => &[],
+            LoopbackNodePorts::ServeTcp => &[Protocol::Udp, Protocol::Sctp],
+            LoopbackNodePorts::RejectAll => &[Protocol::Tcp, Protocol::Udp, Protocol::Sctp],
+        }
+    }
+
+    /// Upstream's choice for one family: `gate` on, loopback listed for that family or not.
+    pub fn of(gate: bool, explicit_loopback: bool) -> LoopbackNodePorts {
+        match (gate, explicit_loopback) {
+            (false, _) => LoopbackNodePorts::Untouched,
+            (true, true) => LoopbackNodePorts::ServeTcp,
+            (true, false) => LoopbackNodePorts::RejectAll,
+        }
+    }
+}
+
+/// [`LoopbackNodePorts`] of each family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LoopbackPolicy {
+    pub v4: LoopbackNodePorts,
+    pub v6: LoopbackNodePorts,
+}
+
+impl LoopbackPolicy {
+    pub fn of(&self, v4: bool) -> LoopbackNodePorts {
+        if v4 {
+            self.v4
+        } else {
+            self.v6
+        }
+    }
+}
+
+/// The loopback listeners that forward NodePorts in userspace: the protocols served on
+/// 127.0.0.1 and on ::1.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LoopbackListeners {
+    pub v4: Vec<Protocol>,
+    pub v6: Vec<Protocol>,
+}
+
+impl LoopbackListeners {
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+    pub fn of(&self, v4: bool) -> &[Protocol] {
+        if v4 {
+            &self.v4
+        } else {
+            &self.v6
+        }
     }
 }
 
@@ -140,6 +219,8 @@ pub struct ProxierConfig {
     /// iptables mode when `nf_conntrack_tcp_be_liberal` reads 0 once the conntrack tuning is
     /// applied; kubernetes#74839, #117924). Its nftables and IPVS modes never do.
     pub drop_invalid: bool,
+    /// Loopback NodePort traffic each family rejects and counts (nftables mode's gate).
+    pub loopback_nodeports: LoopbackPolicy,
 }
 
 impl Default for ProxierConfig {
@@ -152,6 +233,7 @@ impl Default for ProxierConfig {
             nodeport_addresses: NodePortAddresses::all(),
             service_cidrs: Vec::new(),
             drop_invalid: false,
+            loopback_nodeports: LoopbackPolicy::default(),
         }
     }
 }

@@ -24,8 +24,9 @@ use crate::model::net::Family;
 use crate::model::ProxyState;
 
 pub use config::{
-    DetectLocal, FamilyNodePorts, LocalDetector, LocalDetectorResolver, NodePortAddresses,
-    ProxierConfig, DEFAULT_TABLE, TABLE_COMMENT,
+    DetectLocal, FamilyNodePorts, LocalDetector, LocalDetectorResolver, LoopbackListeners,
+    LoopbackNodePorts, LoopbackPolicy, NodePortAddresses, ProxierConfig, DEFAULT_TABLE,
+    TABLE_COMMENT,
 };
 pub use ruleset::{
     plan_changes, plan_full, plan_transaction, Change, Existing, Fragment, Plan, Ruleset,

@@ -43,6 +43,23 @@ pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const HAIRPIN: &str = "hairpin-endpoints";
+/// nftables mode with upstream's gate `KubeProxyNFTablesLocalhostNodePorts`: the map from
+/// `l4proto . dport` of a loopback NodePort that is rejected to its protocol's reject chain
+/// (upstream's names).
+pub const LOCALHOST_NODEPORT_REJECTS: &str = "localhost-nodeport-reject-ports";
+
+/// The chain that counts and rejects loopback NodePort traffic of `proto` (upstream's
+/// `localhostNodePortRejectChainName`).
+pub fn localhost_reject_chain(proto: crate::model::Protocol) -> String {
+    format!("localhost-nodeport-reject-{}", proto.lower())
+}
+
+/// The comment on that chain's counting rule: upstream's name of the named counter behind
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`
+/// (`LocalhostNodePortRejectedCounterName`).
+pub fn localhost_reject_counter(proto: crate::model::Protocol) -> String {
+    format!("localhost-nodeport-rejected-{}", proto.lower())
+}
 /// The nftables mode's map from `daddr . l4proto . dport` to the one endpoint of a ClusterIP
 /// service port that has one endpoint and nothing else of its own (no affinity, no external
 /// address, Cluster traffic policy): such a service port needs no chain. The kernel walks

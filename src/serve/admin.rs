@@ -32,6 +32,9 @@ pub struct Shared {
     /// Connections and UDP sessions the localhost NodePort listeners forwarded (iptables
     /// mode's `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`).
     pub localhost_accepted: Arc<std::sync::atomic::AtomicU64>,
+    /// The nftables mode's loopback NodePort listener metrics, registered only with the gate
+    /// `KubeProxyNFTablesLocalhostNodePorts` on (as upstream).
+    pub localhost_metrics: Option<crate::serve::metrics::LocalhostNodePortMetrics>,
 }
 
 /// What the metrics server's z-pages show.

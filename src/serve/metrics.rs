@@ -119,11 +119,18 @@ pub struct Metrics {
 /// (the sample is then left out, as upstream's collectors leave it out on an error).
 pub type CounterReader = Box<dyn FnMut() -> Option<u64> + Send>;
 
-/// A counter family whose one value comes from a [`CounterReader`] at each scrape.
+/// One sample of a labelled counter read at scrape time: its labels and value.
+pub type LabelledCount = (Vec<(&'static str, String)>, u64);
+
+/// Reads the samples of a labelled counter family that lives in the kernel, at scrape time
+/// (those that cannot be read are left out).
+pub type LabelledCounterReader = Box<dyn FnMut() -> Vec<LabelledCount> + Send>;
+
+/// A counter family whose samples come from a reader at each scrape.
 struct ScrapedCounter {
     name: &'static str,
     help: &'static str,
-    read: std::sync::Mutex<CounterReader>,
+    read: std::sync::Mutex<LabelledCounterReader>,
 }
 
 impl std::fmt::Debug for ScrapedCounter {
@@ -136,13 +143,26 @@ impl std::fmt::Debug for ScrapedCounter {
 
 impl Collector for ScrapedCounter {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        // A poisoned lock means an earlier read panicked: leave the sample out.
-        let Some(v) = self.read.lock().ok().and_then(|mut read| read()) else {
+        // A poisoned lock means an earlier read panicked: leave the samples out.
+        let samples = self.read.lock().map(|mut read| read()).unwrap_or_default();
+        if samples.is_empty() {
             return Ok(());
-        };
-        let c: ConstCounter<u64> = ConstCounter::new(v);
-        let m = encoder.encode_descriptor(self.name, self.help, None, c.metric_type())?;
-        c.encode(m)
+        }
+        let mut m = encoder.encode_descriptor(
+            self.name,
+            self.help,
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (labels, v) in samples {
+            let c: ConstCounter<u64> = ConstCounter::new(v);
+            if labels.is_empty() {
+                // An unlabelled counter has this one sample.
+                return c.encode(m);
+            }
+            c.encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -159,6 +179,24 @@ pub const LOCALHOST_NODEPORTS_ACCEPTED: (&str, &str) = (
     "kubeproxy_iptables_localhost_nodeports_accepted_packets",
     "Number of packets accepted on nodeports of loopback interface",
 );
+
+/// Upstream's name (without `_total`) and help of the nftables mode's count of rejected
+/// loopback NodePort packets (`localhostNodePortRejectedPacketsDescription`), labelled
+/// `ip_family` and `protocol`.
+pub const LOCALHOST_NODEPORT_REJECTED: (&str, &str) = (
+    "kubeproxy_nftables_localhost_nodeport_rejected_packets",
+    "Number of packets rejected on localhost NodePorts. UDP and SCTP are always rejected; TCP is rejected when the localhost NodePort proxy is not running",
+);
+
+/// The nftables mode's loopback NodePort listener metrics (upstream registers them only with
+/// the gate `KubeProxyNFTablesLocalhostNodePorts` on).
+#[derive(Debug, Default, Clone)]
+pub struct LocalhostNodePortMetrics {
+    /// `kubeproxy_nftables_localhost_nodeport_listeners`.
+    pub listeners: MetricFamily<FamilyLabel, Gauge>,
+    /// `kubeproxy_nftables_localhost_nodeport_listener_creation_failures_total`.
+    pub creation_failures: MetricFamily<FamilyLabel, Counter>,
+}
 
 fn network_programming_buckets() -> Vec<f64> {
     // Upstream: 0.25, 0.5, 1..59 by 1, 60..115 by 5, 120..300 by 30.
@@ -372,7 +410,20 @@ impl Metrics {
     pub fn register_scraped_counter(
         &mut self,
         metric: (&'static str, &'static str),
-        read: CounterReader,
+        mut read: CounterReader,
+    ) {
+        self.register_scraped_counters(
+            metric,
+            Box::new(move || read().map(|v| vec![(Vec::new(), v)]).unwrap_or_default()),
+        );
+    }
+
+    /// Registers a labelled counter family whose samples `read` gives at each scrape
+    /// ([`LOCALHOST_NODEPORT_REJECTED`]).
+    pub fn register_scraped_counters(
+        &mut self,
+        metric: (&'static str, &'static str),
+        read: LabelledCounterReader,
     ) {
         let (name, help) = metric;
         self.registry.register_collector(Box::new(ScrapedCounter {
@@ -380,6 +431,24 @@ impl Metrics {
             help,
             read: std::sync::Mutex::new(read),
         }));
+    }
+
+    /// Registers the nftables mode's loopback NodePort listener metrics and returns them
+    /// for the forwarder to update.
+    pub fn register_localhost_nodeports(&mut self) -> LocalhostNodePortMetrics {
+        let m = LocalhostNodePortMetrics::default();
+        let r = &mut self.registry;
+        r.register(
+            "kubeproxy_nftables_localhost_nodeport_listeners",
+            "Number of active localhost NodePort userspace proxy listeners.",
+            m.listeners.clone(),
+        );
+        r.register(
+            "kubeproxy_nftables_localhost_nodeport_listener_creation_failures",
+            "Number of localhost NodePort userspace proxy listener creation failures.",
+            m.creation_failures.clone(),
+        );
+        m
     }
 
     /// Records a sync that took `d`, for both families (one sync programs both).

@@ -2,6 +2,7 @@
 //! [`slots`]) and kept in step by the [`proxier::NftablesProxier`].
 
 pub mod invalid;
+pub mod localhost;
 pub mod plan;
 #[cfg(test)]
 mod policy_matrix;

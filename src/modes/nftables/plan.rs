@@ -223,6 +223,7 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
         });
         services.push(r(SERVICES, e));
     }
+    np_check.extend(loopback_rejects(rs, cfg, family));
     rs.chain(Chain::regular(NODEPORT_ENDPOINTS_CHECK), np_check);
     rs.chain(Chain::regular(SERVICES), services);
 
@@ -234,6 +235,46 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
     for m in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS] {
         rs.set(Set::vmap(m, port_key()));
     }
+}
+
+/// Upstream 1.37's loopback NodePort rejects (gate `KubeProxyNFTablesLocalhostNodePorts`):
+/// per rejected protocol a chain whose one rule counts and rejects (the counter read for
+/// `kubeproxy_nftables_localhost_nodeport_rejected_packets_total`), the map of rejected
+/// `l4proto . dport` to those chains, and the returned rule of `nodeport-endpoints-check`
+/// that looks new connections to loopback up in it (upstream: `ip daddr 127.0.0.0/8` or
+/// `ip6 daddr ::1`; the NodePort guards never match loopback, so the two never overlap).
+fn loopback_rejects(rs: &mut Fragment, cfg: &ProxierConfig, family: Family) -> Option<Rule> {
+    let rejects = cfg.loopback_nodeports.of(family == Family::Ip).rejects();
+    if rejects.is_empty() {
+        return None;
+    }
+    for &proto in rejects {
+        let chain = localhost_reject_chain(proto);
+        rs.chain(
+            Chain::regular(&chain),
+            vec![Rule::new(&chain, vec![Expr::Counter, Expr::Reject])
+                .with_comment(localhost_reject_counter(proto))],
+        );
+    }
+    rs.set(Set::vmap(LOCALHOST_NODEPORT_REJECTS, port_key()));
+    let loopback: Cidr = match family {
+        Family::Ip => "127.0.0.0/8".parse().expect("static"),
+        Family::Ip6 => "::1".parse().expect("static"),
+    };
+    Some(Rule::new(
+        NODEPORT_ENDPOINTS_CHECK,
+        vec![
+            Expr::Addr {
+                field: Field::Daddr,
+                op: CmpOp::Eq,
+                value: loopback,
+            },
+            Expr::Vmap {
+                key: port_key(),
+                map: LOCALHOST_NODEPORT_REJECTS.into(),
+            },
+        ],
+    ))
 }
 
 /// A chain that many service ports share: what each one's own chain would do, masquerade
@@ -720,7 +761,26 @@ fn service_port_rules(
             ));
         }
         if !external_ok {
-            rs.element(elem(NO_ENDPOINT_NODEPORTS, k, no_ep.clone(), &comment));
+            rs.element(elem(
+                NO_ENDPOINT_NODEPORTS,
+                k.clone(),
+                no_ep.clone(),
+                &comment,
+            ));
+        }
+        if cfg
+            .loopback_nodeports
+            .of(family == Family::Ip)
+            .rejects()
+            .contains(&spn.protocol)
+        {
+            let reject = localhost_reject_chain(spn.protocol);
+            rs.element(elem(
+                LOCALHOST_NODEPORT_REJECTS,
+                k,
+                Verdict::Goto(reject.as_str().into()),
+                &comment,
+            ));
         }
     }
     // loadBalancerSourceRanges: only for LB IPs, and only when ranges are set.
@@ -995,6 +1055,50 @@ mod tests {
             .find(|(c, _)| c.name == FILTER_FORWARD)
             .map(|(_, rules)| rules.clone());
         rules.unwrap_or_default()
+    }
+
+    /// Upstream 1.37's gate `KubeProxyNFTablesLocalhostNodePorts`: a chain per rejected
+    /// protocol that counts and rejects, the `localhost-nodeport-reject-ports` map with the
+    /// NodePorts of those protocols, and the loopback lookup in `nodeport-endpoints-check`.
+    #[test]
+    fn loopback_node_ports_are_rejected_and_counted_per_family_policy() {
+        use crate::proxy::{LoopbackNodePorts, LoopbackPolicy};
+        let mut st = state(&["10.180.0.1", "fd00::1"]);
+        let spn = st.services.keys().next().unwrap().clone();
+        let mut sp = (*st.services[&spn]).clone();
+        sp.node_port = Some(30080);
+        sp.cluster_ips.push(ip("fd00:30::10"));
+        st.services.insert(spn, sp.into());
+        let cfg = ProxierConfig {
+            loopback_nodeports: LoopbackPolicy {
+                v4: LoopbackNodePorts::ServeTcp,
+                v6: LoopbackNodePorts::RejectAll,
+            },
+            ..Default::default()
+        };
+        let v4 = text(&st, &cfg, Family::Ip);
+        for want in [
+            "add rule ip kube-nlproxy localhost-nodeport-reject-udp counter reject comment \"localhost-nodeport-rejected-udp\"",
+            "add chain ip kube-nlproxy localhost-nodeport-reject-sctp",
+            "add map ip kube-nlproxy localhost-nodeport-reject-ports",
+            "add rule ip kube-nlproxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+        ] {
+            assert!(v4.contains(want), "{want}\n in\n{v4}");
+        }
+        assert!(
+            !v4.contains("localhost-nodeport-reject-tcp"),
+            "IPv4 serves TCP in userspace: not rejected\n{v4}"
+        );
+        let v6 = text(&st, &cfg, Family::Ip6);
+        for want in [
+            "add rule ip6 kube-nlproxy localhost-nodeport-reject-tcp counter reject comment \"localhost-nodeport-rejected-tcp\"",
+            "add rule ip6 kube-nlproxy nodeport-endpoints-check ip6 daddr ::1 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+            "add element ip6 kube-nlproxy localhost-nodeport-reject-ports { tcp . 30080 comment \"ns/web:http\" : goto localhost-nodeport-reject-tcp }",
+        ] {
+            assert!(v6.contains(want), "{want}\n in\n{v6}");
+        }
+        let untouched = text(&st, &ProxierConfig::default(), Family::Ip);
+        assert!(!untouched.contains("localhost-nodeport"), "{untouched}");
     }
 
     #[test]
