@@ -195,6 +195,17 @@ pub const FLOWS: &[Flow] = &[
     udp_flow("UDP, no endpoints", From::Pod, ("10.96.0.54", 53)),
 ];
 
+/// Flows to loopback NodePorts beyond [`FLOWS`]' TCP one, for the runs where upstream serves
+/// or rejects them (nftables mode with its gate `KubeProxyNFTablesLocalhostNodePorts`).
+pub const LOCALHOST_FLOWS: &[Flow] = &[
+    udp_flow(
+        "UDP NodePort via localhost",
+        From::Node,
+        ("127.0.0.1", 30053),
+    ),
+    flow("IPv6 NodePort via localhost", From::Node, ("::1", 30090)),
+];
+
 /// What a flow did: each (endpoint, source it saw) and each kind of failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome(pub BTreeSet<String>);
@@ -205,6 +216,7 @@ fn probe_once(c: &Cluster, f: &Flow, dst: std::net::SocketAddr) -> Reply {
         let ns = match from {
             From::Pod => &c.pods[1],
             From::Ext => &c.ext,
+            From::Node => &c.node,
             other => panic!("UDP flows from {other:?} are not probed"),
         };
         return udp_probe(ns, dst);
@@ -532,17 +544,18 @@ pub fn wait_programmed(
     }
 }
 
-/// Compares every flow of [`FLOWS`] on `ours` and `theirs`; `deviations` are the flows that
-/// must differ (README's "Deviations from upstream"). Returns the table and the flows that
-/// broke the expectation (a listed deviation that no longer differs included).
+/// Compares every flow of [`FLOWS`] and `extra` on `ours` and `theirs`; `deviations` are the
+/// flows that must differ (README's "Deviations from upstream"). Returns the table and the
+/// flows that broke the expectation (a listed deviation that no longer differs included).
 pub fn compare(
     ours: &Cluster,
     theirs: &Cluster,
     deviations: &[&str],
+    extra: &[Flow],
 ) -> (String, Vec<&'static str>) {
     let mut mismatches = Vec::new();
     let mut table = String::new();
-    for f in FLOWS {
+    for f in FLOWS.iter().chain(extra) {
         let (a, b) = (outcome(ours, f), outcome(theirs, f));
         let same = a == b;
         table += &format!(
@@ -648,19 +661,22 @@ pub fn fake_differential(ours_args: &[&str], upstream_mode: &str, deviations: &[
         &relabel,
         &format!("ours ({ours_args:?}) vs upstream {upstream_mode} mode"),
         deviations,
+        &[],
     );
 }
 
 /// Waits (bounded) until both proxies have programmed every Service of [`objects`], then
 /// runs [`compare`] and fails with both logs on a mismatch not in `deviations`. `ours` is
 /// (cluster, its mode's readback key: "ours" or "ipvs", its log); `theirs` is (cluster,
-/// upstream's mode, upstream); `relabel_theirs` sets the zone label of upstream's Node.
+/// upstream's mode, upstream); `relabel_theirs` sets the zone label of upstream's Node;
+/// `extra` flows go through both after [`FLOWS`].
 pub fn check_flows(
     ours: (&Cluster, &str, &dyn Fn() -> String),
     theirs: (&Cluster, &str, &mut Upstream),
     relabel_theirs: &dyn Fn(&str),
     label: &str,
     deviations: &[&str],
+    extra: &[Flow],
 ) {
     let (ours, ours_mode, ours_log) = ours;
     let (theirs, upstream_mode, upstream) = theirs;
@@ -674,7 +690,7 @@ pub fn check_flows(
         );
     }
     tell_upstream_its_zone(ours, theirs, relabel_theirs);
-    let (table, mismatches) = compare(ours, theirs, deviations);
+    let (table, mismatches) = compare(ours, theirs, deviations, extra);
     eprintln!("{label}:\n{table}");
     assert!(
         mismatches.is_empty(),
@@ -707,7 +723,7 @@ fn tell_upstream_its_zone(ours: &Cluster, theirs: &Cluster, relabel_theirs: &dyn
 }
 
 /// The backend `web_cluster` runs behind an endpoint of [`objects`] (`ip:port`).
-fn backend_at(endpoint: &str) -> Option<&'static str> {
+pub fn backend_at(endpoint: &str) -> Option<&'static str> {
     Some(match endpoint {
         "10.244.1.2:8080" => "local",
         "10.244.2.2:8080" => "remote",

@@ -5,7 +5,10 @@
 //! answer, the source they saw, and refused versus dropped must be what explain said.
 
 use netlink_tests::apiserver::ApiServer;
-use netlink_tests::differential::{check_explained, objects, wait_ours_programmed};
+use netlink_tests::cluster::{proxy_bin, NODE_IP};
+use netlink_tests::differential::{
+    backend_at, check_explained, objects, outcome, wait_ours_programmed, Flow, From,
+};
 use netlink_tests::scenario::{web_cluster, Backends};
 
 /// Served by our localhost NodePort listener (a socket, not a rule): explain says the
@@ -25,6 +28,89 @@ fn explain_says_what_real_packets_do_in_nftables_mode() {
     let d = c.start_daemon_with(&["--master", &api.url()]);
     wait_ours_programmed(&c, "ours", &|| d.log_text());
     check_explained(&c, UNEXPLAINED, &|| d.log_text());
+}
+
+/// `kube-nlproxy services` against real packets: for each ClusterIP and NodePort frontend it
+/// lists, the endpoints it names are the backends that answer probes from where it traced
+/// (this host for a ClusterIP, outside for a NodePort), and one it shows rejected is refused.
+#[test]
+fn services_lists_the_endpoints_real_packets_reach() {
+    let c = web_cluster(Backends {
+        ipv6: true,
+        udp: true,
+    });
+    let api = c.node.run(ApiServer::start);
+    for o in objects() {
+        api.apply(o);
+    }
+    let d = c.start_daemon_with(&["--master", &api.url()]);
+    wait_ours_programmed(&c, "ours", &|| d.log_text());
+    let out = c
+        .node
+        .output(proxy_bin().to_str().unwrap(), &["services", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut checked = Vec::new();
+    for svc in v["services"].as_array().unwrap() {
+        let udp = svc["protocol"] == "UDP";
+        for f in svc["frontends"].as_array().unwrap() {
+            let kind = f["kind"].as_str().unwrap();
+            let addr: std::net::SocketAddr = f["address"].as_str().unwrap().parse().unwrap();
+            // NodePorts answer on every node address: probe the one outside reaches.
+            let (to, from) = match kind {
+                // (UDP probes start in a pod: the internal traffic policy is the same.)
+                "ClusterIP" if udp => (addr.ip().to_string(), From::Pod),
+                "ClusterIP" => (addr.ip().to_string(), From::Node),
+                "NodePort" if addr.is_ipv4() => (NODE_IP.to_string(), From::Ext),
+                _ => continue,
+            };
+            let outcomes = f["outcomes"].as_array().unwrap();
+            let mut listed: Vec<String> = outcomes
+                .iter()
+                .filter_map(|o| o["endpoint"].as_str())
+                .map(|e| backend_at(e).unwrap_or(e).to_string())
+                .collect();
+            listed.sort();
+            listed.dedup();
+            if listed.is_empty() {
+                listed = outcomes
+                    .iter()
+                    .map(|o| match o["verdict"].as_str() {
+                        Some("reject") => "refused".to_string(),
+                        Some("drop") => "dropped".to_string(),
+                        other => format!("{other:?}"),
+                    })
+                    .collect();
+            }
+            let flow = Flow {
+                name: "services",
+                from,
+                to: (Box::leak(to.into_boxed_str()), addr.port()),
+                sticky: false,
+                udp,
+            };
+            let real: std::collections::BTreeSet<String> = outcome(&c, &flow)
+                .0
+                .into_iter()
+                .map(|s| s.split(" saw ").next().unwrap().to_string())
+                .collect();
+            // Every answer came from a listed endpoint (ClientIP affinity pins one of them).
+            assert!(
+                !real.is_empty() && real.iter().all(|r| listed.contains(r)),
+                "{} {kind} {addr}: listed {listed:?}, real packets {real:?}",
+                svc["service"]
+            );
+            checked.push(format!("{} {kind}", svc["service"]));
+        }
+    }
+    // The flow table's ClusterIPs (both families, TCP and UDP, with and without endpoints)
+    // and its IPv4 NodePorts.
+    assert!(checked.len() >= 10, "{checked:?}\n{v:#}");
 }
 
 /// Someone else's rule in our table, with an expression the evaluator does not model, is

@@ -142,6 +142,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         listeners: Default::default(),
         zpages: Default::default(),
         localhost_accepted: Default::default(),
+        localhost_metrics: None,
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
@@ -327,6 +328,7 @@ fn zpages_shared(statusz: bool, flagz: bool) -> Shared {
         proxy_mode: "nftables".into(),
         listeners: Default::default(),
         localhost_accepted: Default::default(),
+        localhost_metrics: None,
         zpages: Arc::new(admin::Zpages {
             statusz: statusz.then(|| kube_nlproxy::serve::zpages::StatuszInfo {
                 start: std::time::SystemTime::now(),

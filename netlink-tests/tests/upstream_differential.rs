@@ -13,7 +13,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use netlink_tests::controlplane::ControlPlane;
-use netlink_tests::differential::{check_flows, objects, twin_link, Upstream, TWIN_A};
+use netlink_tests::differential::{
+    check_flows, objects, twin_link, Flow, Upstream, LOCALHOST_FLOWS, TWIN_A,
+};
 use netlink_tests::ns::{require_root, NetNs};
 use netlink_tests::scenario::{self, Backends};
 
@@ -80,6 +82,16 @@ fn relabel_node(cp: &ControlPlane, ns: &NetNs, zone: &str) {
 /// Runs the flow table through ours (with `ours_args`) and upstream (in `upstream_mode`),
 /// and compares. `deviations`: flows whose outcomes differ by design (README says why).
 fn differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
+    differential_with(ours_args, (upstream_mode, &[]), deviations, &[]);
+}
+
+/// [`differential`] with `both` arguments given to ours and upstream alike and `extra` flows.
+fn differential_with(
+    ours_args: &[&str],
+    (upstream_mode, both): (&str, &[&str]),
+    deviations: &[&str],
+    extra: &[Flow],
+) {
     require_root();
     let dual = Backends {
         ipv6: true,
@@ -92,10 +104,13 @@ fn differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
     create_objects(&cp, &ours.node);
     let via = cp.admin_kubeconfig_via(&format!("https://{TWIN_A}:6443"));
     let via = format!("--kubeconfig={}", via.display());
-    let mut upstream = Upstream::start(&theirs.node, upstream_mode, &[&via], &cp.dir);
+    let mut upstream_args = vec![via.as_str()];
+    upstream_args.extend_from_slice(both);
+    let mut upstream = Upstream::start(&theirs.node, upstream_mode, &upstream_args, &cp.dir);
     let admin = cp.admin_kubeconfig();
     let mut args = vec!["--kubeconfig", admin.to_str().unwrap()];
     args.extend_from_slice(ours_args);
+    args.extend_from_slice(both);
     let d = ours.start_daemon_with(&args);
     // Both proxies read the one API server's Node: ours sees the same two label changes.
     let relabel = |zone: &str| relabel_node(&cp, &ours.node, zone);
@@ -103,14 +118,33 @@ fn differential(ours_args: &[&str], upstream_mode: &str, deviations: &[&str]) {
         (&ours, "ours", &|| d.log_text()),
         (&theirs, upstream_mode, &mut upstream),
         &relabel,
-        &format!("ours ({ours_args:?}) vs upstream {upstream_mode} mode"),
+        &format!("ours ({ours_args:?}) vs upstream {upstream_mode} mode ({both:?})"),
         deviations,
+        extra,
     );
 }
 
 #[test]
 fn flows_match_upstream_nftables_mode() {
     differential(&["--proxy-mode", "nftables"], "nftables", &[]);
+}
+
+/// Upstream 1.37's alpha localhost NodePorts in nftables mode, loopback listed: TCP proxied
+/// in userspace on 127.0.0.1 and ::1, UDP rejected (the flow table's "via localhost" flows).
+#[test]
+fn flows_match_upstream_nftables_mode_with_localhost_node_ports() {
+    differential_with(
+        &["--proxy-mode", "nftables"],
+        (
+            "nftables",
+            &[
+                "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
+                "--nodeport-addresses=primary,localhost",
+            ],
+        ),
+        &[],
+        LOCALHOST_FLOWS,
+    );
 }
 
 #[test]

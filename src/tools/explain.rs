@@ -464,6 +464,8 @@ pub trait KernelView {
         port: u16,
         protocol: u8,
     ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError>;
+    /// Every IPVS virtual server with its real servers; none without IPVS.
+    fn ipvs_all(&mut self) -> Result<Vec<(VirtualServer, Vec<RealServer>)>, ToolError>;
 }
 
 fn resolve_from(
@@ -532,22 +534,49 @@ fn resolve_from(
         None
     } else if let Some(i) = a.get("iif") {
         Some(i.to_string())
-    } else {
-        let (i, _) = kv.route(addr)?.ok_or_else(|| {
-            usage(format!(
-                "no route to {addr}: give the input interface with --iif"
-            ))
-        })?;
+    } else if let Some((i, _)) = kv.route(addr)? {
         notes.push(format!(
             "input interface {i}: the one the kernel routes {addr} through (override with --iif)"
         ));
         Some(i)
+    } else {
+        Some(unrouted_source_iif(kv, addr, family, &mut notes)?)
     };
     if from == "external" {
         notes.push(format!("external client {addr}"));
     }
     Ok(Source { addr, iif, notes })
 }
+
+/// The input interface of a source this host has no route to (a pod on another node behind
+/// a CNI that routes by default, a client in a bare namespace): such a packet arrives as
+/// traffic from outside this host does, on the interface of the route to outside (the one to
+/// [`external_client`]); with no such route either, on an interface no rule names (so no
+/// `iifname` match calls it a pod's). Either way a note says so.
+fn unrouted_source_iif(
+    kv: &mut dyn KernelView,
+    addr: IpAddr,
+    family: Family,
+    notes: &mut Vec<String>,
+) -> Result<String, ToolError> {
+    Ok(match kv.route(external_client(family))? {
+        Some((i, _)) => {
+            notes.push(format!(
+                "no route to {addr}: taken as arriving from outside this host, on {i}, the interface of the route to outside (override with --iif)"
+            ));
+            i
+        }
+        None => {
+            notes.push(format!(
+                "no route to {addr} and none to outside: taken as arriving on an interface no rule names (override with --iif)"
+            ));
+            UNKNOWN_IIF.into()
+        }
+    })
+}
+
+/// The input interface name used when no route says which: no rule of ours names it.
+pub const UNKNOWN_IIF: &str = "(unknown)";
 
 /// `name` or `namespace/name`, each a DNS label or subdomain as Kubernetes names are.
 fn is_pod_name(s: &str) -> bool {
@@ -610,29 +639,70 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
         local_addrs: locals,
     };
     let main = a.get("table").unwrap_or(crate::proxy::names::DEFAULT_TABLE);
+    let metrics = a.get("metrics-address").unwrap_or("127.0.0.1:10249");
+    let metrics: std::net::SocketAddr = metrics.parse().map_err(|_| {
+        usage(format!(
+            "--metrics-address: want ADDRESS:PORT, got {metrics:?}"
+        ))
+    })?;
+    let loaded = load_tables(kv, family, main)?;
+    let mut notes = src.notes;
+    let (tables, ipvs) = trace(kv, &loaded, &host, &pkt, metrics, &mut notes)?;
+    Ok(Report {
+        source: sock(src.addr, sport),
+        destination: sock(daddr, dport),
+        protocol: proto::name(protocol),
+        iif: src.iif,
+        notes,
+        tables,
+        ipvs,
+    })
+}
+
+/// The tables of `family` a packet goes through, read once: `main` (ours) and IPVS mode's,
+/// each with its generation, those that exist.
+pub fn load_tables(
+    kv: &mut dyn KernelView,
+    family: Family,
+    main: &str,
+) -> Result<Vec<(LiveTable, u32)>, ToolError> {
+    let mut out = Vec::new();
+    for name in [main, crate::modes::ipvs::table::DEFAULT_TABLE] {
+        if let Some(t) = kv.table(family, name)? {
+            out.push(t);
+        }
+    }
+    Ok(out)
+}
+
+/// What `tables` (from [`load_tables`]) and IPVS do to `pkt`: each table's outcomes, and
+/// the virtual server it reaches in IPVS mode. A redirect to a userspace listener is
+/// completed from the daemon's metrics server at `metrics`; what cannot be read is a note.
+pub fn trace(
+    kv: &mut dyn KernelView,
+    loaded: &[(LiveTable, u32)],
+    host: &Host,
+    pkt: &Packet,
+    metrics: std::net::SocketAddr,
+    notes: &mut Vec<String>,
+) -> Result<(Vec<TableReport>, Option<VirtualServerReport>), ToolError> {
+    let (daddr, dport, protocol) = (pkt.daddr, pkt.dport, pkt.proto);
+    let family = Family::of(&daddr);
     let mut tables = Vec::new();
     // Each table with its evaluated paths (the IPVS stage continues from them).
     let mut evaluated = Vec::new();
-    for name in [main, crate::modes::ipvs::table::DEFAULT_TABLE] {
-        if let Some((t, g)) = kv.table(family, name)? {
-            let paths = eval::evaluate(&t, &host, &pkt);
-            tables.push(explain_table(&t, Some(g), &paths));
-            evaluated.push((t, paths));
-        }
+    for (t, g) in loaded {
+        let paths = eval::evaluate(t, host, pkt);
+        tables.push(explain_table(t, Some(*g), &paths));
+        evaluated.push((t, paths));
     }
     // A redirect reaches one of userspace mode's listeners: the daemon knows its endpoints.
-    let mut notes = src.notes;
     if tables
         .iter()
         .flat_map(|t| &t.outcomes)
         .any(|o| o.verdict == "redirect")
     {
-        let addr = a.get("metrics-address").unwrap_or("127.0.0.1:10249");
-        let addr: std::net::SocketAddr = addr.parse().map_err(|_| {
-            usage(format!(
-                "--metrics-address: want ADDRESS:PORT, got {addr:?}"
-            ))
-        })?;
+        let addr = metrics;
         match kv.listeners(addr) {
             Ok(all) => {
                 for o in tables.iter_mut().flat_map(|t| &mut t.outcomes) {
@@ -657,7 +727,7 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
         let mut report = virtual_server(&vs, &rs);
         let delivered: Vec<(&LiveTable, &Path)> = evaluated
             .iter()
-            .flat_map(|(t, paths)| {
+            .flat_map(|&(t, ref paths)| {
                 paths
                     .iter()
                     .filter(|p| {
@@ -685,8 +755,7 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
                     mark: p.mark,
                     ..pkt.clone()
                 };
-                for q in eval::evaluate_from(t, &host, &fwd, crate::kernel::nft::Hook::Postrouting)
-                {
+                for q in eval::evaluate_from(t, host, &fwd, crate::kernel::nft::Hook::Postrouting) {
                     if q.masquerade {
                         r.masquerade = true;
                         let mut steps = p.steps.clone();
@@ -698,15 +767,7 @@ pub fn explain(kv: &mut dyn KernelView, a: &args::Args) -> Result<Report, ToolEr
         }
         ipvs = Some(report);
     }
-    Ok(Report {
-        source: sock(src.addr, sport),
-        destination: sock(daddr, dport),
-        protocol: proto::name(protocol),
-        iif: src.iif,
-        notes,
-        tables,
-        ipvs,
-    })
+    Ok((tables, ipvs))
 }
 
 fn parse_u32(s: &str) -> Option<u32> {
@@ -871,14 +932,7 @@ impl KernelView for LiveKernel {
         port: u16,
         protocol: u8,
     ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
-        if self.ipvs.is_none() {
-            self.ipvs = Some(match crate::kernel::ipvs::netlink::NetlinkIpvs::open() {
-                Ok(i) => Some(i),
-                Err(crate::kernel::ipvs::Error::Unavailable) => None,
-                Err(e) => return Err(ToolError::kernel("open the IPVS netlink socket", e)),
-            });
-        }
-        let Some(Some(ipvs)) = self.ipvs.as_mut() else {
+        let Some(ipvs) = self.ipvs_socket()? else {
             return Ok(None);
         };
         let services = ipvs
@@ -894,6 +948,39 @@ impl KernelView for LiveKernel {
             .dests(&vs)
             .map_err(|e| ToolError::kernel(format!("list the real servers of {}", vs.key()), e))?;
         Ok(Some((vs, dests)))
+    }
+
+    fn ipvs_all(&mut self) -> Result<Vec<(VirtualServer, Vec<RealServer>)>, ToolError> {
+        let Some(ipvs) = self.ipvs_socket()? else {
+            return Ok(Vec::new());
+        };
+        let services = ipvs
+            .services()
+            .map_err(|e| ToolError::kernel("list IPVS virtual servers", e))?;
+        let mut out = Vec::with_capacity(services.len());
+        for vs in services {
+            let dests = ipvs.dests(&vs).map_err(|e| {
+                ToolError::kernel(format!("list the real servers of {}", vs.key()), e)
+            })?;
+            out.push((vs, dests));
+        }
+        Ok(out)
+    }
+}
+
+impl LiveKernel {
+    /// The IPVS socket, opened at the first use; `None` when the kernel has no IPVS.
+    fn ipvs_socket(
+        &mut self,
+    ) -> Result<Option<&mut crate::kernel::ipvs::netlink::NetlinkIpvs>, ToolError> {
+        if self.ipvs.is_none() {
+            self.ipvs = Some(match crate::kernel::ipvs::netlink::NetlinkIpvs::open() {
+                Ok(i) => Some(i),
+                Err(crate::kernel::ipvs::Error::Unavailable) => None,
+                Err(e) => return Err(ToolError::kernel("open the IPVS netlink socket", e)),
+            });
+        }
+        Ok(self.ipvs.as_mut().and_then(Option::as_mut))
     }
 }
 
@@ -923,13 +1010,13 @@ pub fn refused(report: &Report) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::proxy::{LocalDetector, ProxierConfig};
 
     /// Node 192.168.0.2 with `default/web` (ClusterIP 10.96.0.10:80, NodePort 30080): one
     /// local endpoint and one remote, as nftables mode plans them.
-    struct FakeView;
+    pub(crate) struct FakeView;
 
     fn planned(family: Family) -> LiveTable {
         let st = crate::model::fixtures::web_state(Some(30080));
@@ -945,6 +1032,9 @@ mod tests {
             Ok(vec!["192.168.0.2".parse().unwrap()])
         }
         fn route(&mut self, a: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
+            if a.to_string().starts_with("10.244.9.") {
+                return Ok(None); // a pod on another node this host has no route to
+            }
             Ok(Some((
                 if a.to_string().starts_with("10.244.1.") {
                     "veth-pod3".into()
@@ -968,6 +1058,9 @@ mod tests {
             _: u8,
         ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
             Ok(None)
+        }
+        fn ipvs_all(&mut self) -> Result<Vec<(VirtualServer, Vec<RealServer>)>, ToolError> {
+            Ok(Vec::new())
         }
         fn listeners(
             &mut self,
@@ -1038,6 +1131,81 @@ mod tests {
             .iter()
             .all(|o| !o.masquerade && (o.probability - 0.5).abs() < 1e-9));
         assert_eq!(r.iif.as_deref(), Some("veth-pod3"));
+    }
+
+    /// A source with no route (a pod on another node here) is taken as arriving from
+    /// outside, on the route to outside's interface, and the report says so instead of
+    /// stopping; --iif still overrides.
+    #[test]
+    fn a_source_without_a_route_arrives_as_from_outside_and_says_so() {
+        let r = report(&["--from", "10.244.9.7", "--to", "192.168.0.2:30080"]).unwrap();
+        assert_eq!(r.iif.as_deref(), Some("eth0"));
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.contains("no route to 10.244.9.7") && n.contains("on eth0")),
+            "{:?}",
+            r.notes
+        );
+        assert!(!r.tables[0].outcomes.is_empty());
+        let r = report(&[
+            "--from",
+            "10.244.9.7",
+            "--iif",
+            "veth9",
+            "--to",
+            "192.168.0.2:30080",
+        ])
+        .unwrap();
+        assert_eq!(r.iif.as_deref(), Some("veth9"));
+        // No route to outside either: an interface no rule names.
+        let mut notes = Vec::new();
+        struct NoRoutes;
+        impl KernelView for NoRoutes {
+            fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError> {
+                Ok(vec![])
+            }
+            fn route(&mut self, _: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
+                Ok(None)
+            }
+            fn table(&mut self, _: Family, _: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
+                Ok(None)
+            }
+            fn pod_address(
+                &mut self,
+                _: (&str, &str),
+                _: Family,
+                _: (Option<&str>, Option<&str>),
+            ) -> Result<IpAddr, String> {
+                Err("none".into())
+            }
+            fn listeners(
+                &mut self,
+                _: std::net::SocketAddr,
+            ) -> Result<Vec<crate::proxy::ListenerInfo>, String> {
+                Err("none".into())
+            }
+            fn ipvs(
+                &mut self,
+                _: IpAddr,
+                _: u16,
+                _: u8,
+            ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
+                Ok(None)
+            }
+            fn ipvs_all(&mut self) -> Result<Vec<(VirtualServer, Vec<RealServer>)>, ToolError> {
+                Ok(Vec::new())
+            }
+        }
+        let iif = unrouted_source_iif(
+            &mut NoRoutes,
+            "10.244.9.7".parse().unwrap(),
+            Family::Ip,
+            &mut notes,
+        )
+        .unwrap();
+        assert_eq!(iif, UNKNOWN_IIF);
+        assert!(notes[0].contains("none to outside"), "{notes:?}");
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! Operator subcommands of the same binary, so `kubectl exec ds/kube-nlproxy --
 //! /kube-nlproxy explain …` works in the distroless image: `explain` (what the live kernel
-//! does to one packet), read-only, over netlink, text or `--json`. [`dispatch`] picks the
+//! does to one packet) and `services` (every Service port and where its connections go),
+//! read-only, over netlink, text or `--json`; `status`, `diff` and `uninstall`. [`dispatch`] picks the
 //! tool from the first argument; each tool keeps its pure logic apart from its kernel reads.
 
 pub mod args;
 pub mod drift;
 pub mod explain;
+pub mod services;
 pub mod status;
 pub mod uninstall;
 
@@ -13,6 +15,10 @@ pub mod uninstall;
 /// arguments, so none of these can be a flag line of upstream's).
 pub const TOOLS: &[(&str, &str)] = &[
     ("explain", "what the live kernel does to one packet"),
+    (
+        "services",
+        "every Service port programmed here, its frontends and where each one's connections go",
+    ),
     (
         "status",
         "what is programmed, the daemon's last sync, and drift from the current sources",
@@ -112,6 +118,7 @@ pub fn dispatch(args: &[String]) -> Dispatch {
     };
     match name.as_str() {
         "explain" => Dispatch::Done(explain::run(rest), "explain"),
+        "services" => Dispatch::Done(services::run(rest), "services"),
         "uninstall" => Dispatch::Done(uninstall::run(rest).map(Printed::plain), "uninstall"),
         "status" | "diff" => {
             let diff = name == "diff";

@@ -87,6 +87,14 @@ spec:
   nodeName: node-1
   restartPolicy: Never
   volumes: [{{name: scripts, configMap: {{name: traffic-scripts}}}}]
+  # The proxy may not have programmed the Service's endpoints yet when the pod starts (seen
+  # under load: the TCP client's first connect failed 2 s after upstream's proxy started,
+  # and with restartPolicy Never the flow was gone): wait until the Service answers. One
+  # sync programs both ports, so the UDP flow's first datagram is translated too.
+  initContainers:
+  - name: wait-for-service
+    image: {img}
+    command: [sh, -c, 'until socat -T 2 /dev/null "TCP:$ECHO_SERVICE_HOST:9000,connect-timeout=2"; do sleep 1; done']
   containers:
   - name: tcp
     image: {img}

@@ -761,12 +761,7 @@ fn service_port_rules(
             ));
         }
         if !external_ok {
-            rs.element(elem(
-                NO_ENDPOINT_NODEPORTS,
-                k.clone(),
-                no_ep.clone(),
-                &comment,
-            ));
+            rs.element(elem(NO_ENDPOINT_NODEPORTS, k, no_ep.clone(), &comment));
         }
         if cfg
             .loopback_nodeports
