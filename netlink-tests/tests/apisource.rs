@@ -377,13 +377,19 @@ fn an_undecodable_object_is_skipped_and_the_rest_programmed() {
     wait("the good Service", Duration::from_secs(20), || {
         !answered(&c, "10.96.0.10", 4).is_empty() && c.ruleset("ip").contains("10.96.0.10")
     });
-    d.wait_for_log("Service default/broken: cannot decode", 1);
+    d.wait_for_log(
+        r#""cannot decode an object" kind="Service" object="default/broken""#,
+        1,
+    );
     // A later watch event with another bad object does not stop the next good change.
     bad["metadata"]["name"] = "broken2".into();
     api.apply(bad);
     api.apply(obj::service("default", "api3", "10.96.0.40", 80));
     c.wait_ruleset("ip", "api3 programmed", |r| r.contains("10.96.0.40"));
-    d.wait_for_log("Service default/broken2: cannot decode", 1);
+    d.wait_for_log(
+        r#""cannot decode an object" kind="Service" object="default/broken2""#,
+        1,
+    );
     let log = d.log_text();
     assert!(
         !c.ruleset("ip").contains("10.96.0.30"),

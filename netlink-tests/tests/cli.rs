@@ -514,7 +514,7 @@ fn an_oom_score_adj_that_cannot_be_set_is_a_warning() {
     if adj.trim() != "-999" {
         let log = d.log_text();
         assert!(
-            log.contains("cannot set oom_score_adj to -999"),
+            log.contains(r#""cannot set oom_score_adj" value=-999 "#),
             "oom_score_adj is {adj:?} and no warning:\n{log}"
         );
     }

@@ -195,7 +195,9 @@ fn kops_flag_line() {
     // the daemon says so, naming the value.
     let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", d.child.id())).unwrap();
     assert!(
-        adj.trim() == "-998" || d.log_text().contains("cannot set oom_score_adj to -998"),
+        adj.trim() == "-998"
+            || d.log_text()
+                .contains(r#""cannot set oom_score_adj" value=-998 "#),
         "{adj}: {}",
         d.log_text()
     );

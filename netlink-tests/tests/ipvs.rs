@@ -532,7 +532,11 @@ mod guest {
             "--once",
         ]);
         assert!(ok, "{log}");
-        assert!(log.contains("keeping 1 IPVS-mode virtual servers"), "{log}");
+        assert!(
+            log.contains("keeping IPVS-mode virtual servers for their connections")
+                && log.contains("virtual_servers=1 "),
+            "{log}"
+        );
         let list = ipvsadm(&c);
         assert!(list.contains("TCP 10.96.0.10:80 rr"), "{list}");
         assert!(!list.contains("30080"), "{list}");
@@ -725,7 +729,8 @@ COMMIT
         assert_upstream_ipvs_mode_gone(&c);
         let log = d.log_text();
         assert!(
-            log.contains("keeping 1 IPVS-mode virtual servers for their 1 connections"),
+            log.contains("keeping IPVS-mode virtual servers for their connections")
+                && log.contains("virtual_servers=1 connections=1 "),
             "{log}"
         );
         let list = ipvsadm(&c);

@@ -390,11 +390,11 @@ fn cleanup_also_removes_upstream_kube_proxy_tables() {
     let (ok, err) = c.run_proxy(&["--cleanup"]);
     assert!(ok, "{err}");
     assert!(
-        err.contains("removed upstream kube-proxy's table ip kube-proxy"),
+        err.contains(r#""removed upstream kube-proxy's leftover" object="table ip kube-proxy""#),
         "{err}"
     );
     assert!(
-        err.contains("removed upstream kube-proxy's table ip6 kube-proxy"),
+        err.contains(r#""removed upstream kube-proxy's leftover" object="table ip6 kube-proxy""#),
         "{err}"
     );
     let all = c.node.sh("nft list ruleset");

@@ -241,12 +241,12 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
                         let t = tamper.clone();
                         nft.quiet_large_batches(sw, Box::new(move || t.notify_one()));
                     }
-                    Err(e) => tracing::warn!("large batches will carry notifications: {e}"),
+                    Err(e) => tracing::warn!(err = %e, "large batches will carry notifications"),
                 }
                 Some(m)
             }
             Err(e) => {
-                tracing::error!("nftables change notifications unavailable: {e}");
+                tracing::error!(err = %e, "nftables change notifications unavailable");
                 None
             }
         }
@@ -255,7 +255,7 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
         match NetlinkConntrack::open() {
             Ok(ct) => Some(Box::new(ct) as Box<dyn Conntrack + Send>),
             Err(e) => {
-                tracing::warn!("conntrack cleanup disabled: cannot open ctnetlink: {e}");
+                tracing::warn!(err = %e, "conntrack cleanup disabled: cannot open ctnetlink");
                 None
             }
         }
@@ -484,7 +484,7 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
         ),
     ] {
         let Some(addr) = addr else {
-            tracing::info!("{what} server disabled (empty bind address)");
+            tracing::info!(server = what, "server disabled (empty bind address)");
             continue;
         };
         if admin::serve(addr, what, router).await.is_none() {
@@ -571,7 +571,7 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
 fn upstream_legacy_chains() -> Vec<String> {
     let mut x = crate::kernel::xtables::sockopt::SockoptXtables::default();
     cleanup::cleanup_upstream_legacy(&mut x).unwrap_or_else(|e| {
-        tracing::warn!("cannot remove upstream kube-proxy's iptables-legacy chains: {e}");
+        tracing::warn!(err = %e, "cannot remove upstream kube-proxy's iptables-legacy chains");
         Vec::new()
     })
 }
@@ -582,7 +582,7 @@ fn upstream_ipsets() -> Vec<String> {
     let res = crate::kernel::ipset::netlink::NetlinkIpsets::open()
         .and_then(|mut s| cleanup::cleanup_upstream_ipsets(&mut s));
     res.unwrap_or_else(|e| {
-        tracing::warn!("cannot remove upstream kube-proxy's ipsets: {e}");
+        tracing::warn!(err = %e, "cannot remove upstream kube-proxy's ipsets");
         Vec::new()
     })
 }
@@ -610,11 +610,11 @@ fn drain_ipvs_leftovers(opts: &Options, cfg: &ipvs::IpvsConfig, once: bool) {
         Ok(l) => {
             l.removed
                 .iter()
-                .for_each(|r| tracing::info!("removed IPVS-mode {r}"));
+                .for_each(|r| tracing::info!(object = %r, "removed an IPVS-mode leftover"));
             Ok(l.kept)
         }
         Err(e) => {
-            tracing::warn!("cannot remove the IPVS-mode leftovers: {e}");
+            tracing::warn!(err = %e, "cannot remove the IPVS-mode leftovers");
             Err(e)
         }
     };
@@ -626,10 +626,10 @@ fn drain_ipvs_leftovers(opts: &Options, cfg: &ipvs::IpvsConfig, once: bool) {
     }
     let conns: u64 = kept.iter().map(|(_, n)| n).sum();
     tracing::info!(
-        "keeping {} IPVS-mode virtual servers for their {conns} connections; \
-         they are removed when those end (at most {}s)",
-        kept.len(),
-        IPVS_DRAIN_LIMIT.as_secs()
+        virtual_servers = kept.len(),
+        connections = conns,
+        limit = ?IPVS_DRAIN_LIMIT,
+        "keeping IPVS-mode virtual servers for their connections; they are removed when those end"
     );
     if once {
         return;
@@ -654,7 +654,7 @@ fn drain_ipvs_leftovers(opts: &Options, cfg: &ipvs::IpvsConfig, once: bool) {
         .name("ipvs-drain".into())
         .spawn(drain)
     {
-        tracing::warn!("cannot start the IPVS drain thread: {e}; the kept virtual servers stay");
+        tracing::warn!(err = %e, "cannot start the IPVS drain thread; the kept virtual servers stay");
     }
 }
 
@@ -667,10 +667,10 @@ fn open_nft() -> Result<NetlinkNftables, SyncError> {
 /// regardless).
 fn remove_leftovers(what: &str, f: impl FnOnce() -> Result<Vec<String>, SyncError>) {
     match f() {
-        Ok(removed) => removed
-            .into_iter()
-            .for_each(|r| tracing::info!("removed {what} {r}")),
-        Err(e) => tracing::warn!("cannot remove the {what} leftovers: {e}"),
+        Ok(removed) => removed.into_iter().for_each(
+            |r| tracing::info!(mode = what, object = %r, "removed another mode's leftover"),
+        ),
+        Err(e) => tracing::warn!(mode = what, err = %e, "cannot remove another mode's leftovers"),
     }
 }
 
@@ -686,20 +686,20 @@ fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
         tracing::info!("nothing to clean up");
     }
     for r in removed {
-        tracing::info!("removed {r}");
+        tracing::info!(object = %r, "removed");
     }
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     for r in cleanup::cleanup_upstream(&mut nft).map_err(SyncError::NftCleanup)? {
-        tracing::info!("removed upstream kube-proxy's {r}");
+        tracing::info!(object = %r, "removed upstream kube-proxy's leftover");
     }
     for r in cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)? {
-        tracing::info!("removed upstream kube-proxy's {r}");
+        tracing::info!(object = %r, "removed upstream kube-proxy's leftover");
     }
     for r in upstream_legacy_chains()
         .into_iter()
         .chain(upstream_ipsets())
     {
-        tracing::info!("removed upstream kube-proxy's {r}");
+        tracing::info!(object = %r, "removed upstream kube-proxy's leftover");
     }
     Ok(())
 }
@@ -777,7 +777,7 @@ async fn drive<P: Proxier>(
             "nft-monitor",
             Box::new(move || {
                 if let Err(e) = monitor.run(table, || nft_port, || tamper.notify_one()) {
-                    tracing::error!("nftables change notifications unavailable: {e}");
+                    tracing::error!(err = %e, "nftables change notifications unavailable");
                 }
             }),
         )?;
@@ -788,7 +788,7 @@ async fn drive<P: Proxier>(
             "link-monitor",
             Box::new(move || {
                 if let Err(e) = rtnl::watch(name, || port, || tamper.notify_one()) {
-                    tracing::error!("link change notifications unavailable: {e}");
+                    tracing::error!(err = %e, "link change notifications unavailable");
                 }
             }),
         )?;
@@ -836,7 +836,7 @@ async fn watch_manifests(
                 tracing::info!(path = %path.display(), "manifests changed");
                 let _ = tx.send(Some(Arc::new(s)));
             }
-            Err(e) => tracing::warn!("{e}; keeping the last good state"),
+            Err(e) => tracing::warn!(err = %e, "keeping the last good state"),
         }
     }
 }
@@ -861,7 +861,7 @@ async fn watch_config_file(path: Option<PathBuf>, loaded: Option<Vec<u8>>) {
 /// warning.
 fn set_oom_score_adj(v: i32) {
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", v.to_string()) {
-        tracing::warn!("cannot set oom_score_adj to {v}: {e}");
+        tracing::warn!(value = v, err = %e, "cannot set oom_score_adj");
     }
 }
 
@@ -888,7 +888,9 @@ impl Shutdown {
                     let _ = tx.send(true);
                 });
             }
-            (Err(e), _) | (_, Err(e)) => tracing::error!("cannot listen for SIGTERM/SIGINT: {e}"),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(err = %e, "cannot listen for SIGTERM/SIGINT")
+            }
         }
         Shutdown(rx)
     }

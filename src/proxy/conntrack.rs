@@ -125,7 +125,7 @@ pub fn reconcile_conntrack(
                         .or_default() += n;
                 }
                 Err(e) => {
-                    tracing::warn!(%family, proto = proto.lower(), "conntrack cleanup failed: {e}")
+                    tracing::warn!(%family, proto = proto.lower(), err = %e, "conntrack cleanup failed")
                 }
             }
         }

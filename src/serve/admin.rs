@@ -268,16 +268,16 @@ pub async fn serve(
     match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => {
             let bound = l.local_addr().ok();
-            tracing::info!(%addr, "serving {what}");
+            tracing::info!(%addr, server = what, "serving");
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(l, router).await {
-                    tracing::error!(%addr, "{what} server failed: {e}");
+                    tracing::error!(%addr, server = what, err = %e, "server failed");
                 }
             });
             bound
         }
         Err(e) => {
-            tracing::error!(%addr, "cannot serve {what}: {e}");
+            tracing::error!(%addr, server = what, err = %e, "cannot serve");
             None
         }
     }

@@ -99,7 +99,8 @@ where
     };
     let skipped = |(k, e): (Key, String), what: &str| {
         UNDECODABLE_OBJECTS.inc();
-        tracing::warn!("{kind} {}/{}: cannot decode: {e}; {what}", k.0, k.1);
+        let object = format!("{}/{}", k.0, k.1);
+        tracing::warn!(kind, object = %object, err = %e, outcome = what, "cannot decode an object");
         k
     };
     Some(match ev {
@@ -453,7 +454,7 @@ pub async fn run_events(
         secondary: None,
     };
     if let Err(e) = recorder.publish(&starting, &node_ref(&node)).await {
-        tracing::warn!("cannot publish the Starting event: {e}");
+        tracing::warn!(err = %e, "cannot publish the Starting event");
     }
     while let Some(w) = warnings.recv().await {
         let ev = KubeEvent {
@@ -464,7 +465,7 @@ pub async fn run_events(
             secondary: None,
         };
         if let Err(e) = recorder.publish(&ev, &w.reference).await {
-            tracing::warn!(reason = %w.reason, "cannot publish event: {e}");
+            tracing::warn!(reason = %w.reason, err = %e, "cannot publish an event");
         }
     }
 }
@@ -882,12 +883,12 @@ pub async fn run(
                 );
                 if refused && !*told {
                     tracing::info!(
-                        "ServiceCIDRs cannot be listed ({}); traffic to unallocated service IPs is not dropped until they can",
-                        describe_watch_error(&e)
+                        err = %describe_watch_error(&e),
+                        "ServiceCIDRs cannot be listed; traffic to unallocated service IPs is not dropped until they can"
                     );
                     *told = true;
                 } else {
-                    tracing::debug!("ServiceCIDR watch: {}", describe_watch_error(&e));
+                    tracing::debug!(err = %describe_watch_error(&e), "ServiceCIDR watch failed");
                 }
                 None
             }
@@ -932,8 +933,8 @@ pub async fn run(
                     match item {
                         Ok(u) => changed |= stores.apply(u),
                         Err(e) => tracing::warn!(
-                            "{}; retrying with backoff, rules stay as they are",
-                            describe_watch_error(&e)
+                            err = %describe_watch_error(&e),
+                            "watch failed; retrying with backoff, rules stay as they are"
                         ),
                     }
                 }

@@ -1208,6 +1208,68 @@ pub(crate) mod tests {
         assert!(notes[0].contains("none to outside"), "{notes:?}");
     }
 
+    /// `explain --json`'s field names, what scripts read (docs/operating.md): a rename
+    /// fails here.
+    #[test]
+    fn json_schema_is_pinned() {
+        fn keys(v: &serde_json::Value) -> Vec<&str> {
+            let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+            k.sort_unstable();
+            k
+        }
+        let r = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:80"]).unwrap();
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            keys(&v),
+            [
+                "destination",
+                "iif",
+                "ipvs",
+                "notes",
+                "protocol",
+                "source",
+                "tables"
+            ]
+        );
+        assert_eq!(v["source"], "10.244.1.3:40000");
+        assert_eq!(v["destination"], "10.96.0.10:80");
+        assert_eq!(v["protocol"], "tcp");
+        let t = &v["tables"][0];
+        assert_eq!(
+            keys(t),
+            [
+                "elements",
+                "family",
+                "generation",
+                "outcomes",
+                "rules",
+                "table"
+            ]
+        );
+        assert_eq!(
+            (t["family"].as_str(), t["generation"].as_u64()),
+            (Some("ip"), Some(7))
+        );
+        let o = &t["outcomes"][0];
+        assert_eq!(
+            keys(o),
+            [
+                "affinity_sets",
+                "destination",
+                "detail",
+                "listener",
+                "masquerade",
+                "masquerade_reason",
+                "path",
+                "probability",
+                "verdict"
+            ]
+        );
+        assert_eq!(o["verdict"], "dnat");
+        assert_eq!(o["destination"], "10.244.1.2:8080");
+        assert!(o["path"].as_array().is_some_and(|p| !p.is_empty()));
+    }
+
     #[test]
     fn bad_flags_name_the_flag() {
         let e = |a: &[&str]| text(a).unwrap_err().to_string();

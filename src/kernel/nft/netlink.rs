@@ -78,7 +78,7 @@ impl NetlinkNftables {
         }
         if paused {
             if let Err(e) = switch.set(true) {
-                tracing::error!("cannot resume nftables change notifications: {e}");
+                tracing::error!(err = %e, "cannot resume nftables change notifications");
             }
         }
         res?;

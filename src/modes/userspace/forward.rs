@@ -153,7 +153,9 @@ async fn serve_tcp(l: tokio::net::TcpListener, b: Arc<Balancer>) {
                 Ok(mut up) => {
                     let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
                 }
-                Err(e) => tracing::debug!(%ep, "userspace proxy: cannot reach endpoint: {e}"),
+                Err(e) => {
+                    tracing::debug!(endpoint = %ep, err = %e, "userspace proxy: cannot reach endpoint")
+                }
             }
         });
     }

@@ -70,7 +70,7 @@ impl<N: Nftables> UserspaceProxier<N> {
                 }
                 Err(e) => {
                     if self.failed.insert(k.clone()) {
-                        tracing::error!(service = %k.service, "cannot start a userspace listener: {e}");
+                        tracing::error!(service = %k.service, err = %e, "cannot start a userspace listener");
                     }
                 }
             }
