@@ -685,7 +685,8 @@ COMMIT
         assert_eq!(conn.greeting.name(), Some("local"));
         let d = c.start_daemon(&web_yaml(""), IPVS);
         assert!(
-            d.log_text().contains("removed upstream kube-proxy"),
+            d.log_text()
+                .contains(r#""removed a leftover" mode="upstream kube-proxy""#),
             "{}",
             d.log_text()
         );

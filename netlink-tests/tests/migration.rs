@@ -223,7 +223,8 @@ fn switch_keeps_established_connections(flavour: &str) {
         &[],
     );
     assert!(
-        d.log_text().contains("removed upstream kube-proxy"),
+        d.log_text()
+            .contains(r#""removed a leftover" mode="upstream kube-proxy""#),
         "{}",
         d.log_text()
     );

@@ -390,11 +390,15 @@ fn cleanup_also_removes_upstream_kube_proxy_tables() {
     let (ok, err) = c.run_proxy(&["--cleanup"]);
     assert!(ok, "{err}");
     assert!(
-        err.contains(r#""removed upstream kube-proxy's leftover" object="table ip kube-proxy""#),
+        err.contains(
+            r#""removed a leftover" mode="upstream kube-proxy" object="table ip kube-proxy""#
+        ),
         "{err}"
     );
     assert!(
-        err.contains(r#""removed upstream kube-proxy's leftover" object="table ip6 kube-proxy""#),
+        err.contains(
+            r#""removed a leftover" mode="upstream kube-proxy" object="table ip6 kube-proxy""#
+        ),
         "{err}"
     );
     let all = c.node.sh("nft list ruleset");
@@ -728,10 +732,22 @@ fn localhost_node_ports_follow_the_mode_and_the_options() {
             Reply::Refused,
             "{why}"
         );
+        assert_eq!(route_localnet(&c), "0", "{why}: route_localnet untouched");
     }
     // Upstream's default mode (iptables) serves them, as its route_localnet rules do; ours
     // is a userspace forwarder. --localhost-nodeports does the same in every mode.
-    let _d = c.start_daemon(&y, &[]);
+    let d = c.start_daemon(&y, &[]);
+    d.wait_for_log("synced", 1);
+    // The node as upstream's iptables mode leaves it: route_localnet=1, with its guard.
+    assert_eq!(route_localnet(&c), "1");
+    assert!(
+        d.log_text().contains("Setting route_localnet=1 to allow node-ports on localhost"),
+        "{}",
+        d.log_text()
+    );
+    assert!(c
+        .ruleset("ip")
+        .contains("ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state new jump localnet-guard"));
     let t0 = Instant::now();
     let replies = loop {
         let r = tcp_probes(&c.node, sa("127.0.0.1", 30080), 20);
@@ -887,6 +903,14 @@ fn nftables_mode_serves_or_rejects_localhost_node_ports_behind_upstreams_gate() 
         None,
         "no proxy, no listener gauge (as upstream)"
     );
+}
+
+/// `net.ipv4.conf.all.route_localnet` in the node's namespace.
+fn route_localnet(c: &Cluster) -> String {
+    c.node
+        .sh("cat /proc/sys/net/ipv4/conf/all/route_localnet")
+        .trim()
+        .to_string()
 }
 
 /// The single manifest file disappears (an editor's unlink-and-create, a ConfigMap volume

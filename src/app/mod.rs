@@ -227,6 +227,9 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
         tracing::warn!("{w}");
     }
     resolve_drop_invalid(&mut cfg.proxier);
+    if cfg.proxier.localnet_guard {
+        set_route_localnet();
+    }
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let nft_port = nft.port_id();
     // Someone else changed our state: a full sync restores it at once.
@@ -610,7 +613,7 @@ fn drain_ipvs_leftovers(opts: &Options, cfg: &ipvs::IpvsConfig, once: bool) {
         Ok(l) => {
             l.removed
                 .iter()
-                .for_each(|r| tracing::info!(object = %r, "removed an IPVS-mode leftover"));
+                .for_each(|r| tracing::info!(mode = "IPVS", object = %r, "removed a leftover"));
             Ok(l.kept)
         }
         Err(e) => {
@@ -658,6 +661,23 @@ fn drain_ipvs_leftovers(opts: &Options, cfg: &ipvs::IpvsConfig, once: bool) {
     }
 }
 
+/// Upstream's iptables mode with localhost NodePorts sets
+/// `net.ipv4.conf.all.route_localnet=1` (kubernetes#90259, with its log line) and our table
+/// carries the guard it comes with ([`crate::proxy::ProxierConfig::localnet_guard`]). Our
+/// forwarder does not need it; the node is left as upstream leaves it (scripts and upstream's
+/// e2e spec "[Feature:KubeProxyNFAcct]" read it). A failure is a warning, where upstream's
+/// proxier stops: the forwarder works without it.
+fn set_route_localnet() {
+    const ROUTE_LOCALNET: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
+    tracing::info!("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses");
+    if std::fs::read_to_string(ROUTE_LOCALNET).is_ok_and(|v| v.trim() == "1") {
+        return;
+    }
+    if let Err(e) = std::fs::write(ROUTE_LOCALNET, "1") {
+        tracing::warn!(sysctl = ROUTE_LOCALNET, err = %e, "cannot set route_localnet");
+    }
+}
+
 /// A second nftables socket for cleanups (the proxier owns the first).
 fn open_nft() -> Result<NetlinkNftables, SyncError> {
     NetlinkNftables::open().map_err(SyncError::NftCleanup)
@@ -670,7 +690,7 @@ fn remove_leftovers(what: &str, f: impl FnOnce() -> Result<Vec<String>, SyncErro
         Ok(removed) => removed.into_iter().for_each(
             |r| tracing::info!(mode = what, object = %r, "removed another mode's leftover"),
         ),
-        Err(e) => tracing::warn!(mode = what, err = %e, "cannot remove another mode's leftovers"),
+        Err(e) => tracing::warn!(mode = what, err = %e, "cannot remove leftovers"),
     }
 }
 
@@ -690,16 +710,16 @@ fn cleanup_everything(cfg: &Config) -> Result<(), AppError> {
     }
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     for r in cleanup::cleanup_upstream(&mut nft).map_err(SyncError::NftCleanup)? {
-        tracing::info!(object = %r, "removed upstream kube-proxy's leftover");
+        tracing::info!(mode = "upstream kube-proxy", object = %r, "removed a leftover");
     }
     for r in cleanup::cleanup_upstream_iptables(&mut nft).map_err(SyncError::NftCleanup)? {
-        tracing::info!(object = %r, "removed upstream kube-proxy's leftover");
+        tracing::info!(mode = "upstream kube-proxy", object = %r, "removed a leftover");
     }
     for r in upstream_legacy_chains()
         .into_iter()
         .chain(upstream_ipsets())
     {
-        tracing::info!(object = %r, "removed upstream kube-proxy's leftover");
+        tracing::info!(mode = "upstream kube-proxy", object = %r, "removed a leftover");
     }
     Ok(())
 }

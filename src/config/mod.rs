@@ -813,6 +813,13 @@ impl Config {
             &gates,
             p.bool("localhost-nodeports"),
         );
+        // Upstream's iptables mode sets route_localnet=1 for its localhost NodePorts
+        // (`NewProxier`: iptables.localhostNodePorts and 127.0.0.1 among the NodePort
+        // addresses) and guards it; ours forwards them in userspace but leaves the node as
+        // upstream does.
+        let localnet_guard = kp.mode == "iptables"
+            && kp.iptables.localhost_node_ports.unwrap_or(true)
+            && nodeport_addresses.contains_ipv4_loopback();
         let ct = &kp.conntrack;
         let pos = |d: Option<GoDuration>| d.filter(|d| d.0 > 0).map(GoDuration::std);
         let conntrack = ConntrackConfig {
@@ -870,6 +877,7 @@ impl Config {
                 // kernel is liberal is read once the conntrack tuning is applied.
                 drop_invalid: kp.mode == "iptables",
                 loopback_nodeports,
+                localnet_guard,
             },
             sync_period: kp.sync_period.std(),
             min_sync_period: kp.min_sync_period.std(),

@@ -1008,6 +1008,33 @@ fn localhost_node_ports_per_mode_gate_and_family() {
             [Untouched, Untouched],
         ),
     ];
+    // Upstream's iptables mode sets route_localnet=1 (and its guard) exactly when it serves
+    // localhost NodePorts.
+    for (args, guard) in [
+        (&["--proxy-mode=iptables"][..], true),
+        (
+            &[
+                "--proxy-mode=iptables",
+                "--iptables-localhost-nodeports=false",
+            ],
+            false,
+        ),
+        (
+            &["--proxy-mode=iptables", "--nodeport-addresses=10.0.0.0/8"],
+            false,
+        ),
+        (
+            &[
+                "--proxy-mode=nftables",
+                GATE,
+                "--nodeport-addresses=localhost",
+            ],
+            false,
+        ),
+        (&["--proxy-mode=ipvs"], false),
+    ] {
+        assert_eq!(run(args).unwrap().proxier.localnet_guard, guard, "{args:?}");
+    }
     for (args, [v4, v6], [p4, p6]) in cases {
         let c = run(args).unwrap();
         assert_eq!(

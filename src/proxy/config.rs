@@ -221,6 +221,10 @@ pub struct ProxierConfig {
     pub drop_invalid: bool,
     /// Loopback NodePort traffic each family rejects and counts (nftables mode's gate).
     pub loopback_nodeports: LoopbackPolicy,
+    /// iptables mode with localhost NodePorts: upstream sets route_localnet=1 and guards it
+    /// with KUBE-FIREWALL's "block incoming localnet connections" rule (kubernetes#90259):
+    /// new IPv4 connections to 127.0.0.0/8 from other sources that no DNAT made are dropped.
+    pub localnet_guard: bool,
 }
 
 impl Default for ProxierConfig {
@@ -234,6 +238,7 @@ impl Default for ProxierConfig {
             service_cidrs: Vec::new(),
             drop_invalid: false,
             loopback_nodeports: LoopbackPolicy::default(),
+            localnet_guard: false,
         }
     }
 }

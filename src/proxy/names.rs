@@ -18,6 +18,11 @@ pub const FILTER_FORWARD: &str = "filter-forward";
 pub const INVALID_DROP_COMMENT: &str =
     "drop conntrack INVALID packets, kubernetes#74839 (nf_conntrack_tcp_be_liberal is 0)";
 pub const FILTER_INPUT: &str = "filter-input";
+/// iptables mode's copy of upstream's KUBE-FIREWALL: drops new connections to 127.0.0.0/8
+/// from other sources unless DNATed (route_localnet=1 is set; kubernetes#90259).
+pub const LOCALNET_GUARD: &str = "localnet-guard";
+/// The comment of its drop rule (upstream's).
+pub const LOCALNET_GUARD_COMMENT: &str = "block incoming localnet connections";
 pub const FILTER_OUTPUT: &str = "filter-output";
 pub const NAT_PREROUTING: &str = "nat-prerouting";
 pub const NAT_OUTPUT: &str = "nat-output";

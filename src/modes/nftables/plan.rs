@@ -79,29 +79,49 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
             ])
             .collect(),
     );
+    let guard = |chain: &str| localnet_guard(guards_localnet(cfg, family), chain);
     rs.chain(
         b(FILTER_INPUT, Filter, Hook::Input, FILTER),
-        vec![
-            r(
-                FILTER_INPUT,
-                vec![new.clone(), jump(NODEPORT_ENDPOINTS_CHECK)],
-            ),
-            r(
-                FILTER_INPUT,
-                vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
-            ),
-        ],
+        guard(FILTER_INPUT)
+            .into_iter()
+            .chain([
+                r(
+                    FILTER_INPUT,
+                    vec![new.clone(), jump(NODEPORT_ENDPOINTS_CHECK)],
+                ),
+                r(
+                    FILTER_INPUT,
+                    vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
+                ),
+            ])
+            .collect(),
     );
     rs.chain(
         b(FILTER_OUTPUT, Filter, Hook::Output, FILTER),
-        vec![
-            r(
-                FILTER_OUTPUT,
-                vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
-            ),
-            r(FILTER_OUTPUT, vec![new, jump(CLUSTER_IPS_CHECK)]),
-        ],
+        guard(FILTER_OUTPUT)
+            .into_iter()
+            .chain([
+                r(
+                    FILTER_OUTPUT,
+                    vec![new.clone(), jump(SERVICE_ENDPOINTS_CHECK)],
+                ),
+                r(FILTER_OUTPUT, vec![new, jump(CLUSTER_IPS_CHECK)]),
+            ])
+            .collect(),
     );
+    if guards_localnet(cfg, family) {
+        rs.chain(
+            Chain::regular(LOCALNET_GUARD),
+            vec![
+                r(
+                    LOCALNET_GUARD,
+                    vec![Expr::CtStatusDnat, Expr::Verdict(Verdict::Return)],
+                ),
+                r(LOCALNET_GUARD, vec![Expr::Verdict(Verdict::Drop)])
+                    .with_comment(LOCALNET_GUARD_COMMENT),
+            ],
+        );
+    }
     nat_dispatch(rs, SERVICES);
     rs.chain(
         b(NAT_POSTROUTING, Nat, Hook::Postrouting, SRCNAT),
@@ -235,6 +255,39 @@ fn base_chains(rs: &mut Fragment, cfg: &ProxierConfig, node: &NodeInfo, family: 
     for m in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS] {
         rs.set(Set::vmap(m, port_key()));
     }
+}
+
+/// Whether `family`'s table carries iptables mode's localnet guard (IPv4 only, as upstream).
+fn guards_localnet(cfg: &ProxierConfig, family: Family) -> bool {
+    cfg.localnet_guard && family == Family::Ip
+}
+
+/// The rule of `chain` (filter input or output) that sends a new connection to 127.0.0.0/8
+/// from another source to [`LOCALNET_GUARD`], which drops it unless DNATed: upstream's
+/// KUBE-FIREWALL rule `-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate
+/// RELATED,ESTABLISHED,DNAT -j DROP`, for new connections (an established, related, invalid
+/// or untracked packet cannot open one).
+fn localnet_guard(needed: bool, chain: &str) -> Option<Rule> {
+    let localnet: Cidr = "127.0.0.0/8".parse().expect("static");
+    needed.then(|| {
+        Rule::new(
+            chain,
+            vec![
+                Expr::Addr {
+                    field: Field::Daddr,
+                    op: CmpOp::Eq,
+                    value: localnet,
+                },
+                Expr::Addr {
+                    field: Field::Saddr,
+                    op: CmpOp::Neq,
+                    value: localnet,
+                },
+                Expr::CtStateNew,
+                jump(LOCALNET_GUARD),
+            ],
+        )
+    })
 }
 
 /// Upstream 1.37's loopback NodePort rejects (gate `KubeProxyNFTablesLocalhostNodePorts`):
@@ -1094,6 +1147,36 @@ mod tests {
         }
         let untouched = text(&st, &ProxierConfig::default(), Family::Ip);
         assert!(!untouched.contains("localhost-nodeport"), "{untouched}");
+    }
+
+    /// iptables mode with localhost NodePorts: upstream's KUBE-FIREWALL rule, first in the
+    /// input and output hooks, IPv4 only; nothing of it otherwise.
+    #[test]
+    fn iptables_mode_guards_route_localnet_as_upstream() {
+        let cfg = ProxierConfig {
+            localnet_guard: true,
+            ..Default::default()
+        };
+        let st = state(&["10.180.0.1"]);
+        let v4 = text(&st, &cfg, Family::Ip);
+        for want in [
+            "add rule ip kube-nlproxy filter-input ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state new jump localnet-guard",
+            "add rule ip kube-nlproxy filter-output ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state new jump localnet-guard",
+            "add rule ip kube-nlproxy localnet-guard ct status dnat return",
+            "add rule ip kube-nlproxy localnet-guard drop comment \"block incoming localnet connections\"",
+        ] {
+            assert!(v4.contains(want), "{want}\n in\n{v4}");
+        }
+        let input = v4
+            .lines()
+            .find(|l| l.starts_with("add rule ip kube-nlproxy filter-input"))
+            .unwrap();
+        assert!(input.contains("localnet-guard"), "first in input: {input}");
+        assert!(
+            !text(&st, &cfg, Family::Ip6).contains("localnet"),
+            "IPv4 only"
+        );
+        assert!(!text(&st, &ProxierConfig::default(), Family::Ip).contains("localnet"));
     }
 
     #[test]
