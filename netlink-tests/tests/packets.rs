@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use netlink_tests::backend::{
-    tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
+    tcp_backend, tcp_probe, tcp_probe_from, tcp_probes, udp_backend, udp_probe, OpenConn, Reply,
 };
 use netlink_tests::cluster::{
     sa, yaml, Cluster, EXT_IP, EXT_IP6, EXT_IP_OTHER, NODE_IP, NODE_IP6, POD_GW,
@@ -741,7 +741,8 @@ fn localhost_node_ports_follow_the_mode_and_the_options() {
     // The node as upstream's iptables mode leaves it: route_localnet=1, with its guard.
     assert_eq!(route_localnet(&c), "1");
     assert!(
-        d.log_text().contains("Setting route_localnet=1 to allow node-ports on localhost"),
+        d.log_text()
+            .contains("Setting route_localnet=1 to allow node-ports on localhost"),
         "{}",
         d.log_text()
     );
@@ -903,6 +904,84 @@ fn nftables_mode_serves_or_rejects_localhost_node_ports_behind_upstreams_gate() 
         None,
         "no proxy, no listener gauge (as upstream)"
     );
+}
+
+/// With route_localnet=1 the kernel routes a packet for 127.0.0.0/8 that arrives from the
+/// network to local sockets (kubernetes#90259, CVE-2020-8558); upstream's iptables mode guards
+/// it with KUBE-FIREWALL's rule and so does ours. A TCP SYN for 127.0.0.1 is written straight
+/// onto the outside link (an AF_PACKET frame: no stack would route it) toward a listener
+/// on the node's 127.0.0.1, whose half-open connections show whether it got in. Control: the same frame with route_localnet=1 and
+/// no guard (nftables mode) does get in.
+#[test]
+fn route_localnet_is_guarded_against_packets_from_the_network() {
+    let c = web_cluster();
+    let y = web_yaml("");
+    let dev_to = |ns: &netlink_tests::ns::NetNs, ip: &str| {
+        let r = ns.sh(&format!("ip -o route get {ip}"));
+        let dev = r
+            .split_whitespace()
+            .skip_while(|w| *w != "dev")
+            .nth(1)
+            .unwrap()
+            .to_string();
+        let link = ns.sh(&format!("ip -o link show {dev}"));
+        let mac = link
+            .split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .unwrap()
+            .to_string();
+        (dev, mac)
+    };
+    // A service on the node's loopback only.
+    tcp_backend(&c.node, "loopback-only", sa("127.0.0.1", 30099));
+    let (ext_dev, ext_mac) = dev_to(&c.ext, NODE_IP);
+    let (_, node_mac) = dev_to(&c.node, EXT_IP);
+    let inject = |sport: u16| {
+        c.ext.sh(&format!(
+            r#"python3 - <<EOF
+import socket, struct
+def csum(b):
+    if len(b) % 2: b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return ~s & 0xffff
+src, dst = socket.inet_aton("{EXT_IP}"), socket.inet_aton("127.0.0.1")
+tcp = struct.pack("!HHIIBBHHH", {sport}, 30099, 1, 0, 5 << 4, 0x02, 64240, 0, 0)
+tcp = tcp[:16] + struct.pack("!H", csum(src + dst + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 1, 0, 64, 6, 0, src, dst)
+ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+eth = bytes.fromhex("{node}") + bytes.fromhex("{ext}") + b"\x08\x00"
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("{ext_dev}", 0))
+s.send(eth + ip + tcp)
+EOF"#,
+            node = node_mac.replace(':', ""),
+            ext = ext_mac.replace(':', ""),
+        ));
+        std::thread::sleep(Duration::from_millis(300));
+        // A SYN that got in left a half-open connection on the listener (its SYN-ACK, from
+        // 127.0.0.1, is a martian the client drops).
+        c.node
+            .sh(&format!(
+                "ss -Htn state syn-recv src 127.0.0.1:30099 dst {EXT_IP}:{sport}"
+            ))
+            .lines()
+            .count()
+    };
+    {
+        let d = c.start_daemon(&y, &[]);
+        d.wait_for_log("synced", 1);
+        assert_eq!(route_localnet(&c), "1");
+        assert_eq!(inject(45001), 0, "iptables mode: the guard drops it");
+    }
+    let d = c.start_daemon(&y, &["--proxy-mode=nftables"]);
+    d.wait_for_log("synced", 1);
+    // (the emptied chain itself goes at a later sync, as every stale chain)
+    assert!(!c.ruleset("ip").contains("jump localnet-guard"));
+    c.node
+        .sh("echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet");
+    assert_eq!(inject(45002), 1, "control: without the guard it gets in");
 }
 
 /// `net.ipv4.conf.all.route_localnet` in the node's namespace.
