@@ -687,9 +687,9 @@ fn open_nft() -> Result<NetlinkNftables, SyncError> {
 /// regardless).
 fn remove_leftovers(what: &str, f: impl FnOnce() -> Result<Vec<String>, SyncError>) {
     match f() {
-        Ok(removed) => removed.into_iter().for_each(
-            |r| tracing::info!(mode = what, object = %r, "removed another mode's leftover"),
-        ),
+        Ok(removed) => removed
+            .into_iter()
+            .for_each(|r| tracing::info!(mode = what, object = %r, "removed a leftover")),
         Err(e) => tracing::warn!(mode = what, err = %e, "cannot remove leftovers"),
     }
 }
