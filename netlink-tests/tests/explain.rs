@@ -5,7 +5,7 @@
 //! answer, the source they saw, and refused versus dropped must be what explain said.
 
 use netlink_tests::apiserver::ApiServer;
-use netlink_tests::cluster::{proxy_bin, NODE_IP};
+use netlink_tests::cluster::{proxy_bin, Cluster, Daemon, NODE_IP};
 use netlink_tests::differential::{
     backend_at, check_explained, objects, outcome, wait_ours_programmed, Flow, From,
 };
@@ -15,8 +15,9 @@ use netlink_tests::scenario::{web_cluster, Backends};
 /// packet is accepted to this host and cannot name the endpoint behind the socket.
 const UNEXPLAINED: &[&str] = &["NodePort via localhost"];
 
-#[test]
-fn explain_says_what_real_packets_do_in_nftables_mode() {
+/// The flow table's cluster (dual-stack, UDP backends) with its objects served by a fake API
+/// server and ours running from it, every Service programmed.
+fn flow_table_programmed() -> (Cluster, ApiServer, Daemon) {
     let c = web_cluster(Backends {
         ipv6: true,
         udp: true,
@@ -27,6 +28,12 @@ fn explain_says_what_real_packets_do_in_nftables_mode() {
     }
     let d = c.start_daemon_with(&["--master", &api.url()]);
     wait_ours_programmed(&c, "ours", &|| d.log_text());
+    (c, api, d)
+}
+
+#[test]
+fn explain_says_what_real_packets_do_in_nftables_mode() {
+    let (c, _api, d) = flow_table_programmed();
     check_explained(&c, UNEXPLAINED, &|| d.log_text());
 }
 
@@ -35,16 +42,7 @@ fn explain_says_what_real_packets_do_in_nftables_mode() {
 /// (this host for a ClusterIP, outside for a NodePort), and one it shows rejected is refused.
 #[test]
 fn services_lists_the_endpoints_real_packets_reach() {
-    let c = web_cluster(Backends {
-        ipv6: true,
-        udp: true,
-    });
-    let api = c.node.run(ApiServer::start);
-    for o in objects() {
-        api.apply(o);
-    }
-    let d = c.start_daemon_with(&["--master", &api.url()]);
-    wait_ours_programmed(&c, "ours", &|| d.log_text());
+    let (c, _api, _d) = flow_table_programmed();
     let out = c
         .node
         .output(proxy_bin().to_str().unwrap(), &["services", "--json"]);

@@ -749,15 +749,7 @@ fn localhost_node_ports_follow_the_mode_and_the_options() {
     assert!(c
         .ruleset("ip")
         .contains("ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state new jump localnet-guard"));
-    let t0 = Instant::now();
-    let replies = loop {
-        let r = tcp_probes(&c.node, sa("127.0.0.1", 30080), 20);
-        if r.iter().all(|r| r.name().is_some()) {
-            break r;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "{r:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let replies = all_answered(&c, sa("127.0.0.1", 30080));
     assert_eq!(
         names(&replies),
         ["local", "remote"].map(String::from).into(),
@@ -838,15 +830,7 @@ fn nftables_mode_serves_or_rejects_localhost_node_ports_behind_upstreams_gate() 
             ("127.0.0.1", ["local", "remote"]),
             ("::1", ["local6", "remote6"]),
         ] {
-            let t0 = Instant::now();
-            let replies = loop {
-                let r = tcp_probes(&c.node, sa(lo, 30080), 20);
-                if r.iter().all(|r| r.name().is_some()) {
-                    break r;
-                }
-                assert!(t0.elapsed() < Duration::from_secs(5), "{lo}: {r:?}");
-                std::thread::sleep(Duration::from_millis(100));
-            };
+            let replies = all_answered(&c, sa(lo, 30080));
             assert_eq!(
                 names(&replies),
                 want.map(String::from).into(),
@@ -982,6 +966,20 @@ EOF"#,
     c.node
         .sh("echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet");
     assert_eq!(inject(45002), 1, "control: without the guard it gets in");
+}
+
+/// 20 connections from the node to `to` once every one is answered (a listener starts after
+/// the sync that plans it), waiting at most 5 s.
+fn all_answered(c: &Cluster, to: std::net::SocketAddr) -> Vec<Reply> {
+    let t0 = Instant::now();
+    loop {
+        let r = tcp_probes(&c.node, to, 20);
+        if r.iter().all(|r| r.name().is_some()) {
+            return r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "{to}: {r:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// `net.ipv4.conf.all.route_localnet` in the node's namespace.

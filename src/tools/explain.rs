@@ -1016,7 +1016,16 @@ pub(crate) mod tests {
 
     /// Node 192.168.0.2 with `default/web` (ClusterIP 10.96.0.10:80, NodePort 30080): one
     /// local endpoint and one remote, as nftables mode plans them.
-    pub(crate) struct FakeView;
+    pub(crate) struct FakeView {
+        /// Whether the host has routes (none at all: nothing is routed, not even outside).
+        pub routes: bool,
+    }
+
+    impl Default for FakeView {
+        fn default() -> Self {
+            FakeView { routes: true }
+        }
+    }
 
     fn planned(family: Family) -> LiveTable {
         let st = crate::model::fixtures::web_state(Some(30080));
@@ -1032,7 +1041,7 @@ pub(crate) mod tests {
             Ok(vec!["192.168.0.2".parse().unwrap()])
         }
         fn route(&mut self, a: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
-            if a.to_string().starts_with("10.244.9.") {
+            if !self.routes || a.to_string().starts_with("10.244.9.") {
                 return Ok(None); // a pod on another node this host has no route to
             }
             Ok(Some((
@@ -1083,7 +1092,10 @@ pub(crate) mod tests {
 
     fn report(a: &[&str]) -> Result<Report, ToolError> {
         let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
-        explain(&mut FakeView, &args::parse("explain", USAGE, FLAGS, &a)?)
+        explain(
+            &mut FakeView::default(),
+            &args::parse("explain", USAGE, FLAGS, &a)?,
+        )
     }
 
     fn text(a: &[&str]) -> Result<String, ToolError> {
@@ -1160,45 +1172,8 @@ pub(crate) mod tests {
         assert_eq!(r.iif.as_deref(), Some("veth9"));
         // No route to outside either: an interface no rule names.
         let mut notes = Vec::new();
-        struct NoRoutes;
-        impl KernelView for NoRoutes {
-            fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError> {
-                Ok(vec![])
-            }
-            fn route(&mut self, _: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
-                Ok(None)
-            }
-            fn table(&mut self, _: Family, _: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
-                Ok(None)
-            }
-            fn pod_address(
-                &mut self,
-                _: (&str, &str),
-                _: Family,
-                _: (Option<&str>, Option<&str>),
-            ) -> Result<IpAddr, String> {
-                Err("none".into())
-            }
-            fn listeners(
-                &mut self,
-                _: std::net::SocketAddr,
-            ) -> Result<Vec<crate::proxy::ListenerInfo>, String> {
-                Err("none".into())
-            }
-            fn ipvs(
-                &mut self,
-                _: IpAddr,
-                _: u16,
-                _: u8,
-            ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
-                Ok(None)
-            }
-            fn ipvs_all(&mut self) -> Result<Vec<(VirtualServer, Vec<RealServer>)>, ToolError> {
-                Ok(Vec::new())
-            }
-        }
         let iif = unrouted_source_iif(
-            &mut NoRoutes,
+            &mut FakeView { routes: false },
             "10.244.9.7".parse().unwrap(),
             Family::Ip,
             &mut notes,

@@ -433,7 +433,7 @@ mod tests {
 
     fn listing() -> Listing {
         services(
-            &mut FakeView,
+            &mut FakeView::default(),
             DEFAULT_TABLE,
             "127.0.0.1:10249".parse().unwrap(),
         )
