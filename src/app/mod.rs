@@ -80,11 +80,13 @@ async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
 }
 
 fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
-    let (snap, mut warnings) = cache.load(path, node)?;
-    let (state, w2) = build_state(&snap, node);
-    warnings.extend(w2);
+    let (snap, warnings) = cache.load(path, node)?;
+    let (state, objects) = build_state(&snap, node);
     for w in warnings {
         tracing::warn!("{w}");
+    }
+    for w in &objects {
+        crate::source::log_object_warning(w);
     }
     Ok(state)
 }

@@ -13,6 +13,7 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 use crate::model::intern::ArcStr;
 use crate::model::net::Cidr;
+use crate::model::warning::ObjectWarning;
 
 /// Label that hands a Service to another proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -46,7 +47,7 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
 }
 
 /// Converts one Service to its service ports. `Ok(vec![])` means "not ours to proxy".
-pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<ServicePort> {
+pub fn convert_service(svc: &Service, warnings: &mut Vec<ObjectWarning>) -> Vec<ServicePort> {
     let meta = &svc.metadata;
     let id = obj_name(&meta.namespace, &meta.name);
     let labels = meta.labels.clone().unwrap_or_default();
@@ -54,7 +55,11 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
         return vec![];
     }
     let Some(spec) = &svc.spec else {
-        warnings.push(format!("Service {id}: no spec; skipped"));
+        warnings.push(ObjectWarning::new(
+            "Service",
+            id.to_string(),
+            "no spec; skipped",
+        ));
         return vec![];
     };
     if spec.type_.as_deref() == Some("ExternalName") {
@@ -78,26 +83,38 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
             {
                 cluster_ips.push(ip)
             }
-            Some(ip) => warnings.push(format!(
-                "Service {id}: second ClusterIP {ip} of the same family ignored"
+            Some(ip) => warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!("second ClusterIP {ip} of the same family ignored"),
             )),
             None => {
-                warnings.push(format!(
-                    "Service {id}: invalid ClusterIP {s:?}; Service skipped"
+                warnings.push(ObjectWarning::new(
+                    "Service",
+                    id.to_string(),
+                    format!("invalid ClusterIP {s:?}; Service skipped"),
                 ));
                 return vec![];
             }
         }
     }
     if cluster_ips.is_empty() {
-        warnings.push(format!("Service {id}: no ClusterIP; skipped"));
+        warnings.push(ObjectWarning::new(
+            "Service",
+            id.to_string(),
+            "no ClusterIP; skipped",
+        ));
         return vec![];
     }
     let mut external_ips = Vec::new();
     for s in spec.external_ips.iter().flatten() {
         match parse_ip(s) {
             Some(ip) => external_ips.push(ip),
-            None => warnings.push(format!("Service {id}: invalid externalIP {s:?} ignored")),
+            None => warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!("invalid externalIP {s:?} ignored"),
+            )),
         }
     }
     let mut load_balancer_ips = Vec::new();
@@ -116,8 +133,10 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
             if let Some(s) = &ing.ip {
                 match parse_ip(s) {
                     Some(ip) => load_balancer_ips.push(ip),
-                    None => warnings.push(format!(
-                        "Service {id}: invalid LoadBalancer ingress IP {s:?} ignored"
+                    None => warnings.push(ObjectWarning::new(
+                        "Service",
+                        id.to_string(),
+                        format!("invalid LoadBalancer ingress IP {s:?} ignored"),
                     )),
                 }
             }
@@ -127,8 +146,10 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
     for s in spec.load_balancer_source_ranges.iter().flatten() {
         match s.parse::<Cidr>() {
             Ok(c) => source_ranges.push(c),
-            Err(e) => warnings.push(format!(
-                "Service {id}: invalid loadBalancerSourceRange ignored: {e}"
+            Err(e) => warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!("invalid loadBalancerSourceRange ignored: {e}"),
             )),
         }
     }
@@ -142,9 +163,12 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
         if (1..=86400).contains(&t) {
             Some(t as u32)
         } else {
-            warnings.push(format!(
-                "Service {id}: sessionAffinity timeoutSeconds {t} out of range; using {DEFAULT_AFFINITY_TIMEOUT}"
-            ));
+            warnings.push(ObjectWarning::new(
+    "Service",
+    id.to_string(),
+    format!("sessionAffinity timeoutSeconds {t} out of range; using {DEFAULT_AFFINITY_TIMEOUT}"
+            ),
+));
             Some(DEFAULT_AFFINITY_TIMEOUT)
         }
     } else {
@@ -154,8 +178,10 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
         Some(p) if (1..=65535).contains(&p) => Some(p as u16),
         Some(0) | None => None,
         Some(p) => {
-            warnings.push(format!(
-                "Service {id}: invalid healthCheckNodePort {p} ignored"
+            warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!("invalid healthCheckNodePort {p} ignored"),
             ));
             None
         }
@@ -171,15 +197,21 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
         let pname = p.name.clone().unwrap_or_default();
         let proto_s = p.protocol.as_deref().unwrap_or("TCP");
         let Some(protocol) = Protocol::parse(proto_s) else {
-            warnings.push(format!(
-                "Service {id} port {pname:?}: unknown protocol {proto_s:?}; port skipped"
+            warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!("port {pname:?}: unknown protocol {proto_s:?}; port skipped"),
             ));
             continue;
         };
         if !(1..=65535).contains(&p.port) {
-            warnings.push(format!(
-                "Service {id} port {pname:?}: port {} out of range 1-65535; port skipped",
-                p.port
+            warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!(
+                    "port {pname:?}: port {} out of range 1-65535; port skipped",
+                    p.port
+                ),
             ));
             continue;
         }
@@ -187,8 +219,10 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
             None | Some(0) => None,
             Some(n) if (1..=65535).contains(&n) => Some(n as u16),
             Some(n) => {
-                warnings.push(format!(
-                    "Service {id} port {pname:?}: nodePort {n} out of range; port skipped"
+                warnings.push(ObjectWarning::new(
+                    "Service",
+                    id.to_string(),
+                    format!("port {pname:?}: nodePort {n} out of range; port skipped"),
                 ));
                 continue;
             }
@@ -200,8 +234,10 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
             protocol,
         };
         if !seen.insert(spn.clone()) {
-            warnings.push(format!(
-                "Service {id}: duplicate port name {pname:?} for {proto_s}; later one skipped"
+            warnings.push(ObjectWarning::new(
+                "Service",
+                id.to_string(),
+                format!("duplicate port name {pname:?} for {proto_s}; later one skipped"),
             ));
             continue;
         }
@@ -227,7 +263,11 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<String>) -> Vec<Service
 }
 
 /// Converts the Node object (or just the name when there is none).
-pub fn convert_node(node: Option<&Node>, node_name: &str, warnings: &mut Vec<String>) -> NodeInfo {
+pub fn convert_node(
+    node: Option<&Node>,
+    node_name: &str,
+    warnings: &mut Vec<ObjectWarning>,
+) -> NodeInfo {
     let mut info = NodeInfo {
         name: node_name.to_string(),
         ..Default::default()
@@ -246,9 +286,10 @@ pub fn convert_node(node: Option<&Node>, node_name: &str, warnings: &mut Vec<Str
                 match parse_ip(&a.address) {
                     Some(ip) if !info.addresses.contains(&ip) => info.addresses.push(ip),
                     Some(_) => {}
-                    None => warnings.push(format!(
-                        "Node {node_name}: invalid address {:?} ignored",
-                        a.address
+                    None => warnings.push(ObjectWarning::new(
+                        "Node",
+                        node_name.to_string(),
+                        format!("invalid address {:?} ignored", a.address),
                     )),
                 }
             }
@@ -263,7 +304,11 @@ pub fn convert_node(node: Option<&Node>, node_name: &str, warnings: &mut Vec<Str
         for c in cidrs {
             match c.parse::<Cidr>() {
                 Ok(c) => info.pod_cidrs.push(c),
-                Err(e) => warnings.push(format!("Node {node_name}: invalid podCIDR: {e}")),
+                Err(e) => warnings.push(ObjectWarning::new(
+                    "Node",
+                    node_name.to_string(),
+                    format!("invalid podCIDR: {e}"),
+                )),
             }
         }
     }
@@ -335,7 +380,7 @@ pub struct SliceEndpoints {
 pub fn convert_slice(
     slice: &EndpointSlice,
     node_name: &str,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<ObjectWarning>,
 ) -> SliceEndpoints {
     let meta = &slice.metadata;
     let id = obj_name(&meta.namespace, &meta.name);
@@ -357,8 +402,10 @@ pub fn convert_slice(
         return out;
     }
     let Some(svc_shared) = out.service.as_ref().map(|(_, s)| s.clone()) else {
-        warnings.push(format!(
-            "EndpointSlice {id}: no {LABEL_SERVICE_NAME} label; skipped"
+        warnings.push(ObjectWarning::new(
+            "EndpointSlice",
+            id.to_string(),
+            format!("no {LABEL_SERVICE_NAME} label; skipped"),
         ));
         return out;
     };
@@ -367,8 +414,10 @@ pub fn convert_slice(
         "IPv6" => false,
         "FQDN" => return out,
         other => {
-            warnings.push(format!(
-                "EndpointSlice {id}: unknown addressType {other:?}; skipped"
+            warnings.push(ObjectWarning::new(
+                "EndpointSlice",
+                id.to_string(),
+                format!("unknown addressType {other:?}; skipped"),
             ));
             return out;
         }
@@ -376,15 +425,19 @@ pub fn convert_slice(
     for port in slice.ports.iter().flatten() {
         let Some(num) = port.port else { continue };
         if !(1..=65535).contains(&num) {
-            warnings.push(format!(
-                "EndpointSlice {id}: port {num} out of range; port skipped"
+            warnings.push(ObjectWarning::new(
+                "EndpointSlice",
+                id.to_string(),
+                format!("port {num} out of range; port skipped"),
             ));
             continue;
         }
         let proto_s = port.protocol.as_deref().unwrap_or("TCP");
         let Some(protocol) = Protocol::parse(proto_s) else {
-            warnings.push(format!(
-                "EndpointSlice {id}: unknown protocol {proto_s:?}; port skipped"
+            warnings.push(ObjectWarning::new(
+                "EndpointSlice",
+                id.to_string(),
+                format!("unknown protocol {proto_s:?}; port skipped"),
             ));
             continue;
         };
@@ -405,22 +458,30 @@ pub fn convert_slice(
             let ip = match parse_ip(addr) {
                 // An IPv4-mapped IPv6 address is no pod address; DNAT to it would misroute.
                 Some(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
-                    warnings.push(format!(
-                        "EndpointSlice {id}: IPv4-mapped address {v6} is not a valid endpoint; skipped"
+                    warnings.push(ObjectWarning::new(
+                        "EndpointSlice",
+                        id.to_string(),
+                        format!("IPv4-mapped address {v6} is not a valid endpoint; skipped"),
                     ));
                     continue;
                 }
                 Some(ip) if ip.is_ipv4() == want_v4 => ip,
                 Some(ip) => {
-                    warnings.push(format!(
-                        "EndpointSlice {id}: address {ip} does not match addressType {}; skipped",
-                        slice.address_type
+                    warnings.push(ObjectWarning::new(
+                        "EndpointSlice",
+                        id.to_string(),
+                        format!(
+                            "address {ip} does not match addressType {}; skipped",
+                            slice.address_type
+                        ),
                     ));
                     continue;
                 }
                 None => {
-                    warnings.push(format!(
-                        "EndpointSlice {id}: invalid address {addr:?}; skipped"
+                    warnings.push(ObjectWarning::new(
+                        "EndpointSlice",
+                        id.to_string(),
+                        format!("invalid address {addr:?}; skipped"),
                     ));
                     continue;
                 }
@@ -471,7 +532,7 @@ fn merge_endpoints<'a>(eps: impl Iterator<Item = &'a Endpoint>) -> Vec<Endpoint>
 }
 
 /// Builds the whole model from a snapshot. Returns the state and the warnings to log.
-pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>) {
+pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<ObjectWarning>) {
     let mut warnings = Vec::new();
     let node = convert_node(snap.node.as_ref(), node_name, &mut warnings);
     let mut seen = std::collections::BTreeSet::new();
@@ -480,10 +541,10 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<String>
         let m = &svc.metadata;
         let id = (m.namespace.as_deref(), m.name.as_deref());
         if !seen.insert(id) {
-            warnings.push(format!(
-                "Service {}/{} is defined more than once; the last definition is used",
-                id.0.unwrap_or_default(),
-                id.1.unwrap_or_default()
+            warnings.push(ObjectWarning::new(
+                "Service",
+                format!("{}/{}", id.0.unwrap_or_default(), id.1.unwrap_or_default()),
+                "defined more than once; the last definition is used",
             ));
         }
         ports.extend(
@@ -591,7 +652,7 @@ pub fn assemble<'a>(
 
 /// One ServiceCIDR object's `spec.cidrs`; a CIDR that does not parse is named in a warning
 /// and skipped. [`assemble`] takes the union. Pure.
-pub fn convert_service_cidr(o: &ServiceCIDR, warnings: &mut Vec<String>) -> Vec<Cidr> {
+pub fn convert_service_cidr(o: &ServiceCIDR, warnings: &mut Vec<ObjectWarning>) -> Vec<Cidr> {
     let name = o.metadata.name.as_deref().unwrap_or("");
     let mut out = Vec::new();
     for c in o
@@ -603,8 +664,10 @@ pub fn convert_service_cidr(o: &ServiceCIDR, warnings: &mut Vec<String>) -> Vec<
     {
         match c.parse::<Cidr>() {
             Ok(c) => out.push(c),
-            Err(e) => warnings.push(format!(
-                "ServiceCIDR {name}: field spec.cidrs: {c:?}: {e}; skipped"
+            Err(e) => warnings.push(ObjectWarning::new(
+                "ServiceCIDR",
+                name.to_string(),
+                format!("field spec.cidrs: {c:?}: {e}; skipped"),
             )),
         }
     }
@@ -685,9 +748,15 @@ pub fn collisions_of(state: &ProxyState) -> Vec<Collision> {
     out
 }
 
-/// [`collisions_of`] as warning lines.
-pub fn collisions(state: &ProxyState) -> Vec<String> {
-    collisions_of(state).iter().map(|c| c.to_string()).collect()
+/// [`collisions_of`] as warnings on the Service that loses the traffic.
+pub fn collisions(state: &ProxyState) -> Vec<ObjectWarning> {
+    collisions_of(state)
+        .iter()
+        .map(|c| {
+            let object = format!("{}/{}", c.other.namespace, c.other.name);
+            ObjectWarning::new("Service", object, c.to_string())
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -816,7 +885,8 @@ mod tests {
         assert_eq!(ports[0].name.protocol, Protocol::Udp);
         assert_eq!(w.len(), 3, "{w:?}");
         assert!(
-            w.iter().all(|m| m.starts_with("Service ns/s port")),
+            w.iter()
+                .all(|m| m.to_string().starts_with("Service ns/s: port")),
             "{w:?}"
         );
     }
@@ -826,7 +896,7 @@ mod tests {
         let s = svc("  clusterIP: 10.0.0.300\n  ports: [{port: 80}]\n");
         let mut w = Vec::new();
         assert!(convert_service(&s, &mut w).is_empty());
-        assert!(w[0].contains("invalid ClusterIP"), "{w:?}");
+        assert!(w[0].to_string().contains("invalid ClusterIP"), "{w:?}");
     }
 
     #[test]
@@ -910,7 +980,10 @@ mod tests {
             .find(|k| k.port == "p0" && k.protocol == Protocol::Tcp)
             .unwrap();
         assert_eq!(st.endpoints[tcp0].len(), 1000);
-        assert!(w.iter().any(|m| m.contains("IPv4-mapped")), "{w:?}");
+        assert!(
+            w.iter().any(|m| m.to_string().contains("IPv4-mapped")),
+            "{w:?}"
+        );
     }
 
     #[test]
@@ -949,7 +1022,10 @@ mod tests {
         assert!(eps[0].is_local && eps[0].ready);
         assert!(!eps[1].ready && eps[1].serving && eps[1].terminating);
         assert_eq!(w.len(), 1);
-        assert!(w[0].contains("does not match addressType"), "{w:?}");
+        assert!(
+            w[0].to_string().contains("does not match addressType"),
+            "{w:?}"
+        );
     }
 
     #[test]
@@ -1024,15 +1100,21 @@ mod tests {
             ..Default::default()
         };
         let (_, w) = build_state(&snap, "n");
-        let text = w.join("\n");
-        assert!(text.contains("is defined more than once"), "{text}");
+        let text = w
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(text.contains("defined more than once"), "{text}");
         assert!(
             text.contains("both claim 1.2.3.4:80/tcp")
                 && text.contains("both claim NodePort 30080/tcp"),
             "{text}"
         );
         assert_eq!(
-            w.iter().filter(|l| l.contains("1.2.3.4")).count(),
+            w.iter()
+                .filter(|l| l.to_string().contains("1.2.3.4"))
+                .count(),
             1,
             "{text}"
         );

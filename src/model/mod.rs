@@ -7,6 +7,7 @@ pub mod fixtures;
 pub mod intern;
 pub mod net;
 pub mod topology;
+pub mod warning;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

@@ -262,7 +262,11 @@ impl Stores {
         self.nodes.values().any(|n| n.name == node_name)
     }
     /// The whole model from what the stores hold; a missing Node's warning goes to `warnings`.
-    pub fn state(&self, node_name: &str, warnings: &mut Vec<String>) -> ProxyState {
+    pub fn state(
+        &self,
+        node_name: &str,
+        warnings: &mut Vec<crate::model::warning::ObjectWarning>,
+    ) -> ProxyState {
         let node = self
             .nodes
             .values()
@@ -281,7 +285,11 @@ impl Stores {
 impl Stores {
     /// The state to publish: [`Self::state`], numbered, and naming the service ports
     /// changed since the state published before it (see [`crate::model::Lineage`]).
-    pub fn publish(&mut self, node_name: &str, warnings: &mut Vec<String>) -> ProxyState {
+    pub fn publish(
+        &mut self,
+        node_name: &str,
+        warnings: &mut Vec<crate::model::warning::ObjectWarning>,
+    ) -> ProxyState {
         let mut state = self.state(node_name, warnings);
         let generation = Lineage::next_generation();
         let changed_since = match self.touched.replace(BTreeSet::new()) {
@@ -380,7 +388,10 @@ fn changed_names<V: Clone>(
 }
 
 /// A Service's ports as the stores keep them: shared with every state assembled from them.
-fn service_ports(o: &Service, warnings: &mut Vec<String>) -> Vec<Arc<ServicePort>> {
+fn service_ports(
+    o: &Service,
+    warnings: &mut Vec<crate::model::warning::ObjectWarning>,
+) -> Vec<Arc<ServicePort>> {
     let ports = convert_service(o, warnings);
     // Not `collect()`: that reuses the list of ports in place, kept as long as the Service
     // is, and a lone port had been pushed into room for four (~770 bytes a Service, 7.3
@@ -391,11 +402,11 @@ fn service_ports(o: &Service, warnings: &mut Vec<String>) -> Vec<Arc<ServicePort
 }
 
 /// Converts as the stores need, logging each object's warnings once, when it arrives.
-fn logged<T>(f: impl FnOnce(&mut Vec<String>) -> T) -> T {
+fn logged<T>(f: impl FnOnce(&mut Vec<crate::model::warning::ObjectWarning>) -> T) -> T {
     let mut warnings = Vec::new();
     let out = f(&mut warnings);
-    for w in warnings {
-        tracing::warn!("{w}");
+    for w in &warnings {
+        super::log_object_warning(w);
     }
     out
 }
@@ -1024,8 +1035,8 @@ pub async fn run(
         let mut warnings = Vec::new();
         let state = stores.publish(&node, &mut warnings);
         tracing::debug!(built = ?t0.elapsed(), "new state from the API");
-        for w in warnings {
-            tracing::warn!("{w}");
+        for w in &warnings {
+            super::log_object_warning(w);
         }
         // Each collision once, when it appears (not on every change while it lasts).
         let now: std::collections::BTreeSet<_> = crate::model::convert::collisions_of(&state)

@@ -1117,8 +1117,9 @@ metadata: {name: node2}
             "union, deduplicated"
         );
         assert!(
-            w.iter()
-                .any(|w| w.contains("ServiceCIDR extra: field spec.cidrs: \"nonsense\"")),
+            w.iter().any(|w| w
+                .to_string()
+                .contains("ServiceCIDR extra: field spec.cidrs: \"nonsense\"")),
             "{w:?}"
         );
     }

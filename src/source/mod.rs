@@ -9,6 +9,22 @@ pub mod rest_client;
 pub mod yaml;
 
 pub use crate::model::convert::Snapshot;
+use crate::model::warning::ObjectWarning;
+
+/// Logs a problem with one object as one line: a fixed message, the object in upstream's
+/// field for its kind (`service="ns/name"`, `endpointSlice=…`, `node=…`, `serviceCIDR=…`),
+/// and the problem with what was done about it.
+pub fn log_object_warning(w: &ObjectWarning) {
+    const MSG: &str = "object not fully usable; the rest is programmed";
+    let (o, p) = (w.object.as_str(), w.problem.as_str());
+    match w.field() {
+        "service" => tracing::warn!(service = o, problem = p, "{MSG}"),
+        "endpointSlice" => tracing::warn!(endpointSlice = o, problem = p, "{MSG}"),
+        "node" => tracing::warn!(node = o, problem = p, "{MSG}"),
+        "serviceCIDR" => tracing::warn!(serviceCIDR = o, problem = p, "{MSG}"),
+        _ => tracing::warn!(kind = w.kind, object = o, problem = p, "{MSG}"),
+    }
+}
 
 /// Why a source stopped delivering states.
 #[derive(Debug, Clone, PartialEq, Eq)]
