@@ -242,8 +242,12 @@ fn json_logs_are_json() {
             .is_some_and(|c| c.contains(".rs:") && c.contains('/')),
         "{line}"
     );
+    // A fixed message, the document's problem as a field.
+    assert_eq!(v["msg"], "manifest content skipped", "{line}");
     assert!(
-        v["msg"].as_str().is_some_and(|m| m.contains("ConfigMap")),
+        v["problem"]
+            .as_str()
+            .is_some_and(|m| m.contains("ConfigMap")),
         "{line}"
     );
     assert_eq!(v["v"], 0, "{line}");

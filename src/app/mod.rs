@@ -83,7 +83,7 @@ fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<Prox
     let (snap, warnings) = cache.load(path, node)?;
     let (state, objects) = build_state(&snap, node);
     for w in warnings {
-        tracing::warn!("{w}");
+        tracing::warn!(problem = %w, "manifest content skipped");
     }
     for w in &objects {
         crate::source::log_object_warning(w);
@@ -126,7 +126,7 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
         // the daemon itself can run with CAP_NET_ADMIN only.
         set_oom_score_adj(cfg.oom_score_adj);
         for w in crate::kernel::conntrack::tuning::apply(&cfg.conntrack) {
-            tracing::warn!("{w}");
+            w.log();
         }
         tracing::info!("initialization done (--init-only); exiting");
         return Ok(Finished::Stopped);
@@ -226,7 +226,7 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
     }
     set_oom_score_adj(cfg.oom_score_adj);
     for w in crate::kernel::conntrack::tuning::apply(&cfg.conntrack) {
-        tracing::warn!("{w}");
+        w.log();
     }
     resolve_drop_invalid(&mut cfg.proxier);
     if cfg.proxier.localnet_guard {

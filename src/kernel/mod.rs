@@ -8,4 +8,5 @@ pub mod ipvs;
 pub mod netlink;
 pub mod nft;
 pub mod rtnl;
+pub mod sysctl;
 pub mod xtables;

@@ -752,11 +752,16 @@ pub fn collisions_of(state: &ProxyState) -> Vec<Collision> {
 pub fn collisions(state: &ProxyState) -> Vec<ObjectWarning> {
     collisions_of(state)
         .iter()
-        .map(|c| {
-            let object = format!("{}/{}", c.other.namespace, c.other.name);
-            ObjectWarning::new("Service", object, c.to_string())
-        })
+        .map(Collision::warning)
         .collect()
+}
+
+impl Collision {
+    /// The warning on the Service that loses the traffic.
+    pub fn warning(&self) -> ObjectWarning {
+        let object = format!("{}/{}", self.other.namespace, self.other.name);
+        ObjectWarning::new("Service", object, self.to_string())
+    }
 }
 
 #[cfg(test)]

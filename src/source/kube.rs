@@ -1043,7 +1043,7 @@ pub async fn run(
             .into_iter()
             .collect();
         for c in now.difference(&collisions) {
-            tracing::warn!("{c}");
+            super::log_object_warning(&c.warning());
         }
         collisions = now;
         if tx.send(Some(Arc::new(state))).is_err() {

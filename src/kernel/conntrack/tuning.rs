@@ -104,7 +104,8 @@ fn read_u64(path: &str) -> std::io::Result<u64> {
 
 /// Applies the tuning. Failures are warnings: some kernels lack some knobs, and a
 /// `nf_conntrack_max` outside the host namespace is read-only.
-pub fn apply(cfg: &ConntrackConfig) -> Vec<String> {
+pub fn apply(cfg: &ConntrackConfig) -> Vec<crate::kernel::sysctl::SysctlFailure> {
+    use crate::kernel::sysctl::SysctlFailure;
     let mut warnings = Vec::new();
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get() as u32)
@@ -122,15 +123,16 @@ pub fn apply(cfg: &ConntrackConfig) -> Vec<String> {
                         Ok(h) if h >= want => {}
                         Ok(_) => {
                             if let Err(e) = std::fs::write(HASHSIZE, want.to_string()) {
-                                warnings.push(format!("cannot set {HASHSIZE} to {want}: {e}"));
+                                warnings.push(SysctlFailure::write(HASHSIZE, want, e));
                             }
                         }
-                        Err(e) => warnings.push(format!("cannot read {HASHSIZE}: {e}")),
+                        Err(e) => warnings.push(SysctlFailure::read(HASHSIZE, e)),
                     }
                 }
-                Err(e) => warnings.push(format!(
-                    "cannot set {path} to {max}: {e} (outside the host network namespace it is read-only)"
-                )),
+                Err(e) => warnings.push(
+                    SysctlFailure::write(path, max, e)
+                        .with_hint("outside the host network namespace it is read-only"),
+                ),
             }
         }
     }
@@ -139,10 +141,10 @@ pub fn apply(cfg: &ConntrackConfig) -> Vec<String> {
             Ok(()) => {
                 tracing::info!(path = %wr.path.display(), value = wr.value, "set conntrack sysctl")
             }
-            Err(e) => warnings.push(format!(
-                "cannot set {} to {}: {e}",
-                wr.path.display(),
-                wr.value
+            Err(e) => warnings.push(SysctlFailure::write(
+                wr.path.display().to_string(),
+                wr.value,
+                e,
             )),
         }
     }

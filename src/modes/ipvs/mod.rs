@@ -51,7 +51,7 @@ pub fn open<N: Nftables>(
     // IPVS first: on a kernel without it, nothing is written.
     let ipvs = NetlinkIpvs::open()?;
     for w in sysctl::apply(cfg).map_err(SyncError::Sysctl)? {
-        tracing::warn!("{w}");
+        w.log();
     }
     let links = NetlinkLinks::open()?;
     let port = links.port_id();

@@ -327,7 +327,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
                 true
             }
             Err(e) => {
-                tracing::warn!("{e}");
+                tracing::warn!(err = %e, "IPVS change failed; the next sync retries it");
                 first_err.get_or_insert(e);
                 false
             }

@@ -2,6 +2,7 @@
 //! /proc/sys. Planning is pure; [`apply`] does the writes and reports failures as warnings,
 //! except the ones without which Services cannot work, which are errors.
 
+use crate::kernel::sysctl::SysctlFailure;
 use std::path::PathBuf;
 
 use super::plan::IpvsConfig;
@@ -52,7 +53,7 @@ pub fn plan(cfg: &IpvsConfig, version: Option<(u32, u32)>) -> Vec<Write> {
 }
 
 /// Applies the writes; returns warnings for optional failures, an error for required ones.
-pub fn apply(cfg: &IpvsConfig) -> Result<Vec<String>, String> {
+pub fn apply(cfg: &IpvsConfig) -> Result<Vec<SysctlFailure>, String> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let mut warnings = Vec::new();
     for wr in plan(cfg, kernel_version(release.trim())) {
@@ -60,11 +61,11 @@ pub fn apply(cfg: &IpvsConfig) -> Result<Vec<String>, String> {
             continue;
         }
         if let Err(e) = std::fs::write(&wr.path, wr.value) {
-            let msg = format!("cannot set {} to {}: {e}", wr.path.display(), wr.value);
+            let failure = SysctlFailure::write(wr.path.display().to_string(), wr.value, e);
             if wr.required {
-                return Err(msg);
+                return Err(failure.to_string());
             }
-            warnings.push(msg);
+            warnings.push(failure);
         }
     }
     Ok(warnings)
