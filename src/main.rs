@@ -86,7 +86,7 @@ fn main() -> std::process::ExitCode {
         }
         Err(e) => {
             let e = anyhow::Error::from(e);
-            tracing::error!("{e:#}");
+            tracing::error!(err = %format!("{e:#}"), "command failed");
             eprintln!("kube-nlproxy: {e:#}");
             // status and diff: trouble is 2, as diff(1); the daemon's failure stays 1.
             std::process::ExitCode::from(if tool { EXIT_TROUBLE } else { 1 })
