@@ -307,7 +307,7 @@ fn resolve_drop_invalid(p: &mut crate::proxy::ProxierConfig) {
             "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
         ),
         Ok(_) => {}
-        Err(e) => tracing::debug!(sysctl = tuning::TCP_BE_LIBERAL, error = %e,
+        Err(e) => tracing::debug!(sysctl = tuning::TCP_BE_LIBERAL, err = %e,
             "cannot read nf_conntrack_tcp_be_liberal; dropping INVALID packets as upstream does"),
     }
 }
@@ -425,7 +425,7 @@ async fn serve_admin(cfg: &Config) -> Result<(Shared, Vec<(&'static str, String)
             Box::new(move || match dropped.read() {
                 Ok(v) => Some(v),
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the INVALID drop counter");
+                    tracing::warn!(err = %e, "cannot read the INVALID drop counter");
                     None
                 }
             }),

@@ -141,7 +141,7 @@ pub async fn run<B: Proxier>(
             Err(e) => {
                 failures += 1;
                 let d = retry_delay(timing, failures);
-                tracing::error!(error = %e, retry_in = ?d, "sync failed; the kernel keeps the previous rules");
+                tracing::error!(err = %e, retry_in = ?d, "sync failed; the kernel keeps the previous rules");
                 Instant::now() + d
             }
         };
