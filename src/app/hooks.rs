@@ -121,7 +121,15 @@ impl SyncHooks for Hooks {
                     self.first_sync_logged = true;
                     tracing::info!(rules = s.rules, elements = s.elements, took = ?took, "initial sync done");
                 }
-                tracing::debug!(full = s.full, rules = s.rules, elements = s.elements, ops = ?s.ops, took = ?took, "synced");
+                tracing::debug!(
+                    full = s.full,
+                    rules = s.rules,
+                    elements = s.elements,
+                    ipv4_ops = s.ops_of(Family::Ip),
+                    ipv6_ops = s.ops_of(Family::Ip6),
+                    took = ?took,
+                    "synced"
+                );
                 m.service_changes_pending.set(0);
                 m.endpoint_changes_pending.set(0);
                 if let Some(d) = s.conntrack_duration {

@@ -759,8 +759,14 @@ async fn drive<P: Proxier>(
     } = w;
     if cfg.once {
         let stats = proxier.sync(&state)?;
-        tracing::info!(rules = stats.rules, elements = stats.elements, ops = ?stats.ops,
-            virtual_servers = stats.virtual_servers, "synced once");
+        tracing::info!(
+            rules = stats.rules,
+            elements = stats.elements,
+            ipv4_ops = stats.ops_of(crate::kernel::nft::Family::Ip),
+            ipv6_ops = stats.ops_of(crate::kernel::nft::Family::Ip6),
+            virtual_servers = stats.virtual_servers,
+            "synced once"
+        );
         return Ok(());
     }
     // The runner gets every state from `rx`, this first one included. Held here for the

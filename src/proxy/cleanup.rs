@@ -32,7 +32,7 @@ pub fn cleanup<N: Nftables>(nft: &mut N, table: &str) -> Result<Vec<String>, nft
             continue;
         };
         if t.comment.as_deref() != Some(TABLE_COMMENT) {
-            tracing::warn!(%family, table, comment = ?t.comment, "table has our name but not our comment; left alone");
+            tracing::warn!(%family, table, comment = t.comment.as_deref().unwrap_or(""), "table has our name but not our comment; left alone");
             continue;
         }
         removed.push(delete_table(nft, family, table)?);

@@ -92,6 +92,14 @@ impl<P: Proxier + ?Sized> Proxier for Box<P> {
     }
 }
 
+impl SyncStats {
+    /// The operations sent to `family`'s table (0 when none), for log fields of their own
+    /// (`ipv4_ops=… ipv6_ops=…`) rather than a Rust map's debug form.
+    pub fn ops_of(&self, family: Family) -> usize {
+        self.ops.get(&family).copied().unwrap_or(0)
+    }
+}
+
 /// What a sync did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyncStats {
