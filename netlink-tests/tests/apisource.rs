@@ -359,7 +359,7 @@ fn config_sync_period_republishes_the_watched_state() {
     let text = d.log_text();
     let last = text.lines().rfind(|l| l.contains("] \"synced\"")).unwrap();
     assert!(
-        last.contains("Ip: 0") && last.contains("full=false"),
+        last.contains("ipv4_ops=0 ") && last.contains("ipv6_ops=0 ") && last.contains("full=false"),
         "{last}"
     );
 }
