@@ -86,7 +86,9 @@ fn main() -> std::process::ExitCode {
         }
         Err(e) => {
             let e = anyhow::Error::from(e);
-            tracing::error!(err = %format!("{e:#}"), "command failed");
+            // The whole cause chain ("a: b: c"), as one field.
+            let chain = format!("{e:#}");
+            tracing::error!(err = %chain, "command failed");
             eprintln!("kube-nlproxy: {e:#}");
             // status and diff: trouble is 2, as diff(1); the daemon's failure stays 1.
             std::process::ExitCode::from(if tool { EXIT_TROUBLE } else { 1 })

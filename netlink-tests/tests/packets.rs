@@ -1048,6 +1048,16 @@ fn a_shared_service_address_passes_to_the_other_service_when_its_owner_goes() {
     let only_local = scenario::web_yaml_with("", &[LOCAL_EP], false);
     let d = c.start_daemon(&(only_local.clone() + &rival(&[REMOTE_EP])), &[]);
     d.wait_for_log("both claim 10.96.0.10:80/tcp", 1);
+    // One line, the losing Service in upstream's field for its kind.
+    let log = d.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("both claim 10.96.0.10:80/tcp"))
+        .unwrap();
+    assert!(
+        line.contains(r#""object not fully usable" service="default/web" problem="#),
+        "{line}"
+    );
     assert_eq!(
         names(&tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 6)),
         ["remote".to_string()].into(),

@@ -813,13 +813,9 @@ impl Config {
             &gates,
             p.bool("localhost-nodeports"),
         );
-        // Upstream's iptables mode sets route_localnet=1 for its localhost NodePorts
-        // (`NewProxier`: iptables.localhostNodePorts and 127.0.0.1 among the NodePort
-        // addresses) and guards it; ours forwards them in userspace but leaves the node as
-        // upstream does.
-        let localnet_guard = kp.mode == "iptables"
-            && kp.iptables.localhost_node_ports.unwrap_or(true)
-            && nodeport_addresses.contains_ipv4_loopback();
+        // Upstream's iptables mode sets route_localnet=1 for its localhost NodePorts and
+        // guards it; ours forwards them in userspace but leaves the node as upstream does.
+        let localnet_guard = iptables_localhost_nodeports(&kp, &nodeport_addresses);
         let ct = &kp.conntrack;
         let pos = |d: Option<GoDuration>| d.filter(|d| d.0 > 0).map(GoDuration::std);
         let conntrack = ConntrackConfig {
@@ -1001,14 +997,19 @@ fn localhost_nodeports(
         v4: served(policy.v4),
         v6: served(policy.v6),
     };
-    let iptables = kp.mode == "iptables"
-        && kp.iptables.localhost_node_ports.unwrap_or(true)
-        && addresses.contains_ipv4_loopback();
-    if ours.unwrap_or(false) || iptables {
+    if ours.unwrap_or(false) || iptables_localhost_nodeports(kp, addresses) {
         listeners.v4 = vec![Protocol::Tcp, Protocol::Udp];
         policy.v4 = LoopbackNodePorts::Untouched;
     }
     (listeners, policy)
+}
+
+/// Whether iptables mode serves localhost NodePorts (upstream's `NewProxier`:
+/// `iptables.localhostNodePorts`, default true, and 127.0.0.1 among the NodePort addresses).
+fn iptables_localhost_nodeports(kp: &KubeProxyConfig, addresses: &NodePortAddresses) -> bool {
+    kp.mode == "iptables"
+        && kp.iptables.localhost_node_ports.unwrap_or(true)
+        && addresses.contains_ipv4_loopback()
 }
 
 /// The IPVS settings, checked.

@@ -83,11 +83,16 @@ pub fn cidrs_of(c: &[Cidr], family: Family) -> Vec<Cidr> {
 }
 
 /// The rules guarding NodePort lookups: which destination addresses count as "this node".
-pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Vec<Vec<Expr>> {
-    let loopback: Cidr = match family {
+/// The loopback range of `family`: 127.0.0.0/8, ::1.
+pub fn loopback(family: Family) -> Cidr {
+    match family {
         Family::Ip => "127.0.0.0/8".parse().expect("static"),
         Family::Ip6 => "::1".parse().expect("static"),
-    };
+    }
+}
+
+pub fn nodeport_guards(cfg: &ProxierConfig, node: &NodeInfo, family: Family) -> Vec<Vec<Expr>> {
+    let loopback = loopback(family);
     match cfg
         .nodeport_addresses
         .for_family(family == Family::Ip, &node.addresses)

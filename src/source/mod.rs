@@ -15,14 +15,21 @@ use crate::model::warning::ObjectWarning;
 /// field for its kind (`service="ns/name"`, `endpointSlice=…`, `node=…`, `serviceCIDR=…`),
 /// and the problem with what was done about it.
 pub fn log_object_warning(w: &ObjectWarning) {
-    const MSG: &str = "object not fully usable; the rest is programmed";
+    // tracing's field names are static: one arm per kind, one message for all.
     let (o, p) = (w.object.as_str(), w.problem.as_str());
     match w.field() {
-        "service" => tracing::warn!(service = o, problem = p, "{MSG}"),
-        "endpointSlice" => tracing::warn!(endpointSlice = o, problem = p, "{MSG}"),
-        "node" => tracing::warn!(node = o, problem = p, "{MSG}"),
-        "serviceCIDR" => tracing::warn!(serviceCIDR = o, problem = p, "{MSG}"),
-        _ => tracing::warn!(kind = w.kind, object = o, problem = p, "{MSG}"),
+        "service" => tracing::warn!(service = o, problem = p, "object not fully usable"),
+        "endpointSlice" => {
+            tracing::warn!(endpointSlice = o, problem = p, "object not fully usable")
+        }
+        "node" => tracing::warn!(node = o, problem = p, "object not fully usable"),
+        "serviceCIDR" => tracing::warn!(serviceCIDR = o, problem = p, "object not fully usable"),
+        _ => tracing::warn!(
+            kind = w.kind,
+            object = o,
+            problem = p,
+            "object not fully usable"
+        ),
     }
 }
 

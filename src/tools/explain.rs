@@ -179,7 +179,8 @@ pub struct Report {
     pub ipvs: Option<VirtualServerReport>,
 }
 
-fn sock(a: IpAddr, port: u16) -> String {
+/// `ADDRESS:PORT`, IPv6 in brackets.
+pub(crate) fn sock(a: IpAddr, port: u16) -> String {
     std::net::SocketAddr::new(a, port).to_string()
 }
 
@@ -486,11 +487,7 @@ fn resolve_from(
             // The source a connection from this host gets: the route's preferred source,
             // else the first global address of the family.
             let routed = kv.route(daddr)?.and_then(|(_, src)| src);
-            let first = locals
-                .iter()
-                .copied()
-                .find(|l| Family::of(l) == family && !l.is_loopback() && !is_link_local(l));
-            let addr = routed.or(first).ok_or_else(|| {
+            let addr = routed.or(first_global(locals, family)).ok_or_else(|| {
                 usage(format!(
                     "--from node: this host has no {} address",
                     family.name()
@@ -590,6 +587,14 @@ fn is_pod_name(s: &str) -> bool {
         Some((ns, n)) => ok(ns) && ok(n),
         None => ok(s),
     }
+}
+
+/// This host's first global (not loopback, not link-local) address in `family`.
+pub(crate) fn first_global(locals: &[IpAddr], family: Family) -> Option<IpAddr> {
+    locals
+        .iter()
+        .copied()
+        .find(|l| Family::of(l) == family && !l.is_loopback() && !is_link_local(l))
 }
 
 fn is_link_local(a: &IpAddr) -> bool {

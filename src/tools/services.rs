@@ -199,15 +199,6 @@ pub fn frontends(t: &LiveTable) -> BTreeSet<Frontend> {
     out
 }
 
-/// A global (not loopback, not link-local) address of this host in `family`.
-fn node_address(locals: &[IpAddr], family: Family) -> Option<IpAddr> {
-    locals.iter().copied().find(|a| {
-        Family::of(a) == family
-            && !a.is_loopback()
-            && !matches!(a, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
-    })
-}
-
 /// Lists every Service port of our table `table` in both families, traced through the
 /// live kernel.
 pub fn services(
@@ -240,7 +231,7 @@ pub fn services(
             .map_or(explain::UNKNOWN_IIF.to_string(), |(i, _)| i.clone());
         let node = to_outside
             .and_then(|(_, src)| src)
-            .or_else(|| node_address(&locals, family));
+            .or_else(|| explain::first_global(&locals, family));
         for f in found {
             let (daddr, from) = match (f.kind, f.address) {
                 (FrontendKind::NodePort, _) => match node {
@@ -311,7 +302,7 @@ pub fn services(
                 .or_default()
                 .push(FrontendView {
                     kind: f.kind,
-                    address: explain_sock(daddr, f.port),
+                    address: explain::sock(daddr, f.port),
                     from,
                     outcomes,
                 });
@@ -338,11 +329,6 @@ pub fn services(
         ipvs,
         notes,
     })
-}
-
-/// `ADDRESS:PORT`, IPv6 in brackets.
-fn explain_sock(a: IpAddr, port: u16) -> String {
-    std::net::SocketAddr::new(a, port).to_string()
 }
 
 /// The text form: one block per Service port, a line per frontend.

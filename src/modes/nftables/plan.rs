@@ -24,8 +24,8 @@ use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
 
 use crate::proxy::names::*;
 use crate::proxy::rules::{
-    addr_key, cidrs_of, from_pod, goto, jump, nat_dispatch, nodeport_guards, of_family, port_key,
-    pre_dnat_checks, reject_chain, FILTER, SRCNAT,
+    addr_key, cidrs_of, from_pod, goto, jump, loopback, nat_dispatch, nodeport_guards, of_family,
+    port_key, pre_dnat_checks, reject_chain, FILTER, SRCNAT,
 };
 use crate::proxy::{Fragment, ProxierConfig, Ruleset};
 
@@ -268,7 +268,7 @@ fn guards_localnet(cfg: &ProxierConfig, family: Family) -> bool {
 /// RELATED,ESTABLISHED,DNAT -j DROP`, for new connections (an established, related, invalid
 /// or untracked packet cannot open one).
 fn localnet_guard(needed: bool, chain: &str) -> Option<Rule> {
-    let localnet: Cidr = "127.0.0.0/8".parse().expect("static");
+    let localnet = loopback(Family::Ip);
     needed.then(|| {
         Rule::new(
             chain,
@@ -310,10 +310,7 @@ fn loopback_rejects(rs: &mut Fragment, cfg: &ProxierConfig, family: Family) -> O
         );
     }
     rs.set(Set::vmap(LOCALHOST_NODEPORT_REJECTS, port_key()));
-    let loopback: Cidr = match family {
-        Family::Ip => "127.0.0.0/8".parse().expect("static"),
-        Family::Ip6 => "::1".parse().expect("static"),
-    };
+    let loopback = loopback(family);
     Some(Rule::new(
         NODEPORT_ENDPOINTS_CHECK,
         vec![

@@ -209,6 +209,31 @@ mod tests {
         assert!(plan_localhost(&state, &LoopbackListeners::default()).is_empty());
     }
 
+    /// A port another program holds: each sync's failed bind is returned (what upstream's
+    /// listener_creation_failures_total counts, once per attempt) and the next sync retries.
+    #[tokio::test]
+    async fn a_port_that_cannot_be_bound_is_returned_at_each_sync_and_retried() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let key = (loopback(true), Protocol::Tcp, port);
+        let want = || {
+            BTreeMap::from([(
+                key,
+                Forward {
+                    endpoints: vec!["10.244.1.2:8080".parse().unwrap()],
+                    affinity: None,
+                },
+            )])
+        };
+        let mut l = LocalhostNodePorts::default();
+        assert_eq!(l.sync(want()), [key]);
+        assert_eq!(l.sync(want()), [key], "retried and counted again");
+        assert_eq!(l.listening(true), 0);
+        drop(held);
+        assert!(l.sync(want()).is_empty(), "bound once the port is free");
+        assert_eq!((l.listening(true), l.listening(false)), (1, 0));
+    }
+
     #[test]
     fn a_node_port_without_endpoints_of_the_family_gets_no_listener() {
         let mut state = dual_stack_node_port_state();
