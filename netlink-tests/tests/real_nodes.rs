@@ -426,8 +426,12 @@ fn node_life_keeps_connections_and_rules() {
         "--tcp=9100:9000",
     ]);
     let new_ip = service_ip(&c, "default", "after-restart");
+    // The watchers retry as client-go's reflector does (800 ms doubling to 30 s, each wait
+    // stretched by up to 2x jitter), so the attempt after the server's return may come up to
+    // 60 s after the last refused one, and then the watch resumes or lists again.
+    let t0 = std::time::Instant::now();
     c.wait_for(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the new Service in every node's rules",
         |c| {
             c.nodes.iter().all(|n| {
@@ -435,6 +439,10 @@ fn node_life_keeps_connections_and_rules() {
                 String::from_utf8_lossy(&out.stdout).contains(&new_ip)
             })
         },
+    );
+    println!(
+        "a Service created after the API server's restart reached every node in {:.1} s",
+        t0.elapsed().as_secs_f64()
     );
     let (samples, bad) = watch.finish();
     assert!(

@@ -534,6 +534,22 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
+        // The proxies' own lines: what a wait on the rules needs to be understood (the API
+        // server may be the thing that is down, so this is best effort).
+        let out = self.kubectl(&[
+            "-n",
+            "kube-system",
+            "logs",
+            "-l",
+            "k8s-app=kube-nlproxy",
+            "--prefix",
+            "--tail=40",
+        ]);
+        s.push_str(&format!(
+            "$ kubectl -n kube-system logs -l k8s-app=kube-nlproxy --prefix --tail=40\n{}{}\n",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
         for n in &self.nodes {
             let log = n.read_log("kubelet.log");
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
