@@ -10,16 +10,14 @@ fn deploy(file: &str) -> String {
     std::fs::read_to_string(format!("{}/../deploy/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
-fn docs(file: &str) -> Vec<serde_yaml::Value> {
-    serde_yaml::Deserializer::from_str(&deploy(file))
-        .map(|d| serde::Deserialize::deserialize(d).unwrap())
-        .collect()
+fn docs(file: &str) -> Vec<serde_json::Value> {
+    serde_saphyr::from_multiple(&deploy(file)).unwrap()
 }
 
 #[test]
 fn rbac_is_least_privilege() {
     let d = docs("rbac.yaml");
-    let role: ClusterRole = serde_yaml::from_value(d[0].clone()).unwrap();
+    let role: ClusterRole = serde_json::from_value(d[0].clone()).unwrap();
     let mut rules: Vec<(String, String, String)> = Vec::new();
     for r in role.rules.unwrap() {
         for g in r.api_groups.clone().unwrap_or_default() {
@@ -51,15 +49,15 @@ fn rbac_is_least_privilege() {
             ),
         ]
     );
-    let binding: ClusterRoleBinding = serde_yaml::from_value(d[1].clone()).unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(d[1].clone()).unwrap();
     assert_eq!(binding.role_ref.name, "kube-nlproxy");
-    let sa: ServiceAccount = serde_yaml::from_str(&deploy("serviceaccount.yaml")).unwrap();
+    let sa: ServiceAccount = serde_saphyr::from_str(&deploy("serviceaccount.yaml")).unwrap();
     assert_eq!(binding.subjects.unwrap()[0].name, sa.metadata.name.unwrap());
 }
 
 #[test]
 fn daemonset_is_a_drop_in_for_kubeadms_kube_proxy() {
-    let ds: DaemonSet = serde_yaml::from_str(&deploy("daemonset.yaml")).unwrap();
+    let ds: DaemonSet = serde_saphyr::from_str(&deploy("daemonset.yaml")).unwrap();
     let pod = ds.spec.template.spec.unwrap();
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(
@@ -137,8 +135,8 @@ fn deploy_dir_holds_only_objects_kubectl_can_apply() {
         if !["yaml", "yml", "json"].contains(&ext) {
             continue;
         }
-        for d in serde_yaml::Deserializer::from_str(&std::fs::read_to_string(&p).unwrap()) {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        for v in serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap() {
             let kind = v["kind"].as_str().unwrap_or("");
             assert!(
                 [
@@ -173,7 +171,7 @@ fn deploy_dir_holds_only_objects_kubectl_can_apply() {
 #[test]
 fn configmap_without_kubeadm_holds_a_config_we_accept() {
     let cm: ConfigMap =
-        serde_yaml::from_str(&deploy("without-kubeadm/kube-proxy-configmap.yaml")).unwrap();
+        serde_saphyr::from_str(&deploy("without-kubeadm/kube-proxy-configmap.yaml")).unwrap();
     assert_eq!(cm.metadata.name.as_deref(), Some("kube-proxy"));
     let data = cm.data.unwrap();
     let text = data["config.conf"].clone();
@@ -223,7 +221,7 @@ fn dockerfile_builds_the_same_tree_as_xtask() {
 #[test]
 fn deploy_names_the_image_xtask_builds() {
     let reference = xtask::image::default_reference().unwrap();
-    let ds: DaemonSet = serde_yaml::from_str(&deploy("daemonset.yaml")).unwrap();
+    let ds: DaemonSet = serde_saphyr::from_str(&deploy("daemonset.yaml")).unwrap();
     let spec = ds.spec.template.spec.unwrap();
     let c = &spec.containers[0];
     assert_eq!(c.image.as_deref(), Some(reference.as_str()));
@@ -234,7 +232,7 @@ fn deploy_names_the_image_xtask_builds() {
     // this proxy has yet to program.
     assert_eq!(spec.dns_policy, None);
     let (name, tag) = reference.rsplit_once(':').unwrap();
-    let k: serde_yaml::Value = serde_yaml::from_str(
+    let k: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(format!(
             "{}/../kustomization.yaml",
             env!("CARGO_MANIFEST_DIR")
@@ -245,7 +243,7 @@ fn deploy_names_the_image_xtask_builds() {
     assert_eq!(k["images"][0]["name"], name);
     assert_eq!(k["images"][0]["newTag"], tag);
     let un: DaemonSet =
-        serde_yaml::from_str(&deploy("uninstall/kube-nlproxy-uninstall.yaml")).unwrap();
+        serde_saphyr::from_str(&deploy("uninstall/kube-nlproxy-uninstall.yaml")).unwrap();
     let pod = un.spec.template.spec.unwrap();
     let init = &pod.init_containers.unwrap()[0];
     assert_eq!(init.image.as_deref(), Some(reference.as_str()));

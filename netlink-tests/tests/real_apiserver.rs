@@ -51,15 +51,16 @@ fn setup(
     cp.with_admin(&c.node, move |client| {
         Box::pin(async move {
             let pp = PostParams::default();
-            let sa: ServiceAccount = serde_yaml::from_str(&deploy("serviceaccount.yaml")).unwrap();
+            let sa: ServiceAccount =
+                serde_saphyr::from_str(&deploy("serviceaccount.yaml")).unwrap();
             Api::<ServiceAccount>::namespaced(client.clone(), "kube-system")
                 .create(&pp, &sa)
                 .await
                 .unwrap();
             let rbac = deploy("rbac.yaml");
             let mut docs = rbac.split("\n---\n");
-            let role: ClusterRole = serde_yaml::from_str(docs.next().unwrap()).unwrap();
-            let binding: ClusterRoleBinding = serde_yaml::from_str(docs.next().unwrap()).unwrap();
+            let role: ClusterRole = serde_saphyr::from_str(docs.next().unwrap()).unwrap();
+            let binding: ClusterRoleBinding = serde_saphyr::from_str(docs.next().unwrap()).unwrap();
             Api::<ClusterRole>::all(client.clone())
                 .create(&pp, &role)
                 .await
@@ -299,7 +300,7 @@ fn check_audit(cp: &ControlPlane, log: &str) {
     let events = cp.audit_events("system:serviceaccount:kube-system:kube-nlproxy");
     assert!(!events.is_empty(), "no audit events of the proxy");
     let role: ClusterRole =
-        serde_yaml::from_str(deploy("rbac.yaml").split("\n---\n").next().unwrap()).unwrap();
+        serde_saphyr::from_str(deploy("rbac.yaml").split("\n---\n").next().unwrap()).unwrap();
     let granted = |group: &str, resource: &str, verb: &str| {
         role.rules.iter().flatten().any(|r| {
             r.api_groups.iter().flatten().any(|g| g == group)

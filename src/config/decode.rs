@@ -168,7 +168,8 @@ pub fn decode(text: &str) -> Result<Decoded, DecodeError> {
             ),
         ));
     }
-    let node: Node = serde_yaml::from_str(text).map_err(|e| err(None, e.to_string()))?;
+    let node: Node = crate::source::yaml::from_str(text)
+        .map_err(|e| err(None, crate::source::yaml::error_message(&e)))?;
     let mut dups = Vec::new();
     let value = node.into_json("", &mut dups);
     let Value::Object(top) = &value else {

@@ -769,7 +769,7 @@ mod tests {
     use super::*;
 
     fn parse<T: serde::de::DeserializeOwned>(y: &str) -> T {
-        serde_yaml::from_str(y).unwrap()
+        serde_saphyr::from_str(y).unwrap()
     }
 
     /// The API source keeps a slice's conversion as long as the slice exists: its list of

@@ -13,7 +13,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::Snapshot;
 
@@ -101,22 +101,11 @@ fn split_documents(bytes: &[u8]) -> Vec<(usize, Result<String, String>)> {
         .collect()
 }
 
-/// A field's value for messages: the string itself, anything else as YAML would show it.
+/// A field's value for messages: the string itself, anything else as JSON shows it.
 fn shown(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "(missing)".into(),
         Some(Value::String(s)) => s.clone(),
-        Some(other) => serde_yaml::to_string(other)
-            .map(|t| t.trim().to_string())
-            .unwrap_or_else(|_| format!("{other:?}")),
-    }
-}
-
-/// [`shown`] for a JSON value.
-fn shown_json(v: Option<&serde_json::Value>) -> String {
-    match v {
-        None | Some(serde_json::Value::Null) => "(missing)".into(),
-        Some(serde_json::Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     }
 }
@@ -138,7 +127,7 @@ fn field_error(path: &str, inner: String) -> String {
     }
 }
 
-/// One object of a manifest: a YAML document's value, or the text of a JSON object, which
+/// One object of a manifest: a YAML document's value tree, or the text of a JSON object, which
 /// is decoded straight into its type (a 28 MB JSON `List` of 10k Services and slices took
 /// 3.7 s through the YAML parser's value tree).
 enum Object<'a> {
@@ -152,9 +141,9 @@ enum Object<'a> {
 #[derive(serde::Deserialize)]
 struct JsonHead<'a> {
     #[serde(rename = "apiVersion")]
-    api_version: Option<serde_json::Value>,
-    kind: Option<serde_json::Value>,
-    metadata: Option<serde_json::Value>,
+    api_version: Option<Value>,
+    kind: Option<Value>,
+    metadata: Option<Value>,
     #[serde(borrow)]
     items: Option<&'a serde_json::value::RawValue>,
 }
@@ -189,7 +178,7 @@ impl<'a> Object<'a> {
                     shown_kind: shown(v.get("kind")),
                     object: ns.map_or(name.clone(), |ns| format!("{ns}/{name}")),
                     items: match v.get("items") {
-                        Some(Value::Sequence(items)) => {
+                        Some(Value::Array(items)) => {
                             Some(items.iter().cloned().map(Object::Yaml).collect())
                         }
                         _ => None,
@@ -199,20 +188,17 @@ impl<'a> Object<'a> {
             Object::Json(raw) => {
                 let h: JsonHead<'a> = serde_json::from_str(raw.get()).map_err(json_message)?;
                 let meta = h.metadata.as_ref();
-                let name = shown_json(meta.and_then(|m| m.get("name")));
+                let name = shown(meta.and_then(|m| m.get("name")));
                 let ns = meta
                     .and_then(|m| m.get("namespace"))
-                    .and_then(serde_json::Value::as_str);
-                let as_string = |v: &Option<serde_json::Value>| {
-                    v.as_ref()
-                        .and_then(serde_json::Value::as_str)
-                        .map(str::to_string)
-                };
+                    .and_then(Value::as_str);
+                let as_string =
+                    |v: &Option<Value>| v.as_ref().and_then(Value::as_str).map(str::to_string);
                 Ok(Head {
                     api: as_string(&h.api_version),
                     kind: as_string(&h.kind),
-                    shown_api: shown_json(h.api_version.as_ref()),
-                    shown_kind: shown_json(h.kind.as_ref()),
+                    shown_api: shown(h.api_version.as_ref()),
+                    shown_kind: shown(h.kind.as_ref()),
                     object: ns.map_or(name.clone(), |ns| format!("{ns}/{name}")),
                     items: h
                         .items
@@ -336,7 +322,7 @@ fn sniff_head(doc: &str) -> Option<(&str, &str)> {
 /// message as before.
 fn decoded_directly(doc: &str, node_name: &str, snap: &mut Snapshot) -> bool {
     fn typed<T: serde::de::DeserializeOwned>(doc: &str) -> Option<T> {
-        T::deserialize(serde_yaml::Deserializer::from_str(doc)).ok()
+        super::yaml::from_str(doc).ok()
     }
     match sniff_head(doc) {
         Some(("v1", "Service")) => typed(doc).map(|o| snap.services.push(o)).is_some(),
@@ -486,18 +472,21 @@ fn parse_documents(
         if decoded_directly(doc, node_name, snap) {
             continue;
         }
-        match serde_yaml::from_str::<Value>(doc) {
+        match super::yaml::from_str::<Value>(doc) {
             Ok(Value::Null) => {}
-            Ok(v @ Value::Mapping(_)) => {
+            Ok(v @ Value::Object(_)) => {
                 add_object(Object::Yaml(v), &whence, node_name, snap, warnings)
             }
             Ok(_) => warnings.push(format!("{whence}: document is not an object; skipped")),
             Err(e) => {
                 let at = e
                     .location()
-                    .map(|l| format!("{file}:{}", line + l.line() - 1))
+                    .map(|l| format!("{file}:{}", line + (l.line() as usize).max(1) - 1))
                     .unwrap_or(whence);
-                warnings.push(format!("{at}: YAML error: {e}; document skipped"));
+                warnings.push(format!(
+                    "{at}: YAML error: {}; document skipped",
+                    super::yaml::error_message(&e)
+                ));
             }
         }
     }
@@ -983,7 +972,26 @@ metadata: {name: node2}
         assert_eq!(s.services.len(), 1);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            w[0].starts_with("d.yaml:29:") && w[0].contains("deeper than 128"),
+            w[0].starts_with("d.yaml:29:")
+                && w[0].contains(&format!("deeper than {}", super::super::yaml::MAX_DEPTH)),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_document_of_exploding_aliases_is_skipped_and_the_rest_applies() {
+        let mut laughs = String::from("apiVersion: v1\nkind: Service\nmetadata: {name: lol}\nx0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let p = i - 1;
+            laughs += &format!("x{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n");
+        }
+        let text = format!("{GOOD}---\n{laughs}");
+        let (mut s, mut w) = (Snapshot::default(), Vec::new());
+        parse_manifest(&text, "l.yaml", "node1", &mut s, &mut w);
+        assert_eq!(s.services.len(), 1, "{w:?}");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("l.yaml:") && w[0].contains("YAML error") && w[0].contains("skipped"),
             "{w:?}"
         );
     }
@@ -1003,11 +1011,9 @@ metadata: {name: node2}
 
     /// `GOOD` as one JSON `List`, with a broken Service and an object of another kind.
     fn good_as_json_list() -> String {
-        let mut items: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(GOOD)
-            .map(|d| {
-                let v: Value = serde::Deserialize::deserialize(d).unwrap();
-                serde_json::to_value(v).unwrap()
-            })
+        let mut items: Vec<serde_json::Value> = GOOD
+            .split("\n---\n")
+            .map(|d| crate::source::yaml::from_str(d).unwrap())
             .collect();
         items.push(serde_json::json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "web", "namespace": "ns"},
@@ -1090,7 +1096,7 @@ metadata: {name: node2}
         for doc in GOOD.split("\n---\n") {
             let (mut direct, mut tree) = (Snapshot::default(), Snapshot::default());
             assert!(decoded_directly(doc, "node1", &mut direct), "{doc}");
-            let v: Value = serde_yaml::from_str(doc).unwrap();
+            let v: Value = crate::source::yaml::from_str(doc).unwrap();
             let mut w = Vec::new();
             add_object(Object::Yaml(v), "x", "node1", &mut tree, &mut w);
             assert!(w.is_empty(), "{w:?}");

@@ -15,7 +15,7 @@ proptest! {
     #[test]
     fn service_conversion_never_panics(ip in "[0-9a-f:.]{0,20}", port in any::<i32>(), node_port in any::<i32>(), proto in "[A-Z]{0,5}", hc in any::<i32>(), timeout in any::<i32>()) {
         let y = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: s}}\nspec:\n  clusterIP: '{ip}'\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n  healthCheckNodePort: {hc}\n  ports: [{{port: {port}, nodePort: {node_port}, protocol: '{proto}'}}]\n");
-        let svc: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(&y).unwrap();
+        let svc: k8s_openapi::api::core::v1::Service = crate::source::yaml::from_str(&y).unwrap();
         let mut w = Vec::new();
         for sp in crate::model::convert::convert_service(&svc, &mut w) {
             prop_assert!(sp.port > 0);

@@ -693,7 +693,7 @@ fn realistic_cold_rows(rows: &mut Vec<Row>, n: usize) {
     let objects: Vec<serde_json::Value> = (0..n).flat_map(|i| realistic_objects(i, EPS)).collect();
     let yaml: String = objects
         .iter()
-        .map(|o| format!("---\n{}", serde_yaml::to_string(o).unwrap()))
+        .map(|o| format!("---\n{}", serde_saphyr::to_string(o).unwrap()))
         .collect();
     let json =
         serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}).to_string();

@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn kubeadm_configmap_parses_and_keeps_the_undefaulted_file() {
-        let cm: serde_yaml::Value = serde_yaml::from_str(&kubeadm_configmap("nftables")).unwrap();
+        let cm: serde_json::Value = serde_saphyr::from_str(&kubeadm_configmap("nftables")).unwrap();
         let conf = cm["data"]["config.conf"].as_str().unwrap();
         assert!(conf.contains("mode: \"nftables\""), "{conf}");
         assert!(conf.contains("clusterCIDR: 10.244.0.0/16"), "{conf}");
@@ -270,10 +270,8 @@ mod tests {
 
     #[test]
     fn the_addon_is_five_objects_naming_the_image() {
-        let docs: Vec<serde_yaml::Value> =
-            serde_yaml::Deserializer::from_str(&kubeadm_addon("example/kube-proxy:v1"))
-                .map(|d| serde::Deserialize::deserialize(d).unwrap())
-                .collect();
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&kubeadm_addon("example/kube-proxy:v1")).unwrap();
         let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,

@@ -1884,7 +1884,7 @@ pub(super) mod upstream_flows {
     /// themselves (SNATted hairpin) are allowed.
     #[test]
     fn load_balancer() {
-        let svc: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(
+        let svc: k8s_openapi::api::core::v1::Service = serde_saphyr::from_str(
             "apiVersion: v1\nkind: Service\nmetadata: {name: svc1, namespace: ns1}\n\
              spec: {type: LoadBalancer, clusterIP: 172.30.0.41, ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3001}],\n\
              \x20 loadBalancerSourceRanges: ['192.168.0.0/24', ' 203.0.113.0/25']}\n\
@@ -2162,7 +2162,7 @@ pub(super) mod upstream_flows {
             ("ipMode nil", "10.20.30.43", "1.2.3.6", None, true),
         ] {
             let ip_mode = mode.map(|m| format!(", ipMode: {m}")).unwrap_or_default();
-            let svc: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(&format!(
+            let svc: k8s_openapi::api::core::v1::Service = serde_saphyr::from_str(&format!(
                 "apiVersion: v1\nkind: Service\nmetadata: {{name: svc1, namespace: ns1}}\n\
                  spec: {{type: LoadBalancer, clusterIP: {cluster_ip}, ports: [{{name: p80, port: 80, protocol: TCP, nodePort: 3001}}]}}\n\
                  status: {{loadBalancer: {{ingress: [{{ip: {lb_ip}{ip_mode}}}]}}}}\n"
