@@ -210,6 +210,54 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         starting.regarding.as_ref().and_then(|r| r.name.as_deref()),
         Some("node1")
     );
+    // An object the proxy cannot fully use is one warning line and one Event on that object:
+    // a slice without its Service's label (the API server accepts it; the proxy skips it).
+    let orphan = cp.with_admin(&c.node, |client| {
+        Box::pin(async move {
+            let mut s = slice(&[(LOCAL_EP, "node1")]);
+            s.metadata.name = Some("orphan".into());
+            s.metadata.labels = None;
+            Api::<EndpointSlice>::namespaced(client.clone(), "default")
+                .create(&PostParams::default(), &s)
+                .await
+                .unwrap();
+            let t0 = Instant::now();
+            loop {
+                let l = Api::<Event>::namespaced(client.clone(), "default")
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap();
+                let found = l.items.into_iter().find(|e| {
+                    e.reason.as_deref() == Some("ObjectNotFullyUsable")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("orphan")
+                });
+                if found.is_some() || t0.elapsed() > Duration::from_secs(10) {
+                    break found;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    });
+    let orphan =
+        orphan.unwrap_or_else(|| panic!("no event for the orphan slice\n{}", d.log_text()));
+    assert_eq!(
+        orphan.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("EndpointSlice")
+    );
+    assert_eq!(orphan.type_.as_deref(), Some("Warning"));
+    assert!(
+        orphan
+            .note
+            .as_deref()
+            .unwrap_or("")
+            .contains("kubernetes.io/service-name"),
+        "{orphan:?}"
+    );
+    assert!(
+        d.log_text().contains("endpointSlice=\"default/orphan\""),
+        "{}",
+        d.log_text()
+    );
     eprintln!("real apiserver: first sync {first_sync:?} after start, slice change in {change:?}");
     // The API server goes away: the rules stay. Meanwhile etcd's history is compacted past
     // every resourceVersion the proxy has seen, so that its resumed watches get 410 Gone

@@ -188,6 +188,7 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
                 cfg.config_sync_period,
                 cfg.min_sync_period,
                 cfg.detect_local == crate::proxy::DetectLocal::NodeCidr,
+                warnings.clone(),
             ))
         }
     };

@@ -24,6 +24,7 @@ use crate::model::convert::{
 };
 use crate::model::intern::ArcStr;
 use crate::model::net::Cidr;
+use crate::model::warning::ObjectWarning;
 use crate::model::{Lineage, NodeInfo, ProxyState, ServicePort, ServicePortName};
 
 /// Upstream's selector for Services and EndpointSlices: not handed to another proxy, not
@@ -262,11 +263,7 @@ impl Stores {
         self.nodes.values().any(|n| n.name == node_name)
     }
     /// The whole model from what the stores hold; a missing Node's warning goes to `warnings`.
-    pub fn state(
-        &self,
-        node_name: &str,
-        warnings: &mut Vec<crate::model::warning::ObjectWarning>,
-    ) -> ProxyState {
+    pub fn state(&self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
         let node = self
             .nodes
             .values()
@@ -285,11 +282,7 @@ impl Stores {
 impl Stores {
     /// The state to publish: [`Self::state`], numbered, and naming the service ports
     /// changed since the state published before it (see [`crate::model::Lineage`]).
-    pub fn publish(
-        &mut self,
-        node_name: &str,
-        warnings: &mut Vec<crate::model::warning::ObjectWarning>,
-    ) -> ProxyState {
+    pub fn publish(&mut self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
         let mut state = self.state(node_name, warnings);
         let generation = Lineage::next_generation();
         let changed_since = match self.touched.replace(BTreeSet::new()) {
@@ -388,10 +381,7 @@ fn changed_names<V: Clone>(
 }
 
 /// A Service's ports as the stores keep them: shared with every state assembled from them.
-fn service_ports(
-    o: &Service,
-    warnings: &mut Vec<crate::model::warning::ObjectWarning>,
-) -> Vec<Arc<ServicePort>> {
+fn service_ports(o: &Service, warnings: &mut Vec<ObjectWarning>) -> Vec<Arc<ServicePort>> {
     let ports = convert_service(o, warnings);
     // Not `collect()`: that reuses the list of ports in place, kept as long as the Service
     // is, and a lone port had been pushed into room for four (~770 bytes a Service, 7.3
@@ -402,14 +392,58 @@ fn service_ports(
 }
 
 /// Converts as the stores need, logging each object's warnings once, when it arrives.
-fn logged<T>(f: impl FnOnce(&mut Vec<crate::model::warning::ObjectWarning>) -> T) -> T {
+#[cfg(test)]
+fn logged<T>(f: impl FnOnce(&mut Vec<ObjectWarning>) -> T) -> T {
+    reported(&None, f)
+}
+
+/// [`logged`], and each warning also an Event on its object when `events` is given: the
+/// same problem as one searchable line and one `kubectl describe` entry. An object's
+/// warnings come once per change to it (conversions are kept while it is unchanged), and
+/// the recorder folds repeats into one Event's series.
+fn reported<T>(
+    events: &Option<mpsc::UnboundedSender<Warning>>,
+    f: impl FnOnce(&mut Vec<ObjectWarning>) -> T,
+) -> T {
     let mut warnings = Vec::new();
     let out = f(&mut warnings);
     for w in &warnings {
         super::log_object_warning(w);
+        if let Some(tx) = events {
+            let _ = tx.send(object_event(w));
+        }
     }
     out
 }
+
+/// The Event an object's warning is published as: on the object itself, reason
+/// [`OBJECT_EVENT_REASON`], the problem as its note.
+pub fn object_event(w: &ObjectWarning) -> Warning {
+    let api_version = match w.kind {
+        "EndpointSlice" => "discovery.k8s.io/v1",
+        "ServiceCIDR" => "networking.k8s.io/v1",
+        _ => "v1",
+    };
+    let (namespace, name) = match w.object.split_once('/') {
+        Some((ns, name)) => (Some(ns.to_string()), name.to_string()),
+        None => (None, w.object.clone()),
+    };
+    Warning {
+        reference: ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(w.kind.into()),
+            namespace,
+            name: Some(name),
+            ..Default::default()
+        },
+        reason: OBJECT_EVENT_REASON.into(),
+        action: "ReadObject".into(),
+        note: w.problem.clone(),
+    }
+}
+
+/// The reason of an object's warning Event (the log line says "object not fully usable").
+pub const OBJECT_EVENT_REASON: &str = "ObjectNotFullyUsable";
 
 /// A warning event for the API server (upstream emits these on the Node or Service), with
 /// upstream's reason and action (`Listen` for health-check ports, `StartKubeProxy` for
@@ -810,6 +844,7 @@ pub async fn run(
     resync: std::time::Duration,
     min_interval: std::time::Duration,
     wait_for_pod_cidrs: bool,
+    events: Option<mpsc::UnboundedSender<Warning>>,
 ) -> super::SourceEnd {
     let waits = NodeWaits {
         node: NODE_WAIT,
@@ -825,11 +860,19 @@ pub async fn run(
         cfg.clone(),
     )
     .default_backoff()
-    .filter_map(|r| async move {
-        match r {
-            Ok(e) => decode_event("Service", e, |o: &Service| logged(|w| service_ports(o, w)))
-                .map(|c| Ok(Update::Service(c))),
-            Err(e) => Some(Err(e)),
+    .filter_map({
+        let events = events.clone();
+        move |r| {
+            let events = events.clone();
+            async move {
+                match r {
+                    Ok(e) => decode_event("Service", e, |o: &Service| {
+                        reported(&events, |w| service_ports(o, w))
+                    })
+                    .map(|c| Ok(Update::Service(c))),
+                    Err(e) => Some(Err(e)),
+                }
+            }
         }
     })
     .boxed();
@@ -842,12 +885,13 @@ pub async fn run(
     .filter_map({
         // Endpoints on this node are marked local as they arrive.
         let node: ArcStr = node.as_str().into();
+        let events = events.clone();
         move |r| {
-            let node = node.clone();
+            let (node, events) = (node.clone(), events.clone());
             async move {
                 match r {
                     Ok(e) => decode_event("EndpointSlice", e, |o: &EndpointSlice| {
-                        logged(|w| convert_slice(o, &node, w))
+                        reported(&events, |w| convert_slice(o, &node, w))
                     })
                     .map(|c| Ok(Update::Slice(c))),
                     Err(e) => Some(Err(e)),
@@ -862,14 +906,20 @@ pub async fn run(
         watcher::Config::default().fields(&format!("metadata.name={node}")),
     )
     .default_backoff()
-    .filter_map(|r| async move {
-        match r {
-            Ok(e) => decode_event("Node", e, |o: &Node| {
-                let name = o.metadata.name.as_deref().unwrap_or_default();
-                logged(|w| convert_node(Some(o), name, w))
-            })
-            .map(|c| Ok(Update::Node(c))),
-            Err(e) => Some(Err(e)),
+    .filter_map({
+        let events = events.clone();
+        move |r| {
+            let events = events.clone();
+            async move {
+                match r {
+                    Ok(e) => decode_event("Node", e, |o: &Node| {
+                        let name = o.metadata.name.as_deref().unwrap_or_default();
+                        reported(&events, |w| convert_node(Some(o), name, w))
+                    })
+                    .map(|c| Ok(Update::Node(c))),
+                    Err(e) => Some(Err(e)),
+                }
+            }
         }
     })
     .boxed();
@@ -884,7 +934,7 @@ pub async fn run(
     .scan(false, |told, r| {
         let item = match r {
             Ok(e) => decode_event("ServiceCIDR", e, |o: &ServiceCIDR| {
-                logged(|w| convert_service_cidr(o, w))
+                reported(&events, |w| convert_service_cidr(o, w))
             })
             .map(|c| Ok(Update::ServiceCidr(c))),
             Err(e) => {
@@ -1108,6 +1158,42 @@ mod tests {
     /// What a test store keeps of a Service: its name.
     fn named(e: Event<Service>) -> Change<String> {
         Change::of(e, |s: &Service| s.metadata.name.clone().unwrap_or_default())
+    }
+
+    #[test]
+    fn an_object_warning_is_an_event_on_that_object() {
+        let w = ObjectWarning::new(
+            "EndpointSlice",
+            "shop/web-x1",
+            "no kubernetes.io/service-name label; skipped",
+        );
+        let e = object_event(&w);
+        assert_eq!(e.reference.kind.as_deref(), Some("EndpointSlice"));
+        assert_eq!(
+            e.reference.api_version.as_deref(),
+            Some("discovery.k8s.io/v1")
+        );
+        assert_eq!(e.reference.namespace.as_deref(), Some("shop"));
+        assert_eq!(e.reference.name.as_deref(), Some("web-x1"));
+        assert_eq!(
+            (e.reason.as_str(), e.note.as_str()),
+            (OBJECT_EVENT_REASON, w.problem.as_str())
+        );
+        let n = object_event(&ObjectWarning::new("Node", "node-1", "invalid podCIDR: x"));
+        assert_eq!(
+            (n.reference.namespace, n.reference.name.as_deref()),
+            (None, Some("node-1"))
+        );
+        assert_eq!(n.reference.api_version.as_deref(), Some("v1"));
+        // Reported: logged, and sent once per warning.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let out = reported(&Some(tx), |ws| {
+            ws.push(w.clone());
+            7
+        });
+        assert_eq!(out, 7);
+        assert_eq!(rx.try_recv().unwrap().note, w.problem);
+        assert!(rx.try_recv().is_err());
     }
 
     #[test]
