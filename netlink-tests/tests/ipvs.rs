@@ -828,6 +828,91 @@ COMMIT
         assert!(run("status", 0).contains("drift: none"));
     }
 
+    /// `kube-nlproxy services` in IPVS mode: each ClusterIP and NodePort frontend lists the
+    /// real servers of its virtual server, the virtual servers are those `ipvsadm -Ln` shows,
+    /// and the endpoints listed are the backends real connections reach (rr: each of them).
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn services_lists_what_ipvs_serves() {
+        use netlink_tests::differential::backend_at;
+        let c = web_cluster();
+        c.sync_once(&web_yaml(""), IPVS);
+        let out = c.node.output(
+            netlink_tests::cluster::proxy_bin().to_str().unwrap(),
+            &["services", "--json"],
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The virtual servers are ipvsadm's.
+        let list = ipvsadm(&c);
+        let vss = v["ipvs"].as_array().unwrap();
+        assert!(!vss.is_empty(), "{v}");
+        for vs in vss {
+            // `tcp 10.96.0.10:80`, as ipvsadm writes `TCP 10.96.0.10:80 rr`.
+            let name = vs["service"].as_str().unwrap().to_uppercase();
+            assert!(list.contains(&name), "{name} not in ipvsadm -Ln:\n{list}");
+            for rs in vs["real_servers"].as_array().unwrap() {
+                let a = rs["address"].as_str().unwrap();
+                assert!(list.contains(&format!("-> {a} ")), "{a} of {name}:\n{list}");
+            }
+        }
+        // The frontends against real packets.
+        let mut checked = Vec::new();
+        for svc in v["services"].as_array().unwrap() {
+            for f in svc["frontends"].as_array().unwrap() {
+                let kind = f["kind"].as_str().unwrap();
+                let addr: std::net::SocketAddr = f["address"].as_str().unwrap().parse().unwrap();
+                let replies = match kind {
+                    "ClusterIP" => tcp_probes(&c.pods[1], addr, 8),
+                    "NodePort" => tcp_probes(&c.ext, sa(NODE_IP, addr.port()), 8),
+                    _ => continue,
+                };
+                let mut listed: Vec<&str> = f["outcomes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|o| {
+                        assert_eq!(o["verdict"], "ipvs", "{o}");
+                        let e = o["endpoint"].as_str().unwrap();
+                        backend_at(e).unwrap_or(e)
+                    })
+                    .collect();
+                listed.sort();
+                listed.dedup();
+                let real: Vec<String> = tally(&replies).into_keys().collect();
+                if listed.is_empty() {
+                    assert!(
+                        replies.iter().all(|r| r.name().is_none()),
+                        "{} {kind} {addr}: no real server listed, yet {replies:?}",
+                        svc["service"]
+                    );
+                    continue;
+                }
+                assert_eq!(
+                    real, listed,
+                    "{} {kind} {addr}: listed {listed:?}, real packets {replies:?}",
+                    svc["service"]
+                );
+                checked.push(format!("{kind} {addr}"));
+            }
+        }
+        assert!(
+            checked
+                .iter()
+                .any(|c| c.starts_with("ClusterIP 10.96.0.10:80")),
+            "{checked:?}"
+        );
+        assert!(
+            checked.iter().any(|c| c.starts_with("NodePort")),
+            "{checked:?}"
+        );
+    }
+
     /// `kube-nlproxy explain` in IPVS mode: the companion table's verdicts, the virtual
     /// server's real servers and the postrouting masquerade decision must be what real
     /// packets do, in every flow of the shared table.

@@ -17,6 +17,9 @@ use super::{Printed, ToolError};
 use crate::kernel::nft::eval::{Host, Packet};
 use crate::kernel::nft::live::{typed_key, LiveTable};
 use crate::kernel::nft::{proto, Family, Field, KeyValue, Set};
+use crate::modes::ipvs::table::{
+    DEFAULT_TABLE as IPVS_TABLE, EXTERNAL_IPS as IPVS_EXTERNAL_IPS, NODEPORTS as IPVS_NODEPORTS,
+};
 use crate::proxy::names::{
     BALANCE_PREFIX, CLUSTER_IPS, DEFAULT_TABLE, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES,
     ONE_ENDPOINT_SERVICES, SERVICE_IPS, SERVICE_NODEPORTS,
@@ -39,7 +42,7 @@ pub const FLAGS: &[Flag] = &[
     Flag {
         name: "table",
         value: true,
-        help: "our nftables table (default kube-nlproxy)",
+        help: "our nftables table (default kube-nlproxy, or kube-nlproxy-ipvs in IPVS mode)",
     },
     Flag {
         name: "metrics-address",
@@ -115,7 +118,13 @@ pub struct Listing {
 
 /// The maps whose elements are frontends keyed `daddr . l4proto . dport[ . …]`.
 fn addressed_maps(t: &LiveTable) -> Vec<&str> {
-    let mut out = vec![SERVICE_IPS, NO_ENDPOINT_SERVICES, ONE_ENDPOINT_SERVICES];
+    let mut out = vec![
+        SERVICE_IPS,
+        NO_ENDPOINT_SERVICES,
+        ONE_ENDPOINT_SERVICES,
+        CLUSTER_IPS,
+        IPVS_EXTERNAL_IPS,
+    ];
     out.extend(
         t.sets
             .keys()
@@ -127,7 +136,9 @@ fn addressed_maps(t: &LiveTable) -> Vec<&str> {
 
 /// Every frontend in our table `t`, from the dispatch maps' elements (their comments name
 /// the Service port; an element without one is not ours to list). Addresses in the
-/// `cluster-ips` set are ClusterIPs; the others external or LoadBalancer IPs.
+/// `cluster-ips` set are ClusterIPs; the others external or LoadBalancer IPs. IPVS mode's
+/// companion table names its frontends in `cluster-ips`, `external-ips` and `nodeports`
+/// (virtual servers carry no names), keyed as the dispatch maps are.
 pub fn frontends(t: &LiveTable) -> BTreeSet<Frontend> {
     let family = t.family;
     let addressed = Set::vmap(
@@ -143,9 +154,11 @@ pub fn frontends(t: &LiveTable) -> BTreeSet<Frontend> {
         .map(|s| {
             s.elements
                 .keys()
+                // (The address alone in nftables mode; address . protocol . port in IPVS
+                // mode's companion table.)
                 .filter_map(|k| match family {
-                    Family::Ip => <[u8; 4]>::try_from(k.as_slice()).ok().map(IpAddr::from),
-                    Family::Ip6 => <[u8; 16]>::try_from(k.as_slice()).ok().map(IpAddr::from),
+                    Family::Ip => <[u8; 4]>::try_from(k.get(..4)?).ok().map(IpAddr::from),
+                    Family::Ip6 => <[u8; 16]>::try_from(k.get(..16)?).ok().map(IpAddr::from),
                 })
                 .collect()
         })
@@ -177,7 +190,7 @@ pub fn frontends(t: &LiveTable) -> BTreeSet<Frontend> {
             }
         }
     }
-    for name in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS] {
+    for name in [SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS, IPVS_NODEPORTS] {
         let Some(set) = t.sets.get(name) else {
             continue;
         };
@@ -402,8 +415,19 @@ pub fn run(args: &[String]) -> Result<Printed, ToolError> {
         tool: "services",
         msg: format!("--metrics-address: want ADDRESS:PORT, got {metrics:?}"),
     })?;
-    let table = a.get("table").unwrap_or(DEFAULT_TABLE);
-    let listing = services(&mut explain::LiveKernel::new(), table, metrics)?;
+    let mut kv = explain::LiveKernel::new();
+    let listing = match a.get("table") {
+        Some(table) => services(&mut kv, table, metrics)?,
+        // The nftables and userspace modes' table, else IPVS mode's companion.
+        None => {
+            let l = services(&mut kv, DEFAULT_TABLE, metrics)?;
+            if l.services.is_empty() {
+                services(&mut kv, IPVS_TABLE, metrics)?
+            } else {
+                l
+            }
+        }
+    };
     let text = if a.has("json") {
         serde_json::to_string_pretty(&listing).expect("a listing serializes") + "\n"
     } else {
