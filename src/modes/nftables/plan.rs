@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::model::topology::categorize_family;
+use crate::model::topology::{categorize_family, CategorizedEndpoints};
 use std::sync::Arc;
 
 use crate::kernel::nft::{
@@ -580,69 +580,136 @@ fn service_port_rules(
     family: Family,
     slots: &mut SlotAllocator,
 ) {
-    let cluster_ips = of_family(&sp.cluster_ips, family);
-    let Some(cluster_ip) = cluster_ips.first().copied() else {
+    let Some(&cluster_ip) = of_family(&sp.cluster_ips, family).first() else {
         return; // not a service of this family
     };
-    let cat = categorize_family(endpoints, sp, node, family == Family::Ip);
-    let spn = &sp.name;
-    // One copy for every element of this service port.
-    let comment: Name = spn.to_string().into();
-    let proto = spn.protocol.number();
-    let ServiceChains {
-        service: svc_chain,
-        local,
-        external: ext_chain,
-        firewall: fw,
-    } = ServiceChains::new(spn);
-    // "From a local pod": a source prefix, or an input interface.
-    let from_pod = |op: CmpOp| from_pod(&cfg.local_detector, family, op);
+    let p = PortRules {
+        cfg,
+        node,
+        sp,
+        family,
+        cat: categorize_family(endpoints, sp, node, family == Family::Ip),
+        cluster_ip,
+        proto: sp.name.protocol.number(),
+        // One copy for every element of this service port.
+        comment: sp.name.to_string().into(),
+        chains: ServiceChains::new(&sp.name),
+    };
+    p.shared_elements(rs);
+    if p.one_endpoint_fast_path(rs) || p.balance_fast_path(rs) {
+        return;
+    }
+    let reach = p.policy_chains(rs, slots);
+    p.cluster_ip_dispatch(rs, &reach);
+    let external_ips = of_family(&sp.external_ips, family);
+    let lb_ips = of_family(&sp.load_balancer_ips, family);
+    if sp.node_port.is_none() && external_ips.is_empty() && lb_ips.is_empty() {
+        return; // no external destination
+    }
+    let uses_ext_chain = p.external_chain(rs, &reach);
+    p.external_dispatch(rs, &reach, uses_ext_chain, &external_ips, &lb_ips);
+    p.firewall(rs, &lb_ips);
+}
 
-    for ep in &cat.all_reachable {
+/// What every step of one service port's rules reads: the port, its endpoints as each
+/// traffic policy may use them, and the names its elements and chains carry.
+struct PortRules<'a> {
+    cfg: &'a ProxierConfig,
+    node: &'a NodeInfo,
+    sp: &'a ServicePort,
+    family: Family,
+    cat: CategorizedEndpoints,
+    cluster_ip: IpAddr,
+    proto: u8,
+    comment: Name,
+    chains: ServiceChains,
+}
+
+/// Which policy chains a service port has, and what traffic that no endpoint may take
+/// meets.
+struct Reach {
+    has_cluster: bool,
+    has_local: bool,
+    /// Reject when there is no usable endpoint anywhere, drop when only the policy excludes
+    /// them (upstream semantics).
+    no_endpoint: Verdict,
+}
+
+impl PortRules<'_> {
+    /// `address . protocol . port` of this port at `ip`.
+    fn key_at(&self, ip: IpAddr) -> Key {
+        key(ip, self.proto, self.sp.port)
+    }
+
+    /// "From a local pod": a source prefix, or an input interface.
+    fn from_pod(&self, op: CmpOp) -> Option<Expr> {
+        from_pod(&self.cfg.local_detector, self.family, op)
+    }
+
+    /// Whether the port needs nothing of its own: no affinity, no Local policy, no
+    /// external destination, no endpoint on this node.
+    fn nothing_of_its_own(&self) -> bool {
+        let sp = self.sp;
+        sp.affinity_timeout.is_none()
+            && !sp.internal_policy_local
+            && !sp.externally_accessible()
+            && self.cat.local.is_empty()
+    }
+
+    /// The hairpin pairs of every reachable endpoint and the ClusterIP in `cluster-ips`.
+    fn shared_elements(&self, rs: &mut Fragment) {
+        for ep in &self.cat.all_reachable {
+            rs.element(Element::new(
+                shared_name(HAIRPIN),
+                vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
+                ElemData::None,
+                None,
+            ));
+        }
         rs.element(Element::new(
-            shared_name(HAIRPIN),
-            vec![KeyValue::Addr(ep.ip), KeyValue::Addr(ep.ip)],
+            shared_name(CLUSTER_IPS),
+            vec![KeyValue::Addr(self.cluster_ip)],
             ElemData::None,
             None,
         ));
     }
-    rs.element(Element::new(
-        shared_name(CLUSTER_IPS),
-        vec![KeyValue::Addr(cluster_ip)],
-        ElemData::None,
-        None,
-    ));
-    // One endpoint and nothing of its own: an element of the one-endpoint map, and the
-    // shared chain that masquerades and DNATs through it as this port's chain would have.
-    let nothing_of_its_own = sp.affinity_timeout.is_none()
-        && !sp.internal_policy_local
-        && !sp.externally_accessible()
-        && cat.local.is_empty();
-    if let ([ep], true) = (&cat.cluster[..], nothing_of_its_own) {
+
+    /// One endpoint and nothing of its own: an element of the one-endpoint map, and the
+    /// shared chain that masquerades and DNATs through it as this port's chain would have.
+    /// Whether it applied.
+    fn one_endpoint_fast_path(&self, rs: &mut Fragment) -> bool {
+        let ([ep], true) = (&self.cat.cluster[..], self.nothing_of_its_own()) else {
+            return false;
+        };
         rs.element(Element::new(
             shared_name(ONE_ENDPOINT_SERVICES),
-            key(cluster_ip, proto, sp.port),
+            self.key_at(self.cluster_ip),
             ElemData::Target(Target::new(ep.ip, ep.port)),
-            Some(comment.clone()),
+            Some(self.comment.clone()),
         ));
         rs.element(elem(
             SERVICE_IPS,
-            key(cluster_ip, proto, sp.port),
+            self.key_at(self.cluster_ip),
             Verdict::Goto(ONE_ENDPOINT_CHAIN.into()),
-            &comment,
+            &self.comment,
         ));
-        return;
+        true
     }
-    // Several, and nothing of its own: its endpoints are elements 0..N of its address and
-    // port in the `balance-N` map, which the shared `balance-N` chain picks from at random
-    // (one endpoint change is element updates: no chain of its own for the kernel to walk
-    // on every commit). No comment on those elements: `service-ips` names the service
-    // port, and ~20 bytes per endpoint add up (10⁶ endpoints at 100k × 10).
-    let n = cat.cluster.len();
-    if nothing_of_its_own && (2..=MAX_BALANCED_ENDPOINTS).contains(&n) {
+
+    /// Several, and nothing of its own: its endpoints are elements 0..N of its address and
+    /// port in the `balance-N` map, which the shared `balance-N` chain picks from at random
+    /// (one endpoint change is element updates: no chain of its own for the kernel to walk
+    /// on every commit). No comment on those elements: `service-ips` names the service
+    /// port, and ~20 bytes per endpoint add up (10⁶ endpoints at 100k × 10). Whether it
+    /// applied.
+    fn balance_fast_path(&self, rs: &mut Fragment) -> bool {
+        let n = self.cat.cluster.len();
+        if !self.nothing_of_its_own() || !(2..=MAX_BALANCED_ENDPOINTS).contains(&n) {
+            return false;
+        }
         let map = shared_name(&balance_map(n));
-        for (i, ep) in cat.cluster.iter().enumerate() {
-            let mut k = key(cluster_ip, proto, sp.port);
+        for (i, ep) in self.cat.cluster.iter().enumerate() {
+            let mut k = self.key_at(self.cluster_ip);
             k.push(KeyValue::Slot(i as u32));
             rs.element(Element::new(
                 map.clone(),
@@ -653,186 +720,190 @@ fn service_port_rules(
         }
         rs.element(elem(
             SERVICE_IPS,
-            key(cluster_ip, proto, sp.port),
+            self.key_at(self.cluster_ip),
             Verdict::Goto(balance_chain(n).into()),
-            &comment,
+            &self.comment,
         ));
-        return;
+        true
     }
 
-    // Masquerading of ClusterIP traffic belongs to the chain ClusterIP traffic uses, whatever
-    // its policy (upstream puts it in the internal traffic chain): with
-    // internalTrafficPolicy Local the node itself, off-cluster sources routed here, and
-    // every source under masqueradeAll are masqueraded just as with Cluster.
-    let masquerade_cluster_ip = |chain: &str| -> Option<Rule> {
+    /// Masquerading of ClusterIP traffic belongs to the chain ClusterIP traffic uses,
+    /// whatever its policy (upstream puts it in the internal traffic chain): with
+    /// internalTrafficPolicy Local the node itself, off-cluster sources routed here, and
+    /// every source under masqueradeAll are masqueraded just as with Cluster.
+    fn masquerade_cluster_ip(&self, chain: &str) -> Option<Rule> {
         let to_cluster_ip = Expr::Addr {
             field: Field::Daddr,
             op: CmpOp::Eq,
-            value: Cidr::host(cluster_ip),
+            value: Cidr::host(self.cluster_ip),
         };
-        if cfg.masquerade_all {
-            Some(Rule::new(
+        if self.cfg.masquerade_all {
+            return Some(Rule::new(
                 chain,
                 vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)],
-            ))
+            ));
+        }
+        self.from_pod(CmpOp::Neq).map(|not_pod| {
+            Rule::new(
+                chain,
+                vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
+            )
+            .with_comment("masquerade traffic from outside the cluster")
+        })
+    }
+
+    /// The Cluster-policy chain and the Local-policy chain, each when it has endpoints.
+    fn policy_chains(&self, rs: &mut Fragment, slots: &mut SlotAllocator) -> Reach {
+        let sp = self.sp;
+        for (chain, eps, masquerades) in [
+            (
+                &self.chains.service,
+                &self.cat.cluster,
+                !sp.internal_policy_local,
+            ),
+            (
+                &self.chains.local,
+                &self.cat.local,
+                sp.internal_policy_local,
+            ),
+        ] {
+            if eps.is_empty() {
+                continue;
+            }
+            let mut rules = Vec::new();
+            if masquerades {
+                rules.extend(self.masquerade_cluster_ip(chain));
+            }
+            balance_rules(chain, sp, eps, rs, &mut rules, slots);
+            rs.chain(Chain::regular(chain), rules);
+        }
+        Reach {
+            has_cluster: !self.cat.cluster.is_empty(),
+            has_local: !self.cat.local.is_empty(),
+            no_endpoint: if self.cat.has_any {
+                Verdict::Drop
+            } else {
+                Verdict::Goto(REJECT_CHAIN.into())
+            },
+        }
+    }
+
+    /// The ClusterIP's element: to the chain of its internal traffic policy, or to the
+    /// no-endpoint verdict.
+    fn cluster_ip_dispatch(&self, rs: &mut Fragment, reach: &Reach) {
+        let (internal_ok, internal_chain) = if self.sp.internal_policy_local {
+            (reach.has_local, &self.chains.local)
         } else {
-            from_pod(CmpOp::Neq).map(|not_pod| {
-                Rule::new(
-                    chain,
-                    vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
-                )
-                .with_comment("masquerade traffic from outside the cluster")
-            })
+            (reach.has_cluster, &self.chains.service)
+        };
+        let k = self.key_at(self.cluster_ip);
+        if internal_ok {
+            let to = Verdict::Goto(internal_chain.as_str().into());
+            rs.element(elem(SERVICE_IPS, k, to, &self.comment));
+        } else {
+            let v = reach.no_endpoint.clone();
+            rs.element(elem(NO_ENDPOINT_SERVICES, k, v, &self.comment));
         }
-    };
-    // Cluster-policy chain.
-    let has_cluster = !cat.cluster.is_empty();
-    if has_cluster {
-        let mut rules = Vec::new();
-        if !sp.internal_policy_local {
-            rules.extend(masquerade_cluster_ip(&svc_chain));
-        }
-        balance_rules(&svc_chain, sp, &cat.cluster, rs, &mut rules, slots);
-        rs.chain(Chain::regular(&svc_chain), rules);
-    }
-    // Local-policy chain.
-    let has_local = !cat.local.is_empty();
-    if has_local {
-        let mut rules = Vec::new();
-        if sp.internal_policy_local {
-            rules.extend(masquerade_cluster_ip(&local));
-        }
-        balance_rules(&local, sp, &cat.local, rs, &mut rules, slots);
-        rs.chain(Chain::regular(&local), rules);
-    }
-    // What no usable endpoint means: reject when there is none anywhere, drop when only the
-    // policy excludes them (upstream semantics).
-    let no_ep = if cat.has_any {
-        Verdict::Drop
-    } else {
-        Verdict::Goto(REJECT_CHAIN.into())
-    };
-
-    // ClusterIP.
-    let (internal_ok, internal_chain) = if sp.internal_policy_local {
-        (has_local, &local)
-    } else {
-        (has_cluster, &svc_chain)
-    };
-    if internal_ok {
-        rs.element(elem(
-            SERVICE_IPS,
-            key(cluster_ip, proto, sp.port),
-            Verdict::Goto(internal_chain.as_str().into()),
-            &comment,
-        ));
-    } else {
-        rs.element(elem(
-            NO_ENDPOINT_SERVICES,
-            key(cluster_ip, proto, sp.port),
-            no_ep.clone(),
-            &comment,
-        ));
     }
 
-    // External destinations.
-    let external_ips = of_family(&sp.external_ips, family);
-    let lb_ips = of_family(&sp.load_balancer_ips, family);
-    let has_external_dest =
-        sp.node_port.is_some() || !external_ips.is_empty() || !lb_ips.is_empty();
-    if !has_external_dest {
-        return;
-    }
-    // Endpoints for external traffic under its policy.
-    let external_ok = if sp.external_policy_local {
-        has_local
-    } else {
-        has_cluster
-    };
-    // As upstream: the external chain is used whenever the Service has endpoints anywhere.
-    // With externalTrafficPolicy Local and none on this node it still short-circuits pods
-    // and the node itself to the cluster-wide endpoints; only traffic from elsewhere falls
-    // through it undNATed, to be dropped by the no-endpoint maps after DNAT.
-    let uses_ext_chain = cat.has_any && has_cluster;
-    if uses_ext_chain {
+    /// The external chain, and whether the port uses it. As upstream: it is used whenever
+    /// the Service has endpoints anywhere. With externalTrafficPolicy Local and none on
+    /// this node it still short-circuits pods and the node itself to the cluster-wide
+    /// endpoints; only traffic from elsewhere falls through it undNATed, to be dropped by
+    /// the no-endpoint maps after DNAT.
+    fn external_chain(&self, rs: &mut Fragment, reach: &Reach) -> bool {
+        if !(self.cat.has_any && reach.has_cluster) {
+            return false;
+        }
+        let ServiceChains {
+            service,
+            local,
+            external,
+            ..
+        } = &self.chains;
         let mut rules = Vec::new();
-        if sp.external_policy_local {
-            if let Some(pod) = from_pod(CmpOp::Eq) {
+        if self.sp.external_policy_local {
+            if let Some(pod) = self.from_pod(CmpOp::Eq) {
                 rules.push(
-                    Rule::new(&ext_chain, vec![pod, goto(&svc_chain)])
+                    Rule::new(external, vec![pod, goto(service)])
                         .with_comment("short-circuit pod traffic"),
                 );
             }
+            let from_host = Expr::FibLocal(Field::Saddr);
             rules.push(
-                Rule::new(
-                    &ext_chain,
-                    vec![Expr::FibLocal(Field::Saddr), jump(MARK_FOR_MASQUERADE)],
-                )
-                .with_comment("masquerade local traffic"),
+                Rule::new(external, vec![from_host.clone(), jump(MARK_FOR_MASQUERADE)])
+                    .with_comment("masquerade local traffic"),
             );
             rules.push(
-                Rule::new(
-                    &ext_chain,
-                    vec![Expr::FibLocal(Field::Saddr), goto(&svc_chain)],
-                )
-                .with_comment("short-circuit local traffic"),
+                Rule::new(external, vec![from_host, goto(service)])
+                    .with_comment("short-circuit local traffic"),
             );
-            if has_local {
-                rules.push(Rule::new(&ext_chain, vec![goto(&local)]));
+            if reach.has_local {
+                rules.push(Rule::new(external, vec![goto(local)]));
             }
         } else {
-            rules.push(Rule::new(&ext_chain, vec![jump(MARK_FOR_MASQUERADE)]));
-            rules.push(Rule::new(&ext_chain, vec![goto(&svc_chain)]));
+            rules.push(Rule::new(external, vec![jump(MARK_FOR_MASQUERADE)]));
+            rules.push(Rule::new(external, vec![goto(service)]));
         }
-        rs.chain(Chain::regular(&ext_chain), rules);
+        rs.chain(Chain::regular(external), rules);
+        true
     }
-    for ip in external_ips.iter().chain(&lb_ips) {
-        let k = key(*ip, proto, sp.port);
-        if uses_ext_chain {
-            rs.element(elem(
-                SERVICE_IPS,
-                k,
-                Verdict::Goto(ext_chain.as_str().into()),
-                &comment,
-            ));
+
+    /// The elements of the external destinations, written once for service IPs (external
+    /// and LoadBalancer IPs) and NodePorts: to the external chain, to the no-endpoint
+    /// verdict when external traffic has no endpoint under its policy, and a NodePort's
+    /// localhost reject.
+    fn external_dispatch(
+        &self,
+        rs: &mut Fragment,
+        reach: &Reach,
+        uses_ext_chain: bool,
+        external_ips: &[IpAddr],
+        lb_ips: &[IpAddr],
+    ) {
+        let external_ok = if self.sp.external_policy_local {
+            reach.has_local
+        } else {
+            reach.has_cluster
+        };
+        let mut dispatch = |to_chain: &str, no_endpoint: &str, k: Key| {
+            if uses_ext_chain {
+                let to = Verdict::Goto(self.chains.external.as_str().into());
+                rs.element(elem(to_chain, k.clone(), to, &self.comment));
+            }
+            if !external_ok {
+                let v = reach.no_endpoint.clone();
+                rs.element(elem(no_endpoint, k, v, &self.comment));
+            }
+        };
+        for ip in external_ips.iter().chain(lb_ips) {
+            dispatch(SERVICE_IPS, NO_ENDPOINT_SERVICES, self.key_at(*ip));
         }
-        if !external_ok {
-            rs.element(elem(NO_ENDPOINT_SERVICES, k, no_ep.clone(), &comment));
+        let Some(np) = self.sp.node_port else {
+            return;
+        };
+        let k: Key = [KeyValue::Proto(self.proto), KeyValue::Port(np)].into();
+        dispatch(SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS, k.clone());
+        let protocol = self.sp.name.protocol;
+        let loopback = self.cfg.loopback_nodeports.of(self.family == Family::Ip);
+        if loopback.rejects().contains(&protocol) {
+            let reject = localhost_reject_chain(protocol);
+            let to = Verdict::Goto(reject.as_str().into());
+            rs.element(elem(LOCALHOST_NODEPORT_REJECTS, k, to, &self.comment));
         }
     }
-    if let Some(np) = sp.node_port {
-        let k: Key = [KeyValue::Proto(proto), KeyValue::Port(np)].into();
-        if uses_ext_chain {
-            rs.element(elem(
-                SERVICE_NODEPORTS,
-                k,
-                Verdict::Goto(ext_chain.as_str().into()),
-                &comment,
-            ));
+
+    /// loadBalancerSourceRanges: a firewall chain for the LB IPs, only when ranges are set.
+    fn firewall(&self, rs: &mut Fragment, lb_ips: &[IpAddr]) {
+        let sp = self.sp;
+        if lb_ips.is_empty() || sp.load_balancer_source_ranges.is_empty() {
+            return;
         }
-        if !external_ok {
-            rs.element(elem(NO_ENDPOINT_NODEPORTS, k, no_ep.clone(), &comment));
-        }
-        if cfg
-            .loopback_nodeports
-            .of(family == Family::Ip)
-            .rejects()
-            .contains(&spn.protocol)
-        {
-            let reject = localhost_reject_chain(spn.protocol);
-            rs.element(elem(
-                LOCALHOST_NODEPORT_REJECTS,
-                k,
-                Verdict::Goto(reject.as_str().into()),
-                &comment,
-            ));
-        }
-    }
-    // loadBalancerSourceRanges: only for LB IPs, and only when ranges are set.
-    if !lb_ips.is_empty() && !sp.load_balancer_source_ranges.is_empty() {
-        let mut allowed = cidrs_of(&sp.load_balancer_source_ranges, family);
+        let fw = &self.chains.firewall;
+        let mut allowed = cidrs_of(&sp.load_balancer_source_ranges, self.family);
         // A node reaching its own LB IP uses the LB IP as source (upstream allowFromNode).
-        let node_allowed = node
+        let node_allowed = self
+            .node
             .addresses
             .iter()
             .any(|a| allowed.iter().any(|c| c.contains(a)));
@@ -842,28 +913,19 @@ fn service_port_rules(
         let mut rules: Vec<Rule> = allowed
             .into_iter()
             .map(|c| {
-                Rule::new(
-                    &fw,
-                    vec![
-                        Expr::Addr {
-                            field: Field::Saddr,
-                            op: CmpOp::Eq,
-                            value: c,
-                        },
-                        Expr::Verdict(Verdict::Return),
-                    ],
-                )
+                let from = Expr::Addr {
+                    field: Field::Saddr,
+                    op: CmpOp::Eq,
+                    value: c,
+                };
+                Rule::new(fw, vec![from, Expr::Verdict(Verdict::Return)])
             })
             .collect();
-        rules.push(Rule::new(&fw, vec![Expr::Verdict(Verdict::Drop)]));
-        rs.chain(Chain::regular(&fw), rules);
-        for ip in &lb_ips {
-            rs.element(elem(
-                FIREWALL_IPS,
-                key(*ip, proto, sp.port),
-                Verdict::Goto(fw.as_str().into()),
-                &comment,
-            ));
+        rules.push(Rule::new(fw, vec![Expr::Verdict(Verdict::Drop)]));
+        rs.chain(Chain::regular(fw), rules);
+        for ip in lb_ips {
+            let to = Verdict::Goto(fw.as_str().into());
+            rs.element(elem(FIREWALL_IPS, self.key_at(*ip), to, &self.comment));
         }
     }
 }
