@@ -2,6 +2,8 @@
 //! nftables table for what IPVS cannot do ([`table`]), sysctls ([`sysctl`]), and the
 //! [`proxier::IpvsProxier`] that applies them.
 
+pub(crate) mod diff;
+pub(crate) mod drain;
 pub mod plan;
 #[cfg(test)]
 mod policy_matrix;

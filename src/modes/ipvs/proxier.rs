@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::kernel::conntrack::Conntrack;
-use crate::kernel::ipvs::{Error, Ipvs, IpvsOp, RealServer, Timeouts, VirtualServer, VsKey};
+use crate::kernel::ipvs::{Error, Ipvs, IpvsOp, Timeouts, VsKey};
 use crate::kernel::nft::{render, Family, Nftables};
 use crate::kernel::rtnl::{host_prefix, IfAddr, Links};
 use crate::model::ProxyState;
@@ -21,20 +21,14 @@ use crate::proxy::{
     SyncStats, TableSync,
 };
 
+use super::diff::{real_server_diff, virtual_server_ops, Applied, Then};
+use super::drain::{drain_step, DrainManager, DrainStep};
 use super::plan::{build_plan, nodeport_addresses, IpvsConfig, IpvsPlan};
 use super::table;
 
 /// The NodePort range of a default apiserver: after a restart, virtual servers on node
 /// addresses in this range are ours even when their Service is gone.
 pub const NODEPORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
-
-/// What we last left in the kernel for one virtual server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Applied {
-    vs: VirtualServer,
-    /// Weight per real server (0: draining).
-    dests: BTreeMap<(IpAddr, u16), u32>,
-}
 
 /// Keeps IPVS, the dummy link and the companion table in step with the model.
 pub struct IpvsProxier<I: Ipvs, L: Links, N: Nftables> {
@@ -46,7 +40,7 @@ pub struct IpvsProxier<I: Ipvs, L: Links, N: Nftables> {
     local: LocalDetectorResolver,
     applied: BTreeMap<VsKey, Applied>,
     /// Draining real servers and when their grace period ends.
-    draining: BTreeMap<(VsKey, IpAddr, u16), Instant>,
+    draining: DrainManager,
     table: TableSync,
     need_full: bool,
     last_full: Option<Instant>,
@@ -75,7 +69,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             proxier,
             local: LocalDetectorResolver::new(detect_local),
             applied: BTreeMap::new(),
-            draining: BTreeMap::new(),
+            draining: DrainManager::default(),
             need_full: true,
             last_full: None,
             full_every: Duration::from_secs(30),
@@ -333,157 +327,80 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             }
         };
         let now = Instant::now();
+        let until = now + self.cfg.graceful_termination;
         // Two pipelined rounds: virtual servers first, then their real servers (a real
         // server of a virtual server that could not be added is not attempted).
-        let mut round: Vec<IpvsOp> = Vec::new();
-        let mut round_keys: Vec<VsKey> = Vec::new();
-        for (key, d) in &plan.services {
-            match current.get(key) {
-                None => round.push(IpvsOp::AddService(d.vs.clone())),
-                Some(c)
-                    if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence =>
-                {
-                    round.push(IpvsOp::UpdateService(d.vs.clone()))
-                }
-                Some(_) => continue,
-            }
-            round_keys.push(*key);
-        }
+        let (keys, round): (Vec<VsKey>, Vec<IpvsOp>) =
+            virtual_server_ops(plan, &current).into_iter().unzip();
         let mut not_added: BTreeSet<VsKey> = BTreeSet::new();
-        for ((op, key), r) in round.iter().zip(&round_keys).zip(self.ipvs.apply(&round)) {
+        for ((op, key), r) in round.iter().zip(&keys).zip(self.ipvs.apply(&round)) {
             if !note(r, stats) && matches!(op, IpvsOp::AddService(_)) {
                 not_added.insert(*key);
             }
         }
-        // What each real-server op records once it succeeded.
-        enum Then {
-            Weight(VsKey, (IpAddr, u16), u32),
-            Drain(VsKey, (IpAddr, u16)),
-            Nothing,
+        let diff = real_server_diff(plan, &current, &not_added, |a| self.excluded(a));
+        for (vs, d) in &diff.planned {
+            self.draining.stop(*vs, *d);
         }
-        let mut round: Vec<IpvsOp> = Vec::new();
-        let mut then: Vec<Then> = Vec::new();
-        let mut next: BTreeMap<VsKey, Applied> = BTreeMap::new();
-        for (key, d) in &plan.services {
-            if not_added.contains(key) {
-                continue;
-            }
-            let mut applied = Applied {
-                vs: d.vs.clone(),
-                dests: BTreeMap::new(),
-            };
-            let empty = BTreeMap::new();
-            let cur_dests = current.get(key).map(|c| &c.dests).unwrap_or(&empty);
-            for (k, rs) in &d.dests {
-                self.draining.remove(&(*key, k.0, k.1));
-                match cur_dests.get(k) {
-                    None => round.push(IpvsOp::AddDest(d.vs.clone(), rs.clone())),
-                    Some(&w) if w != rs.weight => {
-                        round.push(IpvsOp::UpdateDest(d.vs.clone(), rs.clone()))
-                    }
-                    Some(_) => {
-                        applied.dests.insert(*k, rs.weight);
-                        continue;
-                    }
-                }
-                then.push(Then::Weight(*key, *k, rs.weight));
-            }
-            for (k, &w) in cur_dests {
-                if d.dests.contains_key(k) {
-                    continue;
-                }
-                let rs = RealServer {
-                    weight: 0,
-                    ..RealServer::masq(k.0, k.1)
-                };
-                if matches!(
-                    key.protocol,
-                    crate::model::net::proto::UDP | crate::model::net::proto::SCTP
-                ) {
-                    // Not drained, as upstream (`IsRsGracefulTerminationNeeded`: UDP and
-                    // SCTP): expire_nodest_conn drops its flows on the next packet.
-                    round.push(IpvsOp::DeleteDest(d.vs.clone(), rs));
-                    then.push(Then::Nothing);
-                } else if w != 0 {
-                    round.push(IpvsOp::UpdateDest(d.vs.clone(), rs));
-                    then.push(Then::Drain(*key, *k));
-                } else {
-                    self.draining
-                        .entry((*key, k.0, k.1))
-                        .or_insert(now + self.cfg.graceful_termination);
-                    applied.dests.insert(*k, 0);
-                }
-            }
-            next.insert(*key, applied);
+        for (vs, d) in &diff.idle {
+            self.draining.start(*vs, *d, until);
         }
-        for (key, c) in &current {
-            if plan.services.contains_key(key) || self.excluded(&key.addr) {
-                continue;
-            }
-            round.push(IpvsOp::DeleteService(c.vs.clone()));
-            then.push(Then::Nothing);
-            self.draining.retain(|(k, _, _), _| k != key);
+        for vs in &diff.deleted {
+            self.draining.forget(vs);
         }
+        let (round, then): (Vec<IpvsOp>, Vec<Then>) = diff.ops.into_iter().unzip();
+        let mut next = diff.next;
         for (t, r) in then.into_iter().zip(self.ipvs.apply(&round)) {
             if !note(r, stats) {
                 continue;
             }
-            match t {
-                Then::Weight(key, k, w) => {
-                    if let Some(a) = next.get_mut(&key) {
-                        a.dests.insert(k, w);
-                    }
-                }
+            let (key, k, w) = match t {
+                Then::Weight(key, k, w) => (key, k, w),
                 Then::Drain(key, k) => {
-                    self.draining
-                        .entry((key, k.0, k.1))
-                        .or_insert(now + self.cfg.graceful_termination);
-                    if let Some(a) = next.get_mut(&key) {
-                        a.dests.insert(k, 0);
-                    }
+                    self.draining.start(key, k, until);
+                    (key, k, 0)
                 }
-                Then::Nothing => {}
+                Then::Nothing => continue,
+            };
+            if let Some(a) = next.get_mut(&key) {
+                a.dests.insert(k, w);
             }
         }
         self.applied = next;
-        // Draining real servers: delete those with no connections left or out of time.
-        let keys: BTreeSet<VsKey> = self.draining.keys().map(|(k, _, _)| *k).collect();
-        for key in keys {
+        self.end_draining(now, &mut |r| note(r, stats));
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Deletes the draining real servers with no connections left or out of time; `note`
+    /// counts each deletion and says whether it succeeded.
+    fn end_draining(&mut self, now: Instant, note: &mut dyn FnMut(Result<(), Error>) -> bool) {
+        for key in self.draining.virtual_servers() {
             let Some(a) = self.applied.get(&key).cloned() else {
-                self.draining.retain(|(k, _, _), _| *k != key);
+                self.draining.forget(&key);
                 continue;
             };
             let dests = match self.ipvs.dests(&a.vs) {
                 Ok(d) => d,
                 Err(e) => {
-                    note(Err(e), stats);
+                    note(Err(e));
                     continue;
                 }
             };
-            let mine: Vec<((VsKey, IpAddr, u16), Instant)> = self
-                .draining
-                .iter()
-                .filter(|((k, _, _), _)| *k == key)
-                .map(|(k, t)| (*k, *t))
-                .collect();
-            for ((k, ip, port), deadline) in mine {
-                let found = dests.iter().find(|d| (d.addr, d.port) == (ip, port));
-                let done = match found {
-                    None => true,
-                    Some(d) if d.active_conns + d.inactive_conns == 0 || now >= deadline => {
-                        note(self.ipvs.delete_dest(&a.vs, d), stats)
-                    }
-                    Some(_) => false,
+            for (dest, deadline) in self.draining.of(&key) {
+                let found = dests.iter().find(|d| (d.addr, d.port) == dest);
+                let done = match (drain_step(found, deadline, now), found) {
+                    (DrainStep::Delete, Some(d)) => note(self.ipvs.delete_dest(&a.vs, d)),
+                    (DrainStep::Wait, _) => false,
+                    (DrainStep::Gone | DrainStep::Delete, _) => true,
                 };
                 if done {
-                    self.draining.remove(&(k, ip, port));
+                    self.draining.stop(key, dest);
                     if let Some(ap) = self.applied.get_mut(&key) {
-                        ap.dests.remove(&(ip, port));
+                        ap.dests.remove(&dest);
                     }
                 }
             }
         }
-        first_err.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// Removes everything we created: our virtual servers, the dummy link and the
@@ -620,6 +537,7 @@ impl<I: Ipvs, L: Links, N: Nftables> Proxier for IpvsProxier<I, L, N> {
 mod tests {
     use super::*;
     use crate::kernel::ipvs::fake::FakeIpvs;
+    use crate::kernel::ipvs::VirtualServer;
     use crate::kernel::nft::fake::FakeNftables;
     use crate::kernel::rtnl::{FakeLinks, Link};
     use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
