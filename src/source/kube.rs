@@ -19,6 +19,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 
+use crate::model::convert::Collision;
 use crate::model::convert::{
     assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
 };
@@ -846,131 +847,19 @@ pub async fn run(
     wait_for_pod_cidrs: bool,
     events: Option<mpsc::UnboundedSender<Warning>>,
 ) -> super::SourceEnd {
-    let waits = NodeWaits {
+    let mut all = watch_streams(&client, &node, &events);
+    let mut stores = Stores::default();
+    let mut first = FirstSyncWait::new(NodeWaits {
         node: NODE_WAIT,
         pod_cidrs: wait_for_pod_cidrs.then_some(POD_CIDR_WAIT),
-    };
-    // Untyped watchers, decoded object by object: one undecodable object must not fail its
-    // whole list (and with it every sync).
-    let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
-    let cfg = watcher::Config::default().labels(SELECTOR);
-    let svc = list_and_watch(
-        "Services",
-        api(ApiResource::erase::<Service>(&())),
-        cfg.clone(),
-    )
-    .default_backoff()
-    .filter_map({
-        let events = events.clone();
-        move |r| {
-            let events = events.clone();
-            async move {
-                match r {
-                    Ok(e) => decode_event("Service", e, |o: &Service| {
-                        reported(&events, |w| service_ports(o, w))
-                    })
-                    .map(|c| Ok(Update::Service(c))),
-                    Err(e) => Some(Err(e)),
-                }
-            }
-        }
-    })
-    .boxed();
-    let eps = list_and_watch(
-        "EndpointSlices",
-        api(ApiResource::erase::<EndpointSlice>(&())),
-        cfg,
-    )
-    .default_backoff()
-    .filter_map({
-        // Endpoints on this node are marked local as they arrive.
-        let node: ArcStr = node.as_str().into();
-        let events = events.clone();
-        move |r| {
-            let (node, events) = (node.clone(), events.clone());
-            async move {
-                match r {
-                    Ok(e) => decode_event("EndpointSlice", e, |o: &EndpointSlice| {
-                        reported(&events, |w| convert_slice(o, &node, w))
-                    })
-                    .map(|c| Ok(Update::Slice(c))),
-                    Err(e) => Some(Err(e)),
-                }
-            }
-        }
-    })
-    .boxed();
-    let nodes = list_and_watch(
-        "Nodes",
-        api(ApiResource::erase::<Node>(&())),
-        watcher::Config::default().fields(&format!("metadata.name={node}")),
-    )
-    .default_backoff()
-    .filter_map({
-        let events = events.clone();
-        move |r| {
-            let events = events.clone();
-            async move {
-                match r {
-                    Ok(e) => decode_event("Node", e, |o: &Node| {
-                        let name = o.metadata.name.as_deref().unwrap_or_default();
-                        reported(&events, |w| convert_node(Some(o), name, w))
-                    })
-                    .map(|c| Ok(Update::Node(c))),
-                    Err(e) => Some(Err(e)),
-                }
-            }
-        }
-    })
-    .boxed();
-    // ServiceCIDRs: an API server before 1.33 answers 404 forever; say so once, then keep
-    // retrying quietly (an upgrade makes them appear).
-    let cidrs = list_and_watch(
-        "ServiceCIDRs",
-        api(ApiResource::erase::<ServiceCIDR>(&())),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .scan(false, |told, r| {
-        let item = match r {
-            Ok(e) => decode_event("ServiceCIDR", e, |o: &ServiceCIDR| {
-                reported(&events, |w| convert_service_cidr(o, w))
-            })
-            .map(|c| Ok(Update::ServiceCidr(c))),
-            Err(e) => {
-                let refused = matches!(
-                    e,
-                    watcher::Error::WatchStartFailed(_) | watcher::Error::InitialListFailed(_)
-                );
-                if refused && !*told {
-                    tracing::info!(
-                        err = %describe_watch_error(&e),
-                        "ServiceCIDRs cannot be listed; traffic to unallocated service IPs is not dropped until they can"
-                    );
-                    *told = true;
-                } else {
-                    tracing::debug!(err = %describe_watch_error(&e), "ServiceCIDR watch failed");
-                }
-                None
-            }
-        };
-        futures::future::ready(Some(item))
-    })
-    .filter_map(futures::future::ready)
-    .boxed();
-    let mut all = stream::select_all([svc, eps, nodes, cidrs]).ready_chunks(4096);
-    let mut stores = Stores::default();
-    let mut announced = false;
+    });
     let mut had_node = false;
     let mut ticker = tokio::time::interval(resync.max(std::time::Duration::from_secs(1)));
     ticker.tick().await;
     let mut pacer = Pacer::new(min_interval);
-    let mut collisions = std::collections::BTreeSet::new();
-    let started = std::time::Instant::now();
+    let mut collisions = BTreeSet::new();
     let mut progress = tokio::time::interval(WAIT_LOG_PERIOD);
     progress.tick().await;
-    // What the first state stopped waiting for: the Node, its podCIDRs.
-    let (mut node_given_up, mut pod_cidrs_given_up) = (false, false);
     loop {
         let held = pacer.held_until();
         let step = tokio::select! {
@@ -985,81 +874,16 @@ pub async fn run(
                 }
                 continue;
             }
-            _ = progress.tick(), if !announced => Step::Progress,
+            _ = progress.tick(), if !first.announced => Step::Progress,
         };
-        let mut changed = false;
-        match step {
-            Step::Batch(batch) => {
-                for item in batch {
-                    match item {
-                        Ok(u) => changed |= stores.apply(u),
-                        Err(e) => tracing::warn!(
-                            err = %describe_watch_error(&e),
-                            "watch failed; retrying with backoff, rules stay as they are"
-                        ),
-                    }
-                }
-            }
+        let changed = match step {
+            Step::Batch(batch) => apply_batch(&mut stores, batch),
             // The changes held back are due.
-            Step::Held => changed = pacer.release(),
-            Step::Progress => {
-                let waited = started.elapsed();
-                match first_sync_wait(&stores, &node, waited, waits) {
-                    FirstSync::Kinds(missing) => tracing::info!(
-                        missing = %missing.join(", "),
-                        waited_s = waited.as_secs(),
-                        "waiting for the initial list"
-                    ),
-                    FirstSync::Node => tracing::info!(
-                        node = %node,
-                        waited_s = waited.as_secs(),
-                        limit_s = NODE_WAIT.as_secs(),
-                        "waiting for this node's Node object (its addresses, podCIDR and labels)"
-                    ),
-                    FirstSync::NodeGivenUp if !node_given_up => {
-                        tracing::warn!(
-                            node = %node,
-                            waited_s = waited.as_secs(),
-                            "no Node object by this name; proceeding without its addresses until it appears, as upstream kube-proxy does after its wait"
-                        );
-                        node_given_up = true;
-                        changed = true;
-                    }
-                    FirstSync::PodCidrs => tracing::info!(
-                        node = %node,
-                        waited_s = waited.as_secs(),
-                        limit_s = POD_CIDR_WAIT.as_secs(),
-                        "waiting for this node's podCIDRs (detect-local-mode NodeCIDR)"
-                    ),
-                    FirstSync::PodCidrsGivenUp if !pod_cidrs_given_up => {
-                        tracing::warn!(
-                            node = %node,
-                            waited_s = waited.as_secs(),
-                            "the Node has no podCIDRs; proceeding without local traffic detection until it has"
-                        );
-                        pod_cidrs_given_up = true;
-                        changed = true;
-                    }
-                    FirstSync::NodeGivenUp | FirstSync::PodCidrsGivenUp | FirstSync::Ready => {}
-                }
-            }
-        }
-        if !changed || !stores.synced() {
+            Step::Held => pacer.release(),
+            Step::Progress => first.progress(&stores, &node),
+        };
+        if !changed || !stores.synced() || first.holds(&stores, &node) {
             continue;
-        }
-        // The first state waits for this node's Node (up to NODE_WAIT) and its podCIDRs
-        // where they detect local traffic (up to POD_CIDR_WAIT): a ruleset programmed
-        // without them is not this node's.
-        if !announced {
-            let wait = first_sync_wait(&stores, &node, started.elapsed(), waits);
-            let held = match wait {
-                FirstSync::Node | FirstSync::NodeGivenUp => !node_given_up,
-                FirstSync::PodCidrs | FirstSync::PodCidrsGivenUp => !pod_cidrs_given_up,
-                FirstSync::Kinds(_) | FirstSync::Ready => false,
-            };
-            if held {
-                continue;
-            }
         }
         if !pacer.publish_now(tokio::time::Instant::now().into()) {
             continue;
@@ -1073,33 +897,268 @@ pub async fn run(
             return super::SourceEnd::NodeDeleted(node);
         }
         had_node |= has_node;
-        if !announced {
+        first.announce(&stores);
+        let state = state_now(&mut stores, &node, &mut collisions);
+        if tx.send(Some(Arc::new(state))).is_err() {
+            return super::SourceEnd::Closed;
+        }
+    }
+}
+
+/// One kind's watch with backoff, each object decoded as `K` and converted once, its
+/// warnings reported ([`reported`]), as updates (`wrap`).
+fn converted<K, V>(
+    kind: &'static str,
+    watch: EventStream,
+    events: &Option<mpsc::UnboundedSender<Warning>>,
+    convert: impl Fn(&K, &mut Vec<ObjectWarning>) -> V + Clone + Send + Sync + 'static,
+    wrap: fn(Change<V>) -> Update,
+) -> futures::stream::BoxStream<'static, watcher::Result<Update>>
+where
+    K: Resource + for<'a> serde::Deserialize<'a>,
+    V: Send + 'static,
+{
+    let events = events.clone();
+    watch
+        .default_backoff()
+        .filter_map(move |r| {
+            let (events, convert) = (events.clone(), convert.clone());
+            async move {
+                match r {
+                    Ok(e) => decode_event(kind, e, |o: &K| reported(&events, |w| convert(o, w)))
+                        .map(|c| Ok(wrap(c))),
+                    Err(e) => Some(Err(e)),
+                }
+            }
+        })
+        .boxed()
+}
+
+/// The ServiceCIDR watch: an API server before 1.33 answers 404 forever; say so once, then
+/// keep retrying quietly (an upgrade makes them appear).
+fn service_cidrs(
+    watch: EventStream,
+    events: Option<mpsc::UnboundedSender<Warning>>,
+) -> futures::stream::BoxStream<'static, watcher::Result<Update>> {
+    watch
+        .default_backoff()
+        .scan(false, move |told, r| {
+            let item = match r {
+                Ok(e) => decode_event("ServiceCIDR", e, |o: &ServiceCIDR| {
+                    reported(&events, |w| convert_service_cidr(o, w))
+                })
+                .map(|c| Ok(Update::ServiceCidr(c))),
+                Err(e) => {
+                    let refused = matches!(
+                        e,
+                        watcher::Error::WatchStartFailed(_) | watcher::Error::InitialListFailed(_)
+                    );
+                    if refused && !*told {
+                        tracing::info!(
+                            err = %describe_watch_error(&e),
+                            "ServiceCIDRs cannot be listed; traffic to unallocated service IPs is not dropped until they can"
+                        );
+                        *told = true;
+                    } else {
+                        tracing::debug!(err = %describe_watch_error(&e), "ServiceCIDR watch failed");
+                    }
+                    None
+                }
+            };
+            futures::future::ready(Some(item))
+        })
+        .filter_map(futures::future::ready)
+        .boxed()
+}
+
+/// Applies a batch of watch events to the stores; whether any changed them. A watch error
+/// is logged: the watcher retries with backoff and the rules stay.
+fn apply_batch(stores: &mut Stores, batch: Vec<watcher::Result<Update>>) -> bool {
+    let mut changed = false;
+    for item in batch {
+        match item {
+            Ok(u) => changed |= stores.apply(u),
+            Err(e) => tracing::warn!(
+                err = %describe_watch_error(&e),
+                "watch failed; retrying with backoff, rules stay as they are"
+            ),
+        }
+    }
+    changed
+}
+
+/// The state the stores hold now, its warnings logged, and each Service collision logged
+/// once, when it appears (not on every change while it lasts).
+fn state_now(stores: &mut Stores, node: &str, collisions: &mut BTreeSet<Collision>) -> ProxyState {
+    let t0 = std::time::Instant::now();
+    let mut warnings = Vec::new();
+    let state = stores.publish(node, &mut warnings);
+    tracing::debug!(built = ?t0.elapsed(), "new state from the API");
+    for w in &warnings {
+        super::log_object_warning(w);
+    }
+    let now: BTreeSet<Collision> = crate::model::convert::collisions_of(&state)
+        .into_iter()
+        .collect();
+    for c in now.difference(collisions) {
+        super::log_object_warning(&c.warning());
+    }
+    *collisions = now;
+    state
+}
+
+/// What the first state waits for and has stopped waiting for: the initial lists, this
+/// node's Node (up to [`NODE_WAIT`]) and its podCIDRs where they detect local traffic (up to
+/// [`POD_CIDR_WAIT`]); a ruleset programmed without them is not this node's.
+struct FirstSyncWait {
+    waits: NodeWaits,
+    started: std::time::Instant,
+    /// The first state went out.
+    announced: bool,
+    node_given_up: bool,
+    pod_cidrs_given_up: bool,
+}
+
+impl FirstSyncWait {
+    fn new(waits: NodeWaits) -> Self {
+        FirstSyncWait {
+            waits,
+            started: std::time::Instant::now(),
+            announced: false,
+            node_given_up: false,
+            pod_cidrs_given_up: false,
+        }
+    }
+
+    /// Says what the first state still waits for; whether a wait was given up now (the
+    /// state may go out without it).
+    fn progress(&mut self, stores: &Stores, node: &str) -> bool {
+        let waited = self.started.elapsed();
+        match first_sync_wait(stores, node, waited, self.waits) {
+            FirstSync::Kinds(missing) => tracing::info!(
+                missing = %missing.join(", "),
+                waited_s = waited.as_secs(),
+                "waiting for the initial list"
+            ),
+            FirstSync::Node => tracing::info!(
+                node = %node,
+                waited_s = waited.as_secs(),
+                limit_s = NODE_WAIT.as_secs(),
+                "waiting for this node's Node object (its addresses, podCIDR and labels)"
+            ),
+            FirstSync::NodeGivenUp if !self.node_given_up => {
+                tracing::warn!(
+                    node = %node,
+                    waited_s = waited.as_secs(),
+                    "no Node object by this name; proceeding without its addresses until it appears, as upstream kube-proxy does after its wait"
+                );
+                self.node_given_up = true;
+                return true;
+            }
+            FirstSync::PodCidrs => tracing::info!(
+                node = %node,
+                waited_s = waited.as_secs(),
+                limit_s = POD_CIDR_WAIT.as_secs(),
+                "waiting for this node's podCIDRs (detect-local-mode NodeCIDR)"
+            ),
+            FirstSync::PodCidrsGivenUp if !self.pod_cidrs_given_up => {
+                tracing::warn!(
+                    node = %node,
+                    waited_s = waited.as_secs(),
+                    "the Node has no podCIDRs; proceeding without local traffic detection until it has"
+                );
+                self.pod_cidrs_given_up = true;
+                return true;
+            }
+            FirstSync::NodeGivenUp | FirstSync::PodCidrsGivenUp | FirstSync::Ready => {}
+        }
+        false
+    }
+
+    /// Whether the first state is still held back for the Node or its podCIDRs.
+    fn holds(&self, stores: &Stores, node: &str) -> bool {
+        if self.announced {
+            return false;
+        }
+        match first_sync_wait(stores, node, self.started.elapsed(), self.waits) {
+            FirstSync::Node | FirstSync::NodeGivenUp => !self.node_given_up,
+            FirstSync::PodCidrs | FirstSync::PodCidrsGivenUp => !self.pod_cidrs_given_up,
+            FirstSync::Kinds(_) | FirstSync::Ready => false,
+        }
+    }
+
+    /// The first state goes out: say so once.
+    fn announce(&mut self, stores: &Stores) {
+        if !self.announced {
             tracing::info!(
                 services = stores.services.len(),
                 slices = stores.slices.len(),
                 "initial list complete"
             );
-            announced = true;
-        }
-        let t0 = std::time::Instant::now();
-        let mut warnings = Vec::new();
-        let state = stores.publish(&node, &mut warnings);
-        tracing::debug!(built = ?t0.elapsed(), "new state from the API");
-        for w in &warnings {
-            super::log_object_warning(w);
-        }
-        // Each collision once, when it appears (not on every change while it lasts).
-        let now: std::collections::BTreeSet<_> = crate::model::convert::collisions_of(&state)
-            .into_iter()
-            .collect();
-        for c in now.difference(&collisions) {
-            super::log_object_warning(&c.warning());
-        }
-        collisions = now;
-        if tx.send(Some(Arc::new(state))).is_err() {
-            return super::SourceEnd::Closed;
+            self.announced = true;
         }
     }
+}
+
+/// The API source's watches (Services, EndpointSlices, this node's Node, ServiceCIDRs) as
+/// one stream of updates, in batches as they are ready. Untyped watchers, decoded object by
+/// object: one undecodable object must not fail its whole list (and with it every sync).
+fn watch_streams(
+    client: &Client,
+    node: &str,
+    events: &Option<mpsc::UnboundedSender<Warning>>,
+) -> futures::stream::BoxStream<'static, Vec<watcher::Result<Update>>> {
+    let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
+    let cfg = watcher::Config::default().labels(SELECTOR);
+    let svc = converted(
+        "Service",
+        list_and_watch(
+            "Services",
+            api(ApiResource::erase::<Service>(&())),
+            cfg.clone(),
+        ),
+        events,
+        service_ports,
+        Update::Service,
+    );
+    // Endpoints on this node are marked local as they arrive.
+    let here: ArcStr = node.into();
+    let eps = converted(
+        "EndpointSlice",
+        list_and_watch(
+            "EndpointSlices",
+            api(ApiResource::erase::<EndpointSlice>(&())),
+            cfg,
+        ),
+        events,
+        move |o: &EndpointSlice, w: &mut Vec<ObjectWarning>| convert_slice(o, &here, w),
+        Update::Slice,
+    );
+    let nodes = converted(
+        "Node",
+        list_and_watch(
+            "Nodes",
+            api(ApiResource::erase::<Node>(&())),
+            watcher::Config::default().fields(&format!("metadata.name={node}")),
+        ),
+        events,
+        |o: &Node, w: &mut Vec<ObjectWarning>| {
+            let name = o.metadata.name.as_deref().unwrap_or_default();
+            convert_node(Some(o), name, w)
+        },
+        Update::Node,
+    );
+    let cidrs = service_cidrs(
+        list_and_watch(
+            "ServiceCIDRs",
+            api(ApiResource::erase::<ServiceCIDR>(&())),
+            watcher::Config::default(),
+        ),
+        events.clone(),
+    );
+    stream::select_all([svc, eps, nodes, cidrs])
+        .ready_chunks(4096)
+        .boxed()
 }
 
 /// The API client (the daemon's, and the tools'): `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,
