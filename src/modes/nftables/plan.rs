@@ -642,7 +642,7 @@ impl PortRules<'_> {
     }
 
     /// "From a local pod": a source prefix, or an input interface.
-    fn from_pod(&self, op: CmpOp) -> Option<Expr> {
+    fn pod_source(&self, op: CmpOp) -> Option<Expr> {
         from_pod(&self.cfg.local_detector, self.family, op)
     }
 
@@ -743,7 +743,7 @@ impl PortRules<'_> {
                 vec![to_cluster_ip, jump(MARK_FOR_MASQUERADE)],
             ));
         }
-        self.from_pod(CmpOp::Neq).map(|not_pod| {
+        self.pod_source(CmpOp::Neq).map(|not_pod| {
             Rule::new(
                 chain,
                 vec![to_cluster_ip, not_pod, jump(MARK_FOR_MASQUERADE)],
@@ -823,7 +823,7 @@ impl PortRules<'_> {
         } = &self.chains;
         let mut rules = Vec::new();
         if self.sp.external_policy_local {
-            if let Some(pod) = self.from_pod(CmpOp::Eq) {
+            if let Some(pod) = self.pod_source(CmpOp::Eq) {
                 rules.push(
                     Rule::new(external, vec![pod, goto(service)])
                         .with_comment("short-circuit pod traffic"),
@@ -869,7 +869,7 @@ impl PortRules<'_> {
         let mut dispatch = |to_chain: &str, no_endpoint: &str, k: Key| {
             if uses_ext_chain {
                 let to = Verdict::Goto(self.chains.external.as_str().into());
-                rs.element(elem(to_chain, k.clone(), to, &self.comment));
+                rs.element(elem(to_chain, k, to, &self.comment));
             }
             if !external_ok {
                 let v = reach.no_endpoint.clone();
@@ -883,7 +883,7 @@ impl PortRules<'_> {
             return;
         };
         let k: Key = [KeyValue::Proto(self.proto), KeyValue::Port(np)].into();
-        dispatch(SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS, k.clone());
+        dispatch(SERVICE_NODEPORTS, NO_ENDPOINT_NODEPORTS, k);
         let protocol = self.sp.name.protocol;
         let loopback = self.cfg.loopback_nodeports.of(self.family == Family::Ip);
         if loopback.rejects().contains(&protocol) {
