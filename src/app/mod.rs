@@ -97,6 +97,8 @@ fn options(cfg: &Config) -> Options {
         proxier: cfg.proxier.clone(),
         detect_local: cfg.detect_local.clone(),
         sync_period: cfg.sync_period,
+        conntrack_cleanup: cfg.conntrack_cleanup,
+        reset_dead_endpoint_connections: cfg.reset_dead_endpoint_connections,
     }
 }
 
@@ -257,7 +259,7 @@ pub async fn run(mut cfg: Config) -> Result<Finished, AppError> {
             }
         }
     };
-    let conntrack = if cfg.conntrack_cleanup {
+    let conntrack = if cfg.conntrack_cleanup || cfg.reset_dead_endpoint_connections {
         match NetlinkConntrack::open() {
             Ok(ct) => Some(Box::new(ct) as Box<dyn Conntrack + Send>),
             Err(e) => {
@@ -564,6 +566,8 @@ fn open_mode(cfg: &Config, kernel: Kernel, state: &ProxyState) -> Result<Opened,
             remove_leftovers("nftables-mode", || {
                 nftables::cleanup_leftovers(&mut open_nft()?, &opts)
             });
+            // IPVS forwards by its own connection table: only the stale entry cleanup.
+            let conntrack = conntrack.filter(|_| cfg.conntrack_cleanup);
             let (p, port) = ipvs::open(nft, &opts, &cfg.ipvs, conntrack)?;
             Opened::Proxier {
                 proxier: Box::new(p),

@@ -198,6 +198,7 @@ pub const FLAGS: &[FlagSpec] = &[
     ours("nftables-table", Str, "Name of our nftables table in the ip and ip6 families (default kube-nlproxy; kube-nlproxy-ipvs in ipvs mode)."),
     ours("localhost-nodeports", Bool, "Serve NodePorts on 127.0.0.1 in every mode (through a userspace forwarder)."),
     ours("no-conntrack-cleanup", Bool, "Do not delete stale UDP/SCTP conntrack entries after syncs (diagnosis only)."),
+    ours("reset-dead-endpoint-connections", Bool, "Delete the TCP conntrack entries of endpoints that died (ready, then gone without terminating), so their clients get a reset instead of hanging (nftables and iptables modes)."),
     ours("masquerade-bit", Int32, "The masquerade mark bit of the running mode, over the file and --iptables-masquerade-bit."),
     ours("sync-period", Duration, "The running mode's sync period, over the file and the mode's flag."),
     ours("min-sync-period", Duration, "The running mode's minimum sync period, over the file and the mode's flag."),

@@ -91,6 +91,9 @@ pub struct Config {
     pub dry_run: bool,
     pub init_only: bool,
     pub conntrack_cleanup: bool,
+    /// `--reset-dead-endpoint-connections` (ours): delete the TCP conntrack entries of
+    /// endpoints that died (nftables and iptables modes).
+    pub reset_dead_endpoint_connections: bool,
     pub conntrack: ConntrackConfig,
     pub json_logs: bool,
     /// The loopback listeners that forward NodePorts in userspace (none: no forwarder).
@@ -839,6 +842,20 @@ impl Config {
             warnings
                 .push("config field enableProfiling has no effect here: no /debug/pprof".into());
         }
+        let reset_dead_endpoint_connections =
+            p.bool("reset-dead-endpoint-connections").unwrap_or(false);
+        if reset_dead_endpoint_connections && matches!(mode, ProxyMode::Ipvs | ProxyMode::Userspace)
+        {
+            warnings.push(format!(
+                "--reset-dead-endpoint-connections has no effect in {} mode: {}",
+                kp.mode,
+                if mode == ProxyMode::Ipvs {
+                    "IPVS forwards by its own connection table, not by conntrack's"
+                } else {
+                    "the userspace proxy's own sessions are the connections"
+                }
+            ));
+        }
         let oom_score_adj = kp
             .oom_score_adj
             .unwrap_or(v1alpha1::KUBE_PROXY_OOM_SCORE_ADJ);
@@ -886,6 +903,7 @@ impl Config {
             dry_run: p.bool("dry-run").unwrap_or(false),
             init_only: p.bool("init-only").unwrap_or(false),
             conntrack_cleanup: !p.bool("no-conntrack-cleanup").unwrap_or(false),
+            reset_dead_endpoint_connections,
             json_logs: kp.logging.format == "json",
             localhost_listeners,
             verbosity,

@@ -1052,3 +1052,23 @@ fn localhost_node_ports_per_mode_gate_and_family() {
         );
     }
 }
+
+#[test]
+fn reset_dead_endpoint_connections_is_off_by_default_and_warned_where_it_cannot_work() {
+    let warned = |c: &Config| {
+        c.warnings
+            .iter()
+            .any(|w| w.contains("--reset-dead-endpoint-connections has no effect"))
+    };
+    let off = run(&[]).unwrap();
+    assert!(!off.reset_dead_endpoint_connections);
+    for mode in ["iptables", "nftables"] {
+        let c = run(&["--reset-dead-endpoint-connections", "--proxy-mode", mode]).unwrap();
+        assert!(c.reset_dead_endpoint_connections, "{mode}");
+        assert!(!warned(&c), "{mode}: {:?}", c.warnings);
+    }
+    for mode in ["ipvs", "userspace"] {
+        let c = run(&["--reset-dead-endpoint-connections", "--proxy-mode", mode]).unwrap();
+        assert!(warned(&c), "{mode}: {:?}", c.warnings);
+    }
+}

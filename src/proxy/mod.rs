@@ -8,6 +8,7 @@
 pub(crate) mod cleanup;
 pub mod config;
 pub mod conntrack;
+pub mod dead_endpoints;
 pub(crate) mod fxhash;
 pub mod names;
 pub mod reclaim;
@@ -149,4 +150,8 @@ pub struct Options {
     pub detect_local: DetectLocal,
     /// How often a sync re-lists the kernel and re-asserts everything.
     pub sync_period: std::time::Duration,
+    /// Delete stale UDP/SCTP conntrack entries after syncs (not `--no-conntrack-cleanup`).
+    pub conntrack_cleanup: bool,
+    /// `--reset-dead-endpoint-connections`: delete the TCP entries of endpoints that died.
+    pub reset_dead_endpoint_connections: bool,
 }

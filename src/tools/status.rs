@@ -486,6 +486,8 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
         proxier: cfg.proxier.clone(),
         detect_local: cfg.detect_local.clone(),
         sync_period: cfg.sync_period,
+        conntrack_cleanup: cfg.conntrack_cleanup,
+        reset_dead_endpoint_connections: cfg.reset_dead_endpoint_connections,
     };
     let mut kernel = LiveKernel::new();
     let mut families = Vec::new();

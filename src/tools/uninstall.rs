@@ -40,6 +40,8 @@ pub fn run(argv: &[String]) -> Result<String, ToolError> {
         proxier: ProxierConfig::default(),
         detect_local: DetectLocal::ClusterCidr(Vec::new()),
         sync_period: std::time::Duration::from_secs(30),
+        conntrack_cleanup: false,
+        reset_dead_endpoint_connections: false,
     };
     let open = || NetlinkNftables::open().map_err(|e| ToolError::kernel("open nftables", e));
     let mut removed = nftables::cleanup(&mut open()?, &opts)

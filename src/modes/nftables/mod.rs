@@ -22,7 +22,8 @@ use crate::proxy::{Options, Proxier, SyncError, DEFAULT_TABLE};
 pub use crate::proxy::names;
 pub use proxier::NftablesProxier;
 
-/// The nftables mode over `nft`, with conntrack cleanup when `conntrack` is given.
+/// The nftables mode over `nft`. With `conntrack`: the stale UDP/SCTP entry cleanup and
+/// the dead endpoints' TCP entry reset, as `opts` asks.
 pub fn open<N: Nftables>(
     nft: N,
     opts: &Options,
@@ -30,7 +31,10 @@ pub fn open<N: Nftables>(
 ) -> NftablesProxier<N> {
     let p = NftablesProxier::new(nft, opts.proxier.clone(), opts.detect_local.clone());
     match conntrack {
-        Some(ct) => p.with_conntrack(ct),
+        Some(ct) => p
+            .with_conntrack(ct)
+            .with_stale_cleanup(opts.conntrack_cleanup)
+            .with_dead_endpoint_reset(opts.reset_dead_endpoint_connections),
         None => p,
     }
 }

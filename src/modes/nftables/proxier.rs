@@ -11,6 +11,7 @@ use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::{render, Family, Nftables, Transaction};
 use crate::model::{NodeInfo, ProxyState, ServicePortName};
 use crate::proxy::conntrack::reconcile_conntrack;
+use crate::proxy::dead_endpoints::reset_dead_endpoint_connections;
 use crate::proxy::ruleset::Change;
 use crate::proxy::{
     plan_transaction, DetectLocal, LocalDetectorResolver, Proxier, ProxierConfig, SyncError,
@@ -33,6 +34,11 @@ pub struct NftablesProxier<N: Nftables> {
     need_full: bool,
     last_node_labels: Option<BTreeMap<String, String>>,
     conntrack: Option<Box<dyn Conntrack + Send>>,
+    /// Delete stale UDP/SCTP entries (not `--no-conntrack-cleanup`; needs `conntrack`).
+    stale_cleanup: bool,
+    /// `--reset-dead-endpoint-connections`: delete the TCP entries of endpoints that died
+    /// (needs `conntrack`).
+    reset_dead_endpoints: bool,
     /// The state of the last committed sync: the change detector compares against it. Shared
     /// with the sync loop (an `Arc`), never copied.
     last_state: Option<Arc<ProxyState>>,
@@ -55,6 +61,8 @@ impl<N: Nftables> NftablesProxier<N> {
             need_full: true,
             last_node_labels: None,
             conntrack: None,
+            stale_cleanup: true,
+            reset_dead_endpoints: false,
             last_state: None,
             last_cfg: None,
             last_node: None,
@@ -66,6 +74,19 @@ impl<N: Nftables> NftablesProxier<N> {
     /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
     pub fn with_conntrack(mut self, ct: Box<dyn Conntrack + Send>) -> Self {
         self.conntrack = Some(ct);
+        self
+    }
+
+    /// Whether the stale UDP/SCTP entries are deleted (on with [`Self::with_conntrack`]).
+    pub fn with_stale_cleanup(mut self, on: bool) -> Self {
+        self.stale_cleanup = on;
+        self
+    }
+
+    /// Also deletes the TCP conntrack entries of endpoints that died (ready, then gone without
+    /// terminating) after each successful sync; needs [`Self::with_conntrack`].
+    pub fn with_dead_endpoint_reset(mut self, on: bool) -> Self {
+        self.reset_dead_endpoints = on;
         self
     }
 
@@ -144,12 +165,24 @@ impl<N: Nftables> NftablesProxier<N> {
                 self.need_full = false;
                 self.last_cfg = Some(cfg);
                 self.last_node = Some(state.node.clone());
-                if let Some(old) = self.last_state.replace(shared.clone()) {
-                    crate::proxy::reclaim::drop_in_background(old);
-                }
+                let prev = self.last_state.replace(shared.clone());
                 self.table.count(&mut stats);
                 if let Some(ct) = self.conntrack.as_mut() {
-                    reconcile_conntrack(ct.as_mut(), state, &self.families, &mut stats);
+                    if self.stale_cleanup {
+                        reconcile_conntrack(ct.as_mut(), state, &self.families, &mut stats);
+                    }
+                    if let Some(prev) = prev.as_deref().filter(|_| self.reset_dead_endpoints) {
+                        reset_dead_endpoint_connections(
+                            ct.as_mut(),
+                            prev,
+                            state,
+                            &self.families,
+                            &mut stats,
+                        );
+                    }
+                }
+                if let Some(old) = prev {
+                    crate::proxy::reclaim::drop_in_background(old);
                 }
                 Ok(stats)
             }
