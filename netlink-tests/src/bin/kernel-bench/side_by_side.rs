@@ -1,0 +1,547 @@
+//! Ours beside upstream kube-proxy itself, each on its own node namespace, against one real
+//! kube-apiserver: start to first sync, the first sync as each reports it, CPU and memory
+//! to it, and the change latency; then ours alone, its RSS and the churn row (I/O: runs the
+//! control plane, upstream's binaries and ours).
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, PostParams};
+use netlink_tests::baseline::endpoint_ip;
+use netlink_tests::cluster::{proxy_bin, Cluster};
+use netlink_tests::controlplane::ControlPlane;
+use netlink_tests::differential::{twin_link_n, Upstream};
+use netlink_tests::ns::NetNs;
+
+use crate::args::{Shape, Workload, EPS};
+use crate::churn::api_churn_row;
+use crate::harness::stop;
+use crate::procfs::{mib, usage, Usage};
+use crate::table::{render_ratio, render_time, render_time_ratio, Goal, Row, Table, Target, Unit};
+
+/// The goals of ours' RSS from the API source at 10k × 10: after the first sync, and its
+/// peak over that.
+const API_RSS_MIB: f64 = 64.0;
+const API_PEAK_TIMES: f64 = 1.5;
+
+/// How long a proxy may take to its first sync in the side-by-side rows: upstream's
+/// iptables mode over iptables-nft needs minutes at 10k services (#126013 reports ~9 min).
+pub const FIRST_SYNC_LIMIT: Duration = Duration::from_secs(600);
+
+/// A proxy's first sync as seen from outside.
+#[derive(Clone, Copy, Debug)]
+pub struct FirstSync {
+    /// From its start to both families synced.
+    wall: Duration,
+    /// Its own IPv4 sync duration (`kubeproxy_sync_proxy_rules_duration_seconds`), seconds.
+    reported: f64,
+    /// CPU seconds to then, its reaped children's (upstream's `nft`/`iptables-restore`)
+    /// included.
+    cpu: f64,
+    /// RSS then, and its peak to then (`VmHWM`), MiB; the proxy process only.
+    rss: f64,
+    peak_rss: f64,
+}
+
+/// [`FirstSync`] of the proxy `pid` in `ns` (both families: two sync-duration samples);
+/// None past [`FIRST_SYNC_LIMIT`].
+pub fn first_sync(ns: &NetNs, pid: u32, what: &str) -> Option<FirstSync> {
+    use netlink_tests::differential::{metrics, sample};
+    let t0 = Instant::now();
+    loop {
+        let m = metrics(ns, "127.0.0.1:10249");
+        if sample(&m, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 2.0 {
+            let reported = sample(
+                &m,
+                "kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family=\"IPv4\"}",
+            );
+            let now = usage(pid);
+            // A diagnostic: where the resident memory is (heap, arenas, stacks, text).
+            if let Some(dir) = std::env::var_os("KBENCH_SMAPS_DIR") {
+                let to =
+                    std::path::Path::new(&dir).join(format!("{}.smaps", what.replace(' ', "_")));
+                let _ = std::fs::copy(format!("/proc/{pid}/smaps"), to);
+            }
+            return Some(FirstSync {
+                wall: t0.elapsed(),
+                reported,
+                cpu: now.cpu_with_children,
+                rss: mib(now.rss_kb),
+                peak_rss: mib(now.peak_kb),
+            });
+        }
+        if t0.elapsed() > FIRST_SYNC_LIMIT {
+            let now = usage(pid);
+            eprintln!(
+                "side by side: {what} did not finish its first sync in {FIRST_SYNC_LIMIT:?} \
+                 ({:.0} CPU s, peak RSS {} MiB)",
+                now.cpu_with_children,
+                now.peak_kb / 1024
+            );
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `changes` one-endpoint changes (`apply(c)` makes change `c`), each after every proxy
+/// has been idle for longer than its minimum sync period (1 s for all), so that none is
+/// caught waiting out the previous change's period. Returns per proxy the median of the
+/// network programming latency it reports (`kubeproxy_network_programming_duration_seconds`,
+/// from the slice's `endpoints.kubernetes.io/last-change-trigger-time`).
+pub fn change_latencies(
+    proxies: &[(&str, &NetNs)],
+    changes: usize,
+    mut apply: impl FnMut(usize),
+) -> Vec<Option<f64>> {
+    use netlink_tests::differential::{metrics, sample};
+    let npl = |ns: &NetNs| {
+        let m = metrics(ns, "127.0.0.1:10249");
+        (
+            sample(&m, "kubeproxy_network_programming_duration_seconds_sum"),
+            sample(&m, "kubeproxy_network_programming_duration_seconds_count"),
+        )
+    };
+    let mut reported: Vec<Vec<f64>> = vec![Vec::new(); proxies.len()];
+    for c in 0..changes {
+        std::thread::sleep(Duration::from_millis(1500));
+        let before: Vec<(f64, f64)> = proxies.iter().map(|(_, ns)| npl(ns)).collect();
+        apply(c);
+        let t0 = Instant::now();
+        for (k, (what, ns)) in proxies.iter().enumerate() {
+            loop {
+                let (sum, count) = npl(ns);
+                if count > before[k].1 {
+                    reported[k].push((sum - before[k].0) / (count - before[k].1));
+                    break;
+                }
+                if t0.elapsed() > Duration::from_secs(300) {
+                    eprintln!("side by side: {what} never reported change {c}");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    reported
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        })
+        .collect()
+}
+
+/// The rows of one side-by-side run, ours against each upstream mode: start to first
+/// sync, the first sync as each reports it, CPU seconds and peak RSS to the first sync,
+/// RSS after it, and the change latency.
+pub fn side_by_side_push(
+    table: &mut Table,
+    setting: &str,
+    ours: Option<FirstSync>,
+    theirs: &[(&str, Option<FirstSync>)],
+    latencies: &[Option<f64>],
+    changes: usize,
+) {
+    let none = || "did not finish".to_string();
+    // (what, value of one first sync, how it is shown).
+    type Measure = (&'static str, fn(&FirstSync) -> f64, fn(f64) -> String);
+    let measures: [Measure; 4] = [
+        (
+            "first full sync as each reports it (`kubeproxy_sync_proxy_rules_duration_seconds`, IPv4)",
+            |t| t.reported,
+            |v| format!("{v:.2} s"),
+        ),
+        (
+            "CPU seconds to the first sync (with reaped children: upstream's `nft`/`iptables-restore`)",
+            |t| t.cpu,
+            |v| format!("{v:.1} s"),
+        ),
+        (
+            "peak RSS to the first sync (the proxy process)",
+            |t| t.peak_rss,
+            |v| format!("{v:.0} MiB"),
+        ),
+        (
+            "RSS after the first sync",
+            |t| t.rss,
+            |v| format!("{v:.0} MiB"),
+        ),
+    ];
+    let comparison = |what: String, ours: String, theirs: String, ratio: String| {
+        Row::new(what, ours)
+            .baseline(theirs)
+            .ratio(ratio)
+            .target(Target::Note("(comparison)"))
+    };
+    for (k, (mode, t)) in theirs.iter().enumerate() {
+        let (o, u) = (ours, *t);
+        table.push(comparison(
+            format!("side by side, {setting}: start to first sync, vs upstream {mode} mode"),
+            o.map_or_else(none, |o| render_time(o.wall)),
+            u.map_or_else(
+                || format!("> {}", render_time(FIRST_SYNC_LIMIT)),
+                |u| render_time(u.wall),
+            ),
+            match (o, u) {
+                (Some(o), Some(u)) => render_time_ratio(u.wall, o.wall, 1),
+                (Some(o), None) => format!("> {}", render_time_ratio(FIRST_SYNC_LIMIT, o.wall, 0)),
+                _ => String::new(),
+            },
+        ));
+        for (what, value, show) in &measures {
+            table.push(comparison(
+                format!("side by side, {setting}: {what}, vs upstream {mode} mode"),
+                o.map_or_else(none, |o| show(value(&o))),
+                u.map_or_else(none, |u| show(value(&u))),
+                match (o, u) {
+                    (Some(o), Some(u)) => render_ratio(value(&u), value(&o), 1),
+                    _ => String::new(),
+                },
+            ));
+        }
+        let ms = |v: Option<f64>| {
+            v.map_or_else(|| "n/a".to_string(), |v| format!("{:.0} ms", v * 1000.0))
+        };
+        let theirs = latencies.get(k + 1).copied().flatten();
+        table.push(comparison(
+            format!("side by side, {setting}: one-endpoint change, network programming latency as each reports it (median of {changes}), vs upstream {mode} mode"),
+            ms(latencies[0]),
+            ms(theirs),
+            match (latencies[0], theirs) {
+                (Some(o), Some(u)) => render_ratio(u, o, 1),
+                _ => String::new(),
+            },
+        ));
+    }
+}
+
+/// An EndpointSlice of service `i` of the side-by-side clusters (`eps` ready endpoints;
+/// with `bump` the first one moved), stamped with the trigger time now.
+pub fn bench_slice(i: usize, eps: usize, bump: bool) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = (0..eps)
+        .map(|j| {
+            let ip = endpoint_ip(i, j, eps);
+            let ip = if bump && j == 0 {
+                Ipv4Addr::from(u32::from(ip) ^ 0x0001_0000)
+            } else {
+                ip
+            };
+            serde_json::json!({"addresses": [ip.to_string()], "conditions": {"ready": true, "serving": true, "terminating": false}})
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("svc-{i}-a"), "namespace": "default",
+            "labels": {"kubernetes.io/service-name": format!("svc-{i}")},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": jiff::Timestamp::now().to_string()}},
+        "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    })
+}
+
+/// Starts ours in `ns` with `args` (its log in `dir`).
+pub fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::process::Child {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.name]);
+    // A diagnostic: KBENCH_OURS_WRAP="heaptrack -o /tmp/ours" runs ours under a profiler
+    // (its rows then measure the profiler too). The wrapper gets the SIGTERM: kill ours
+    // by hand afterwards, since a leftover subscribed to nf_tables notifications makes the
+    // kernel build one for every element anyone commits, in every namespace (the
+    // listener bitmap is per protocol, not per namespace): a 100k × 10 full sync then
+    // took 35 s instead of ~8.
+    if let Ok(wrap) = std::env::var("KBENCH_OURS_WRAP") {
+        cmd.args(wrap.split_whitespace());
+    }
+    cmd.arg(proxy_bin())
+        .args(["--hostname-override", "node1"])
+        .args(args)
+        // KBENCH_OURS_LOG=kube_nlproxy=debug says where a change's time goes.
+        .env(
+            "RUST_LOG",
+            // Each sync's network programming latencies (one line per sync): the churn row.
+            std::env::var("KBENCH_OURS_LOG")
+                .unwrap_or_else(|_| "info,network_programming=debug".into()),
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("ours.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// Creates `shape`'s Services and EndpointSlices through the API (32 at a time, 1000 per
+/// admin session), then the Node.
+fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
+    let Shape {
+        services: n,
+        endpoints: eps,
+    } = shape;
+    let t_create = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let (chunk, per) = (chunk.to_vec(), eps);
+        cp.with_admin(node, move |client| {
+            Box::pin(async move {
+                use futures::StreamExt;
+                let svcs = Api::<Service>::namespaced(client.clone(), "default");
+                let slices = Api::<EndpointSlice>::namespaced(client, "default");
+                let pp = PostParams::default();
+                futures::stream::iter(chunk)
+                    .for_each_concurrent(32, |i| {
+                        let (svcs, slices, pp) = (svcs.clone(), slices.clone(), pp.clone());
+                        async move {
+                            let svc: Service = serde_json::from_value(serde_json::json!({
+                                "apiVersion": "v1", "kind": "Service",
+                                "metadata": {"name": format!("svc-{i}"), "namespace": "default"},
+                                "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+                            }))
+                            .unwrap();
+                            svcs.create(&pp, &svc).await.unwrap();
+                            let sl: EndpointSlice = serde_json::from_value(bench_slice(i, per, false)).unwrap();
+                            slices.create(&pp, &sl).await.unwrap();
+                        }
+                    })
+                    .await;
+            })
+        });
+    }
+    eprintln!(
+        "side by side: {n} Services and slices created in {:?}",
+        t_create.elapsed()
+    );
+    cp.with_admin(node, |client| {
+        Box::pin(async move {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"},
+                "status": {"addresses": [{"type": "InternalIP", "address": netlink_tests::cluster::NODE_IP}]},
+            }))
+            .unwrap();
+            Api::<Node>::all(client).create(&PostParams::default(), &node).await.unwrap();
+        })
+    });
+}
+
+/// Upstream in `mode` on a node namespace of its own (the `k`th twin of `a`), alone until
+/// its first sync: the first sync, and the running proxy when it finished.
+fn start_upstream(
+    a: &Cluster,
+    cp: &ControlPlane,
+    k: u8,
+    mode: &'static str,
+    shape: Shape,
+) -> (Option<FirstSync>, Option<(Cluster, Upstream)>) {
+    let Shape {
+        services: n,
+        endpoints: eps,
+    } = shape;
+    let b = Cluster::new();
+    let via = twin_link_n(a, &b, k);
+    let kc = cp.admin_kubeconfig_via(&format!("https://{via}:6443"));
+    let kc_k = cp.dir.join(format!("admin-via-{k}.kubeconfig"));
+    std::fs::rename(&kc, &kc_k).unwrap();
+    let arg = format!("--kubeconfig={}", kc_k.display());
+    let up = Upstream::start(&b.node, mode, &[&arg], &cp.dir);
+    let t = first_sync(&b.node, up.child.id(), mode);
+    eprintln!("side by side: upstream {mode}: {t:?}");
+    if mode == "nftables" && t.is_some() {
+        // What it programmed: 1.37 DNATs through an anonymous numgen map in each
+        // service chain (no per-endpoint chains without affinity).
+        let out = b
+            .node
+            .sh("nft list table ip kube-proxy > /tmp/kbench-upstream.nft; \
+             grep -c 'chain service-' /tmp/kbench-upstream.nft || true; \
+             grep -o ' [.] 8080' /tmp/kbench-upstream.nft | wc -l; rm -f /tmp/kbench-upstream.nft");
+        let mut it = out.split_whitespace();
+        eprintln!(
+            "side by side: upstream nftables holds {} service chains, {} endpoints in their maps (want {n}, {})",
+            it.next().unwrap_or("?"),
+            it.next().unwrap_or("?"),
+            n * eps
+        );
+    }
+    if t.is_some() {
+        (t, Some((b, up)))
+    } else {
+        // Stopped: it would keep a core busy in `iptables-restore` for the rest.
+        drop(up);
+        (t, None)
+    }
+}
+
+/// Ours beside upstream kube-proxy in each of `modes`, each on its own node namespace, all
+/// against one real kube-apiserver holding `shape`'s Services and endpoints; then, with
+/// ours alone, its RSS row and (`churn_secs` > 0) the churn row. Returns the modes whose
+/// first sync finished within [`FIRST_SYNC_LIMIT`].
+pub fn side_by_side_rows(
+    table: &mut Table,
+    shape: Shape,
+    modes: &[&'static str],
+    changes: usize,
+    churn_secs: u64,
+) -> Vec<&'static str> {
+    let eps = shape.endpoints;
+    let a = Cluster::new();
+    let cp = ControlPlane::start(&a.node);
+    create_workload(&cp, &a.node, shape);
+    // Each proxy alone until its first sync.
+    let mut upstreams = Vec::new();
+    let mut cold = Vec::new();
+    for (k, &mode) in (1u8..).zip(modes) {
+        let (t, running) = start_upstream(&a, &cp, k, mode, shape);
+        cold.push((mode, t));
+        if let Some((b, up)) = running {
+            upstreams.push((mode, b, up));
+        }
+    }
+    let admin = cp.admin_kubeconfig();
+    let mut ours = spawn_ours(&a.node, &["--kubeconfig", admin.to_str().unwrap()], &cp.dir);
+    let t_ours = first_sync(&a.node, ours.id(), "ours");
+    eprintln!("side by side: ours: {t_ours:?}");
+    let proxies: Vec<(&str, &NetNs)> = std::iter::once(("ours", &a.node))
+        .chain(upstreams.iter().map(|(m, b, _)| (*m, &b.node)))
+        .collect();
+    let lat = change_latencies(&proxies, changes, |c| {
+        let i = 100 + c;
+        let sl: EndpointSlice = serde_json::from_value(bench_slice(i, eps, true)).unwrap();
+        cp.with_admin(&a.node, move |client| {
+            Box::pin(async move {
+                let api = Api::<EndpointSlice>::namespaced(client, "default");
+                let mut cur = api.get(&format!("svc-{i}-a")).await.unwrap();
+                cur.endpoints = sl.endpoints;
+                cur.metadata.annotations = sl.metadata.annotations;
+                api.replace(&format!("svc-{i}-a"), &PostParams::default(), &cur)
+                    .await
+                    .unwrap();
+            })
+        });
+    });
+    eprintln!(
+        "side by side: ours: one-endpoint change, median of {changes}: {:?} s",
+        lat[0]
+    );
+    // Latencies of the upstreams that synced, in `cold`'s order (n/a for one that did not).
+    let mut it = lat[1..].iter();
+    let mut lats = vec![lat[0]];
+    for (_, t) in &cold {
+        lats.push(if t.is_some() {
+            it.next().copied().flatten()
+        } else {
+            None
+        });
+    }
+    side_by_side_push(
+        table,
+        &format!("real apiserver, {}", shape.label()),
+        t_ours,
+        &cold,
+        &lats,
+        changes,
+    );
+    if let Some(t) = t_ours {
+        api_rss_row(table, shape, t, usage(ours.id()), changes);
+    }
+    // Churn with ours alone: the upstreams would share the two cores.
+    drop(upstreams);
+    if churn_secs > 0 && t_ours.is_some() {
+        let log = cp.dir.join("ours.log");
+        api_churn_row(table, &cp, &a.node, (ours.id(), &log), shape, churn_secs);
+    }
+    stop(&mut ours, "our daemon");
+    if std::env::var_os("KBENCH_OURS_LOG").is_some() {
+        let _ = std::fs::copy(cp.dir.join("ours.log"), "/tmp/kbench-ours.log");
+    }
+    eprintln!("side by side: done");
+    cold.iter()
+        .filter(|(_, t)| t.is_some())
+        .map(|(m, _)| *m)
+        .collect()
+}
+
+/// Ours alone, by source (issue #18): RSS after the first sync (`first`) and after the
+/// changes (`now`), held at 10k × 10 to [`API_RSS_MIB`] and a peak within
+/// [`API_PEAK_TIMES`] the steady RSS.
+fn api_rss_row(table: &mut Table, shape: Shape, first: FirstSync, now: Usage, changes: usize) {
+    let (rss_now, peak) = (mib(now.rss_kb), mib(now.peak_kb));
+    let held = shape
+        == (Shape {
+            services: 10_000,
+            endpoints: EPS,
+        });
+    table.push(
+        Row::new(
+            format!(
+                "daemon RSS, API source (real apiserver), {}: after the first sync / after {changes} changes (peak)",
+                shape.label()
+            ),
+            format!("{:.0} / {rss_now:.0} MiB (peak {peak:.0})", first.rss),
+        )
+        .ratio(format!("peak {} steady", render_ratio(peak, first.rss, 1)))
+        .target(if held {
+            Target::Goals(vec![
+                Goal::at_most(first.rss, API_RSS_MIB, Unit::MiB),
+                Goal::at_most(peak / first.rss, API_PEAK_TIMES, Unit::Times).named("peak"),
+            ])
+        } else {
+            Target::Note("")
+        }),
+    );
+}
+
+/// The side-by-side workloads of issue #17 in order, against upstream's nftables and
+/// iptables modes. A mode that did not finish a workload's first sync within
+/// [`FIRST_SYNC_LIMIT`] is not run at a later one with at least as many iptables chains
+/// (a row says so): it would only use up the limit again.
+pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
+    const BOTH: &[&str] = &["nftables", "iptables"];
+    // The modes given up on, and the workload each did not finish.
+    let mut gave_up: Vec<(&str, Shape)> = Vec::new();
+    for &Workload { shape, churn_secs } in workloads {
+        let skipped: Vec<(&str, Shape)> = gave_up
+            .iter()
+            .copied()
+            .filter(|&(_, at)| iptables_chains(shape) >= iptables_chains(at))
+            .collect();
+        let modes: Vec<&'static str> = BOTH
+            .iter()
+            .copied()
+            .filter(|m| !skipped.iter().any(|(s, _)| s == m))
+            .collect();
+        let finished = side_by_side_rows(table, shape, &modes, 5, churn_secs);
+        for mode in modes.iter().filter(|m| !finished.contains(m)) {
+            gave_up.push((mode, shape));
+        }
+        for (mode, at) in skipped {
+            table.push(
+                Row::new(
+                    format!(
+                        "side by side, real apiserver, {}: vs upstream {mode} mode",
+                        shape.label()
+                    ),
+                    "not run",
+                )
+                .baseline(format!(
+                    "not run: it did not finish {} ({}k chains) within {} above, \
+                     and {} has {} the chains",
+                    short_label(at),
+                    iptables_chains(at) / 1000,
+                    render_time(FIRST_SYNC_LIMIT),
+                    short_label(shape),
+                    render_ratio(iptables_chains(shape) as f64, iptables_chains(at) as f64, 1),
+                ))
+                .target(Target::Note("(comparison)")),
+            );
+        }
+    }
+}
+
+/// The chains of upstream's iptables layout for `shape`: one per service and per endpoint.
+fn iptables_chains(shape: Shape) -> usize {
+    shape.services * (shape.endpoints + 1)
+}
+
+/// "10k × 10".
+fn short_label(shape: Shape) -> String {
+    format!("{}k × {}", shape.services / 1000, shape.endpoints)
+}
