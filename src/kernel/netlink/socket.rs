@@ -1,6 +1,7 @@
-//! The one place that opens netlink sockets and performs send/recv syscalls. Protocol
-//! modules (`nft::netlink`, later ctnetlink, genl, rtnetlink) build messages purely and hand
-//! the bytes to [`NetlinkSocket`].
+//! The one place that opens netlink sockets and performs send/recv syscalls. The protocol
+//! modules (`nft::netlink` and `nft::monitor`, `conntrack::ctnetlink`, `ipset::netlink`,
+//! `ipvs::netlink` over generic netlink, `rtnl`) build messages purely and hand the bytes to
+//! [`NetlinkSocket`].
 #![allow(clippy::disallowed_methods)]
 #![allow(unsafe_code)] // setsockopt(2) and dup(2) have no safe wrapper in netlink-sys
 
