@@ -62,7 +62,7 @@ fn main() -> std::process::ExitCode {
         cfg.log_level = "warn";
     }
     kube_nlproxy::app::logging::init(cfg.json_logs, cfg.log_level);
-    kube_nlproxy::proxy::runner::limit_allocator_arenas();
+    kube_nlproxy::app::process::limit_allocator_arenas();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,0 +1,64 @@
+//! What the proxy sets on the host before its proxier opens: the privileged steps
+//! (`--init-only` does only these), the conntrack sysctl that decides the INVALID drop, and
+//! `route_localnet`. I/O (/proc/sys, /proc/self).
+
+use crate::config::Config;
+use crate::kernel::conntrack::tuning;
+
+use super::process;
+
+/// The steps that need full privileges, so that the daemon itself can run with
+/// CAP_NET_ADMIN only: the OOM score and the conntrack sysctls. Failures are warnings.
+pub(super) fn apply_privileged(cfg: &Config) {
+    process::set_oom_score_adj(cfg.oom_score_adj);
+    for w in tuning::apply(&cfg.conntrack) {
+        w.log();
+    }
+}
+
+/// Before a proxier over the kernel opens: the privileged steps, then what reads or goes
+/// with them (the INVALID drop, `route_localnet`).
+pub(super) fn prepare(cfg: &mut Config) {
+    apply_privileged(cfg);
+    resolve_drop_invalid(&mut cfg.proxier);
+    if cfg.proxier.localnet_guard {
+        set_route_localnet();
+    }
+}
+
+/// Upstream's iptables mode reads nf_conntrack_tcp_be_liberal once its conntrack tuning is
+/// applied and drops INVALID packets only when it reads 0 (`NewProxier`). The tuning only
+/// ever sets the sysctl to 1, so a second call after it can only turn the drop off.
+pub(super) fn resolve_drop_invalid(p: &mut crate::proxy::ProxierConfig) {
+    if !p.drop_invalid {
+        return;
+    }
+    let liberal = tuning::read_tcp_be_liberal();
+    p.drop_invalid = tuning::drops_invalid(true, &liberal);
+    match liberal {
+        Ok(_) if !p.drop_invalid => tracing::info!(
+            sysctl = tuning::TCP_BE_LIBERAL,
+            "nf_conntrack_tcp_be_liberal set, not installing DROP rules for INVALID packets"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(sysctl = tuning::TCP_BE_LIBERAL, err = %e,
+            "cannot read nf_conntrack_tcp_be_liberal; dropping INVALID packets as upstream does"),
+    }
+}
+
+/// Upstream's iptables mode with localhost NodePorts sets
+/// `net.ipv4.conf.all.route_localnet=1` (kubernetes#90259, with its log line) and our table
+/// carries the guard it comes with ([`crate::proxy::ProxierConfig::localnet_guard`]). Our
+/// forwarder does not need it; the node is left as upstream leaves it (scripts and upstream's
+/// e2e spec "[Feature:KubeProxyNFAcct]" read it). A failure is a warning, where upstream's
+/// proxier stops: the forwarder works without it.
+fn set_route_localnet() {
+    const ROUTE_LOCALNET: &str = "/proc/sys/net/ipv4/conf/all/route_localnet";
+    tracing::info!("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses");
+    if std::fs::read_to_string(ROUTE_LOCALNET).is_ok_and(|v| v.trim() == "1") {
+        return;
+    }
+    if let Err(e) = std::fs::write(ROUTE_LOCALNET, "1") {
+        tracing::warn!(sysctl = ROUTE_LOCALNET, err = %e, "cannot set route_localnet");
+    }
+}
