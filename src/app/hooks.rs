@@ -16,12 +16,12 @@ use crate::serve::service_health::{plan_health_checks, ServiceHealthServers};
 /// Feeds health, metrics and health-check ports from the sync loop.
 pub struct Hooks {
     /// The localhost NodePort forwarder and what it listens on, when enabled.
-    pub localhost: Option<(
+    pub(crate) localhost: Option<(
         crate::modes::userspace::localhost::LocalhostNodePorts,
         crate::proxy::LoopbackListeners,
     )>,
     /// Where warning events go when the API source is in use.
-    pub warnings: Option<tokio::sync::mpsc::UnboundedSender<crate::source::kube::Warning>>,
+    pub(crate) warnings: Option<tokio::sync::mpsc::UnboundedSender<crate::source::kube::Warning>>,
     shared: Shared,
     hc: ServiceHealthServers,
     prev: Option<Arc<ProxyState>>,

@@ -59,7 +59,7 @@ impl Visit for Fields {
 }
 
 /// klog's verbosity of a level: what `-v` has to be for the line to show.
-pub fn verbosity_of(level: &Level) -> Option<u32> {
+pub(crate) fn verbosity_of(level: &Level) -> Option<u32> {
     match *level {
         Level::ERROR => None,
         Level::WARN | Level::INFO => Some(0),
@@ -88,7 +88,7 @@ fn short_caller(file: &str, line: u32) -> String {
 }
 
 /// component-base's JSON lines.
-pub struct JsonFormat;
+pub(crate) struct JsonFormat;
 
 impl<S, N> FormatEvent<S, N> for JsonFormat
 where
@@ -154,8 +154,8 @@ fn json_line(level: &Level, caller: &str, f: Fields, ts: f64) -> String {
 }
 
 /// klog's text header and `key="value"` pairs.
-pub struct KlogText {
-    pub pid: u32,
+pub(crate) struct KlogText {
+    pub(crate) pid: u32,
 }
 
 impl<S, N> FormatEvent<S, N> for KlogText
