@@ -1,10 +1,10 @@
 //! Wiring of the binary: picks the entry point the configuration asks for and runs it. Each
-//! entry point reads top to bottom in its own file: `--cleanup` in [`cleanup`], the one-shot
-//! runs (`--init-only`, `status`/`diff`, `--dry-run`, `--once`) in [`oneshot`], the
-//! long-running proxy in [`daemon`]. What they share: the sources ([`sources`]), the one
-//! `match` on the mode ([`mode`]), other modes' leftovers ([`leftovers`]), host and process
-//! set-up ([`host`], [`process`]), the health and metrics servers ([`admin`]). Nothing here
-//! names a mode's tables, chains or constants. I/O.
+//! entry point reads top to bottom in its own file: `--cleanup` in `cleanup.rs`, the one-shot
+//! runs (`--init-only`, `status`/`diff`, `--dry-run`, `--once`) in `oneshot.rs`, the
+//! long-running proxy in `daemon.rs`. What they share: the sources (`sources.rs`), the one
+//! `match` on the mode (`mode.rs`), other modes' leftovers (`leftovers.rs`), host and process
+//! set-up (`host.rs`, `process.rs`), the health and metrics servers (`admin.rs`). Nothing
+//! here names a mode's tables, chains or constants. I/O.
 
 mod admin;
 mod cleanup;
