@@ -10,6 +10,7 @@ pub mod config;
 pub mod conntrack;
 pub mod dead_endpoints;
 pub(crate) mod fxhash;
+pub mod maglev;
 pub mod names;
 pub mod reclaim;
 pub(crate) mod rules;
