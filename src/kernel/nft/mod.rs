@@ -9,6 +9,7 @@ pub mod encode;
 pub mod eval;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+pub mod jhash;
 pub mod key;
 pub mod live;
 pub mod lower;
