@@ -20,6 +20,7 @@ pub mod internal;
 #[cfg(test)]
 mod proptests;
 pub mod v1alpha1;
+pub mod validation;
 pub mod yaml_out;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
@@ -638,7 +639,7 @@ impl Config {
         let (gates, gate_warnings) = gates::FeatureGates::from_map(&kp.feature_gates)
             .map_err(|e| bad(&namer.name("featureGates"), e.to_string()))?;
         warnings.extend(gate_warnings);
-        let violations = internal::validate(&kp);
+        let violations = validation::validate(&kp);
         if let Some(first) = violations.first() {
             let more = match violations.len() {
                 1 => String::new(),
