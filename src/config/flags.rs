@@ -206,9 +206,12 @@ pub const FLAGS: &[FlagSpec] = &[
     ours("dry-run", Bool, "Print the ruleset that would be programmed and exit, touching nothing."),
 ];
 
+/// The flag called `name`.
 pub fn spec(name: &str) -> Option<&'static FlagSpec> {
     FLAGS.iter().find(|s| s.name == name)
 }
+
+pub use super::flag_handles::{cli, EveryValue, Flag, FlagValue};
 
 /// A command-line error, worded as pflag/cobra word theirs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -222,41 +225,51 @@ pub struct Parsed {
 }
 
 impl Parsed {
+    /// The value of a flag that was given.
+    pub fn get<T: FlagValue>(&self, flag: Flag<T>) -> Option<T> {
+        self.read(flag.name)
+    }
+    fn read<T: FlagValue>(&self, name: &str) -> Option<T> {
+        if !self.changed(name) {
+            return None;
+        }
+        T::read(&self.all(name))
+    }
+    /// Whether a flag was given.
+    pub fn given<T>(&self, flag: Flag<T>) -> bool {
+        self.changed(flag.name)
+    }
+    /// Whether the flag called `name` was given (prefer [`Parsed::given`]).
     pub fn changed(&self, name: &str) -> bool {
+        debug_assert!(spec(name).is_some(), "no flag --{name} in FLAGS");
         self.set.iter().any(|(s, _)| s.name == name)
     }
-    /// The last value of a flag.
-    pub fn last(&self, name: &str) -> Option<&str> {
-        self.set
-            .iter()
-            .rev()
-            .find(|(s, _)| s.name == name)
-            .map(|(_, v)| v.as_str())
-    }
-    /// Every value of a flag, in order.
+    /// Every value of the flag called `name`, in order (prefer [`Parsed::get`]).
     pub fn all(&self, name: &str) -> Vec<&str> {
+        debug_assert!(spec(name).is_some(), "no flag --{name} in FLAGS");
         self.set
             .iter()
             .filter(|(s, _)| s.name == name)
             .map(|(_, v)| v.as_str())
             .collect()
     }
-    pub fn bool(&self, name: &str) -> Option<bool> {
-        self.last(name).map(|v| parse_bool(v).unwrap_or(false))
+    /// The last value of the flag called `name` (prefer [`Parsed::get`]).
+    pub fn last(&self, name: &str) -> Option<&str> {
+        self.all(name).last().copied()
     }
-    pub fn i32(&self, name: &str) -> Option<i32> {
-        self.last(name).and_then(|v| parse_int(v).ok())
+}
+
+/// Reads by name for the tests of the syntax.
+#[cfg(test)]
+impl Parsed {
+    fn bool(&self, name: &str) -> Option<bool> {
+        self.read(name)
     }
-    pub fn duration(&self, name: &str) -> Option<i64> {
-        self.last(name).and_then(|v| duration::parse(v).ok())
+    fn i32(&self, name: &str) -> Option<i32> {
+        self.read(name)
     }
-    /// A list flag: pflag's StringSlice replaces its default on the first use and appends
-    /// on the next ones.
-    pub fn slice(&self, name: &str) -> Option<Vec<String>> {
-        if !self.changed(name) {
-            return None;
-        }
-        Some(self.all(name).into_iter().flat_map(split_list).collect())
+    fn slice(&self, name: &str) -> Option<Vec<String>> {
+        self.read(name)
     }
 }
 
@@ -412,65 +425,26 @@ where
         .collect::<Result<_, _>>()?;
     let mut out = Parsed::default();
     let mut positional = Vec::new();
-    let bad_value = |spec: &FlagSpec, v: &str, why: String| {
-        FlagError(format!(
-            "invalid argument {v:?} for \"--{}\" flag: {why}",
-            spec.name
-        ))
-    };
     while let Some(a) = args.pop_front() {
         if a == "--" {
             positional.extend(args.drain(..));
             break;
         }
-        if let Some(body) = a.strip_prefix("--") {
-            let (name, inline) = match body.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (body, None),
-            };
-            let norm = normalize(name);
-            let spec = spec(&norm).ok_or_else(|| FlagError(format!("unknown flag: --{name}")))?;
-            let value = match (inline, spec.kind) {
-                (Some(v), _) => v,
-                (None, Bool) => "true".into(),
-                // `--version` alone means `--version=true`.
-                (None, Str) if spec.name == "version" => "true".into(),
-                (None, _) => args
-                    .pop_front()
-                    .ok_or_else(|| FlagError(format!("flag needs an argument: --{name}")))?,
-            };
-            check(spec, &value).map_err(|why| bad_value(spec, &value, why))?;
-            out.set.push((spec, value));
+        let (spec, value) = if let Some(body) = a.strip_prefix("--") {
+            parse_long(body, &mut args)?
         } else if let Some(body) = a.strip_prefix('-').filter(|b| !b.is_empty()) {
-            // Shorthands: only -v and -h exist.
-            let mut chars = body.chars();
-            let c = chars.next().unwrap_or('-');
-            let rest: String = chars.collect();
-            let spec = FLAGS
-                .iter()
-                .find(|s| s.shorthand == Some(c))
-                .ok_or_else(|| FlagError(format!("unknown shorthand flag: '{c}' in -{body}")))?;
-            let value = if let Some(v) = rest.strip_prefix('=') {
-                v.to_string()
-            } else if !rest.is_empty() {
-                if spec.kind == Bool {
-                    return Err(FlagError(format!(
-                        "unknown shorthand flag: '{}' in -{body}",
-                        rest.chars().next().unwrap_or(' ')
-                    )));
-                }
-                rest
-            } else if spec.kind == Bool {
-                "true".into()
-            } else {
-                args.pop_front()
-                    .ok_or_else(|| FlagError(format!("flag needs an argument: '{c}' in -{body}")))?
-            };
-            check(spec, &value).map_err(|why| bad_value(spec, &value, why))?;
-            out.set.push((spec, value));
+            parse_shorthand(body, &mut args)?
         } else {
             positional.push(a);
-        }
+            continue;
+        };
+        check(spec, &value).map_err(|why| {
+            FlagError(format!(
+                "invalid argument {value:?} for \"--{}\" flag: {why}",
+                spec.name
+            ))
+        })?;
+        out.set.push((spec, value));
     }
     if positional.iter().any(|a| !a.is_empty()) {
         return Err(FlagError(format!(
@@ -478,6 +452,60 @@ where
         )));
     }
     Ok(out)
+}
+
+/// `--name=value`, `--name value` or a bare boolean `--name`: the flag and its raw value.
+fn parse_long(
+    body: &str,
+    args: &mut std::collections::VecDeque<String>,
+) -> Result<(&'static FlagSpec, String), FlagError> {
+    let (name, inline) = match body.split_once('=') {
+        Some((n, v)) => (n, Some(v.to_string())),
+        None => (body, None),
+    };
+    let norm = normalize(name);
+    let spec = spec(&norm).ok_or_else(|| FlagError(format!("unknown flag: --{name}")))?;
+    let value = match (inline, spec.kind) {
+        (Some(v), _) => v,
+        (None, Bool) => "true".into(),
+        // `--version` alone means `--version=true`.
+        (None, Str) if spec.name == "version" => "true".into(),
+        (None, _) => args
+            .pop_front()
+            .ok_or_else(|| FlagError(format!("flag needs an argument: --{name}")))?,
+    };
+    Ok((spec, value))
+}
+
+/// `-v=2`, `-v2`, `-v 2`, `-h`: the flag and its raw value. Only -v and -h exist.
+fn parse_shorthand(
+    body: &str,
+    args: &mut std::collections::VecDeque<String>,
+) -> Result<(&'static FlagSpec, String), FlagError> {
+    let mut chars = body.chars();
+    let c = chars.next().unwrap_or('-');
+    let rest: String = chars.collect();
+    let spec = FLAGS
+        .iter()
+        .find(|s| s.shorthand == Some(c))
+        .ok_or_else(|| FlagError(format!("unknown shorthand flag: '{c}' in -{body}")))?;
+    let value = if let Some(v) = rest.strip_prefix('=') {
+        v.to_string()
+    } else if !rest.is_empty() {
+        if spec.kind == Bool {
+            return Err(FlagError(format!(
+                "unknown shorthand flag: '{}' in -{body}",
+                rest.chars().next().unwrap_or(' ')
+            )));
+        }
+        rest
+    } else if spec.kind == Bool {
+        "true".into()
+    } else {
+        args.pop_front()
+            .ok_or_else(|| FlagError(format!("flag needs an argument: '{c}' in -{body}")))?
+    };
+    Ok((spec, value))
 }
 
 /// `--help`: every flag with its kind, default and meaning here.
