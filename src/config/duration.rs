@@ -117,55 +117,8 @@ pub fn parse(s: &str) -> Result<i64, ParseError> {
     }
     let mut d: u64 = 0;
     while !s.is_empty() {
-        if !(s[0] == b'.' || s[0].is_ascii_digit()) {
-            return Err(invalid(orig));
-        }
-        let before = s.len();
-        let (v, rest) = leading_int(s).ok_or_else(|| invalid(orig))?;
+        let (v, rest) = component(s, orig)?;
         s = rest;
-        let pre = before != s.len();
-        let (mut f, mut scale, mut post) = (0u64, 1f64, false);
-        if s.first() == Some(&b'.') {
-            s = &s[1..];
-            let before = s.len();
-            let (ff, sc, rest) = leading_fraction(s);
-            (f, scale, s) = (ff, sc, rest);
-            post = before != s.len();
-        }
-        if !pre && !post {
-            return Err(invalid(orig));
-        }
-        let i = s
-            .iter()
-            .position(|c| *c == b'.' || c.is_ascii_digit())
-            .unwrap_or(s.len());
-        if i == 0 {
-            return Err(ParseError(format!(
-                "time: missing unit in duration {}",
-                quote(orig)
-            )));
-        }
-        let (u, rest) = s.split_at(i);
-        s = rest;
-        let Some(unit) = unit(u) else {
-            return Err(ParseError(format!(
-                "time: unknown unit {} in duration {}",
-                quote(u),
-                quote(orig)
-            )));
-        };
-        if v > LIMIT / unit {
-            return Err(invalid(orig));
-        }
-        let mut v = v * unit;
-        if f > 0 {
-            // As Go: float64 keeps fractions of hours nanosecond-accurate (f·unit/scale is
-            // at most 3.6e12).
-            v += (f as f64 * (unit as f64 / scale)) as u64;
-            if v > LIMIT {
-                return Err(invalid(orig));
-            }
-        }
         d += v;
         if d > LIMIT {
             return Err(invalid(orig));
@@ -179,6 +132,60 @@ pub fn parse(s: &str) -> Result<i64, ParseError> {
         return Err(invalid(orig));
     }
     Ok(d as i64)
+}
+
+/// One `[0-9]*(\.[0-9]*)?unit` of `s` (a suffix of `orig`, which errors quote): its
+/// nanoseconds and the rest.
+fn component<'a>(mut s: &'a [u8], orig: &[u8]) -> Result<(u64, &'a [u8]), ParseError> {
+    if !(s[0] == b'.' || s[0].is_ascii_digit()) {
+        return Err(invalid(orig));
+    }
+    let before = s.len();
+    let (v, rest) = leading_int(s).ok_or_else(|| invalid(orig))?;
+    s = rest;
+    let pre = before != s.len();
+    let (mut f, mut scale, mut post) = (0u64, 1f64, false);
+    if s.first() == Some(&b'.') {
+        s = &s[1..];
+        let before = s.len();
+        let (ff, sc, rest) = leading_fraction(s);
+        (f, scale, s) = (ff, sc, rest);
+        post = before != s.len();
+    }
+    if !pre && !post {
+        return Err(invalid(orig));
+    }
+    let i = s
+        .iter()
+        .position(|c| *c == b'.' || c.is_ascii_digit())
+        .unwrap_or(s.len());
+    if i == 0 {
+        return Err(ParseError(format!(
+            "time: missing unit in duration {}",
+            quote(orig)
+        )));
+    }
+    let (u, rest) = s.split_at(i);
+    let Some(unit) = unit(u) else {
+        return Err(ParseError(format!(
+            "time: unknown unit {} in duration {}",
+            quote(u),
+            quote(orig)
+        )));
+    };
+    if v > LIMIT / unit {
+        return Err(invalid(orig));
+    }
+    let mut v = v * unit;
+    if f > 0 {
+        // As Go: float64 keeps fractions of hours nanosecond-accurate (f·unit/scale is
+        // at most 3.6e12).
+        v += (f as f64 * (unit as f64 / scale)) as u64;
+        if v > LIMIT {
+            return Err(invalid(orig));
+        }
+    }
+    Ok((v, rest))
 }
 
 /// Appends the fraction of `v / 10^prec` without trailing zeros (and without the point

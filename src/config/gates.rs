@@ -156,6 +156,39 @@ impl Default for FeatureGates {
     }
 }
 
+/// What upstream logs when a deprecated or GA gate is set by name.
+fn setting_warning(name: &str, value: bool, stage: Stage) -> Option<String> {
+    match stage {
+        Stage::Deprecated => Some(format!(
+            "setting deprecated feature gate {name}={value}: it will be removed in a future release"
+        )),
+        Stage::Ga => Some(format!(
+            "setting GA feature gate {name}={value}: it will be removed in a future release"
+        )),
+        _ => None,
+    }
+}
+
+/// AllAlpha/AllBeta set every gate of their stage that was not set by name.
+fn set_all_alpha_and_beta(
+    enabled: &mut BTreeMap<&'static str, bool>,
+    explicit: Vec<(&'static str, bool)>,
+) {
+    for (all, v) in explicit {
+        let stage = if all == ALL_ALPHA {
+            Stage::Alpha
+        } else {
+            Stage::Beta
+        };
+        for g in GATES {
+            if g.name != ALL_ALPHA && g.name != ALL_BETA && g.spec().stage == stage {
+                enabled.entry(g.name).or_insert(v);
+            }
+        }
+        enabled.insert(all, v);
+    }
+}
+
 impl FeatureGates {
     /// `SetFromMap` on a fresh default gate. Returns the gates and the warnings upstream
     /// logs (setting a deprecated or GA gate).
@@ -191,43 +224,32 @@ impl FeatureGates {
                 continue;
             }
             enabled.insert(def.name, v);
-            match spec.stage {
-                Stage::Deprecated => warnings.push(format!(
-                    "setting deprecated feature gate {k}={v}: it will be removed in a future release"
-                )),
-                Stage::Ga => warnings.push(format!(
-                    "setting GA feature gate {k}={v}: it will be removed in a future release"
-                )),
-                _ => {}
-            }
+            warnings.extend(setting_warning(k, v, spec.stage));
         }
-        // AllAlpha/AllBeta set every gate of their stage that was not set by name.
-        for (all, v) in explicit {
-            let stage = if all == ALL_ALPHA {
-                Stage::Alpha
-            } else {
-                Stage::Beta
-            };
-            for g in GATES {
-                if g.name != ALL_ALPHA && g.name != ALL_BETA && g.spec().stage == stage {
-                    enabled.entry(g.name).or_insert(v);
-                }
-            }
-            enabled.insert(all, v);
-        }
+        set_all_alpha_and_beta(&mut enabled, explicit);
         if !errs.is_empty() {
             return Err(GateErrors(errs));
         }
         let gates = FeatureGates { enabled };
+        let errs = gates.dependency_errors();
+        if !errs.is_empty() {
+            return Err(GateErrors(errs));
+        }
+        Ok((gates, warnings))
+    }
+
+    /// Every enabled gate whose dependencies are not all enabled.
+    fn dependency_errors(&self) -> Vec<GateError> {
+        let mut errs = Vec::new();
         for g in GATES {
-            if g.depends_on.is_empty() || !gates.enabled(g.name) {
+            if g.depends_on.is_empty() || !self.enabled(g.name) {
                 continue;
             }
             let disabled: Vec<&'static str> = g
                 .depends_on
                 .iter()
                 .copied()
-                .filter(|d| !gates.enabled(d))
+                .filter(|d| !self.enabled(d))
                 .collect();
             if !disabled.is_empty() {
                 errs.push(GateError::Dependency {
@@ -236,10 +258,7 @@ impl FeatureGates {
                 });
             }
         }
-        if !errs.is_empty() {
-            return Err(GateErrors(errs));
-        }
-        Ok((gates, warnings))
+        errs
     }
 
     /// Whether the gate is on. An unknown name is off (upstream panics; every name this
