@@ -4,8 +4,9 @@
 //! replaces the flag values (a warning names each flag so ignored), except the logging
 //! flags and `--hostname-override`; without it the flags apply over upstream's defaults.
 //! Errors name the file field when the value came from the file, the flag otherwise.
-//! [`Config::from_parsed_with`] reads as its phases: [`load`], overrides, validation
-//! ([`validation`]), [`resolve`]. Pure apart from reading the config file.
+//! [`Config::from_parsed_with`] reads as its phases: load (`load.rs`), overrides,
+//! validation (`validation.rs`), resolve (`resolve.rs`). Pure apart from reading the config
+//! file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ mod load;
 mod proptests;
 mod resolve;
 pub mod v1alpha1;
-pub mod validation;
+mod validation;
 pub mod yaml_out;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
