@@ -5,10 +5,9 @@ pub use super::uapi::*;
 
 use std::net::IpAddr;
 
+use crate::kernel::netlink::decode::{attrs_after_header, DecodeError};
 use crate::kernel::netlink::msg::nfgenmsg;
-use crate::kernel::netlink::msg::{
-    Attr, Attrs, MsgWriter, RawMsg, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use crate::kernel::netlink::msg::{Attr, MsgWriter, RawMsg, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use crate::model::net::Family;
 
 use super::Flow;
@@ -113,7 +112,7 @@ pub fn encode_new(w: &mut MsgWriter, f: &Flow, timeout: u32, seq: u32) {
     w.end_msg();
 }
 
-fn ip_of(a: Attr<'_>) -> Option<IpAddr> {
+fn ip_of(a: &Attr<'_>) -> Option<IpAddr> {
     match a.data.len() {
         4 => Some(IpAddr::from(<[u8; 4]>::try_from(a.data).ok()?)),
         16 => Some(IpAddr::from(<[u8; 16]>::try_from(a.data).ok()?)),
@@ -121,31 +120,25 @@ fn ip_of(a: Attr<'_>) -> Option<IpAddr> {
     }
 }
 
+/// What a decode error calls a dump reply.
+const ENTRY: &str = "conntrack entry";
+
 type Tuple = (IpAddr, IpAddr, u8, u16, u16);
 
-fn decode_tuple(a: Attr<'_>) -> Result<Tuple, String> {
+fn decode_tuple(a: Attr<'_>) -> Result<Tuple, DecodeError> {
     let t = a.nested();
-    let ip = t
-        .get(CTA_TUPLE_IP)
-        .ok_or("tuple without addresses")?
-        .nested();
+    let ip = t.require(CTA_TUPLE_IP, ENTRY, "tuple addresses")?.nested();
     let (s, d) = match (ip.get(CTA_IP_V4_SRC), ip.get(CTA_IP_V4_DST)) {
-        (Some(s), Some(d)) => (s, d),
-        _ => (
-            ip.get(CTA_IP_V6_SRC).ok_or("no source address")?,
-            ip.get(CTA_IP_V6_DST).ok_or("no destination address")?,
-        ),
+        (Some(_), Some(_)) => (CTA_IP_V4_SRC, CTA_IP_V4_DST),
+        _ => (CTA_IP_V6_SRC, CTA_IP_V6_DST),
     };
     let p = t
-        .get(CTA_TUPLE_PROTO)
-        .ok_or("tuple without protocol")?
+        .require(CTA_TUPLE_PROTO, ENTRY, "tuple protocol")?
         .nested();
     Ok((
-        ip_of(s).ok_or("bad source address")?,
-        ip_of(d).ok_or("bad destination address")?,
-        p.get(CTA_PROTO_NUM)
-            .and_then(|x| x.u8())
-            .ok_or("no protocol number")?,
+        ip.read(s, ENTRY, "source address", ip_of)?,
+        ip.read(d, ENTRY, "destination address", ip_of)?,
+        p.read(CTA_PROTO_NUM, ENTRY, "protocol number", Attr::u8)?,
         p.get(CTA_PROTO_SRC_PORT)
             .and_then(|x| x.be16())
             .unwrap_or(0),
@@ -156,10 +149,10 @@ fn decode_tuple(a: Attr<'_>) -> Result<Tuple, String> {
 }
 
 /// Decodes one entry of a dump.
-pub fn decode_flow(m: &RawMsg<'_>) -> Result<Flow, String> {
-    let a = Attrs::new(m.payload.get(4..).ok_or("short message")?);
-    let o = decode_tuple(a.get(CTA_TUPLE_ORIG).ok_or("no original tuple")?)?;
-    let r = decode_tuple(a.get(CTA_TUPLE_REPLY).ok_or("no reply tuple")?)?;
+pub fn decode_flow(m: &RawMsg<'_>) -> Result<Flow, DecodeError> {
+    let a = attrs_after_header(m, "nfgenmsg", 4, ENTRY)?;
+    let o = decode_tuple(a.require(CTA_TUPLE_ORIG, ENTRY, "original tuple")?)?;
+    let r = decode_tuple(a.require(CTA_TUPLE_REPLY, ENTRY, "reply tuple")?)?;
     Ok(Flow {
         proto: o.2,
         orig_src: o.0,
@@ -240,6 +233,20 @@ mod tests {
         let b = w.into_bytes();
         let m = parse_msgs(&b).unwrap();
         assert_eq!(decode_flow(&m[0]).unwrap(), f);
+    }
+
+    #[test]
+    fn an_entry_without_its_reply_tuple_names_what_is_missing() {
+        let mut w = MsgWriter::new();
+        encode_delete(&mut w, &flow(), 1);
+        let b = w.into_bytes();
+        let m = parse_msgs(&b).unwrap();
+        let e = decode_flow(&m[0]).unwrap_err();
+        assert_eq!(e, DecodeError::missing(ENTRY, "reply tuple"));
+        assert_eq!(
+            e.to_string(),
+            "cannot decode conntrack entry: no reply tuple"
+        );
     }
 
     #[test]

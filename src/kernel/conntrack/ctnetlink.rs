@@ -42,7 +42,7 @@ impl Conntrack for NetlinkConntrack {
             .dump(&encode_dump(family, seq), seq, "conntrack dump")?;
         let mut out = Vec::new();
         for m in &msgs {
-            let f = decode_flow(&m.as_raw()).map_err(Error::Decode)?;
+            let f = decode_flow(&m.as_raw())?;
             if f.proto == proto && f.family() == family {
                 out.push(f);
             }
@@ -65,8 +65,8 @@ impl Conntrack for NetlinkConntrack {
                     if m.ty != NLMSG_ERROR {
                         continue;
                     }
-                    let e = parse_error(&m.as_raw())
-                        .map_err(crate::kernel::netlink::Error::Malformed)?;
+                    let e =
+                        parse_error(&m.as_raw()).map_err(crate::kernel::netlink::Error::from)?;
                     if e.seq.wrapping_sub(first) as usize >= chunk.len() {
                         continue;
                     }

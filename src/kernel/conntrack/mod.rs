@@ -39,8 +39,9 @@ impl Flow {
 pub enum Error {
     #[error(transparent)]
     Netlink(#[from] crate::kernel::netlink::Error),
-    #[error("malformed conntrack entry: {0}")]
-    Decode(String),
+    /// A dump entry could not be decoded (the error names the entry and the attribute).
+    #[error(transparent)]
+    Decode(#[from] crate::kernel::netlink::DecodeError),
 }
 
 /// What the reconciler needs from the kernel's connection tracking.

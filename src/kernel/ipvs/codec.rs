@@ -13,6 +13,7 @@ use netlink_packet_generic::{GenlHeader, GenlMessage};
 const GENL_HDRLEN: usize = 4;
 use std::net::IpAddr;
 
+use crate::kernel::netlink::decode::{attrs_after_header, DecodeError};
 use crate::kernel::netlink::msg::{
     Attr, Attrs, MsgWriter, RawMsg, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
@@ -202,7 +203,7 @@ pub fn encode_config(family: u16, t: Option<Timeouts>, seq: u32) -> Vec<u8> {
     w.into_bytes()
 }
 
-fn ip_of(a: Attr<'_>, af: u16) -> Option<IpAddr> {
+fn ip_of(a: &Attr<'_>, af: u16) -> Option<IpAddr> {
     if af == libc::AF_INET as u16 {
         Some(IpAddr::from(<[u8; 4]>::try_from(a.data.get(..4)?).ok()?))
     } else {
@@ -210,28 +211,24 @@ fn ip_of(a: Attr<'_>, af: u16) -> Option<IpAddr> {
     }
 }
 
+/// What decode errors call a GET_SERVICE and a GET_DEST reply.
+const SERVICE: &str = "IPVS service";
+const DEST: &str = "IPVS real server";
+
 /// Decodes a service from a GET_SERVICE reply. Unknown attributes are skipped.
-pub fn decode_service(m: &RawMsg<'_>) -> Result<VirtualServer, String> {
-    let top = Attrs::new(m.payload.get(4..).ok_or("short message")?);
+pub fn decode_service(m: &RawMsg<'_>) -> Result<VirtualServer, DecodeError> {
+    let top = attrs_after_header(m, "genlmsghdr", GENL_HDRLEN, SERVICE)?;
     let s = top
-        .get(CMD_ATTR_SERVICE)
-        .ok_or("no service attribute")?
+        .require(CMD_ATTR_SERVICE, SERVICE, "service attribute")?
         .nested();
-    let af = s
-        .get(SVC_AF)
-        .and_then(|a| a.u16())
-        .ok_or("no address family")?;
+    let af = s.read(SVC_AF, SERVICE, "address family", Attr::u16)?;
     let flags = s.get(SVC_FLAGS).and_then(|a| a.u32()).unwrap_or(0);
     Ok(VirtualServer {
-        addr: s
-            .get(SVC_ADDR)
-            .and_then(|a| ip_of(a, af))
-            .ok_or("no address (fwmark service?)")?,
-        port: s.get(SVC_PORT).and_then(|a| a.be16()).ok_or("no port")?,
-        protocol: s
-            .get(SVC_PROTOCOL)
-            .and_then(|a| a.u16())
-            .ok_or("no protocol")? as u8,
+        addr: s.read(SVC_ADDR, SERVICE, "address (fwmark service?)", |a| {
+            ip_of(a, af)
+        })?,
+        port: s.read(SVC_PORT, SERVICE, "port", Attr::be16)?,
+        protocol: s.read(SVC_PROTOCOL, SERVICE, "protocol", Attr::u16)? as u8,
         scheduler: s
             .get(SVC_SCHED_NAME)
             .and_then(|a| a.str())
@@ -246,19 +243,16 @@ pub fn decode_service(m: &RawMsg<'_>) -> Result<VirtualServer, String> {
 }
 
 /// Decodes a real server from a GET_DEST reply.
-pub fn decode_dest(m: &RawMsg<'_>, vs_af: u16) -> Result<RealServer, String> {
-    let top = Attrs::new(m.payload.get(4..).ok_or("short message")?);
-    let d = top.get(CMD_ATTR_DEST).ok_or("no dest attribute")?.nested();
+pub fn decode_dest(m: &RawMsg<'_>, vs_af: u16) -> Result<RealServer, DecodeError> {
+    let top = attrs_after_header(m, "genlmsghdr", GENL_HDRLEN, DEST)?;
+    let d = top.require(CMD_ATTR_DEST, DEST, "dest attribute")?.nested();
     let af = d
         .get(DEST_ADDR_FAMILY)
         .and_then(|a| a.u16())
         .unwrap_or(vs_af);
     Ok(RealServer {
-        addr: d
-            .get(DEST_ADDR)
-            .and_then(|a| ip_of(a, af))
-            .ok_or("no address")?,
-        port: d.get(DEST_PORT).and_then(|a| a.be16()).ok_or("no port")?,
+        addr: d.read(DEST_ADDR, DEST, "address", |a| ip_of(a, af))?,
+        port: d.read(DEST_PORT, DEST, "port", Attr::be16)?,
         weight: d.get(DEST_WEIGHT).and_then(|a| a.u32()).unwrap_or(0),
         forward: match d.get(DEST_FWD_METHOD).and_then(|a| a.u32()).unwrap_or(0) & 0x7 {
             1 => Forward::Local,

@@ -106,7 +106,10 @@ pub enum Error {
         source: crate::kernel::netlink::Error,
     },
     #[error("malformed IPVS reply to {op}: {reason}")]
-    Decode { op: String, reason: String },
+    Decode {
+        op: String,
+        reason: crate::kernel::netlink::DecodeError,
+    },
 }
 
 impl Error {

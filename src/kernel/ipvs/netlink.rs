@@ -5,6 +5,7 @@
 use super::codec::{self, *};
 use super::{Error, Ipvs, IpvsOp, RealServer, Timeouts, VirtualServer};
 use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_GENERIC};
+use crate::kernel::netlink::DecodeError;
 
 pub struct NetlinkIpvs {
     sock: NetlinkSocket,
@@ -48,7 +49,7 @@ impl NetlinkIpvs {
             .find_map(|m| decode_family_id(&m.as_raw()))
             .ok_or_else(|| Error::Decode {
                 op: op("resolve family IPVS"),
-                reason: "no family id in the reply".into(),
+                reason: DecodeError::missing("CTRL_CMD_NEWFAMILY reply", "family id"),
             })?;
         Ok(NetlinkIpvs { sock, family })
     }

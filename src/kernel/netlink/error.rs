@@ -22,6 +22,9 @@ pub enum Error {
     /// The kernel's reply could not be parsed.
     #[error("malformed netlink reply: {0}")]
     Malformed(String),
+    /// A reply's bytes could not be decoded (the message layer's or a protocol's codec).
+    #[error("malformed netlink reply: {0}")]
+    Decode(#[from] super::DecodeError),
 }
 
 impl Error {
@@ -30,7 +33,7 @@ impl Error {
         match self {
             Error::Kernel { errno, .. } => Some(*errno),
             Error::Io { source, .. } => source.raw_os_error(),
-            Error::Malformed(_) => None,
+            Error::Malformed(_) | Error::Decode(_) => None,
         }
     }
     /// The object (or family) does not exist.

@@ -3,6 +3,8 @@
 
 pub use super::uapi::*;
 
+use super::decode::DecodeError;
+
 /// Size of `struct nlmsghdr`.
 pub const NLMSG_HDRLEN: usize = 16;
 
@@ -160,14 +162,19 @@ pub struct RawMsg<'a> {
     pub payload: &'a [u8],
 }
 
-/// Splits a buffer into netlink messages. Stops at the first truncated header.
-pub fn parse_msgs(buf: &[u8]) -> Result<Vec<RawMsg<'_>>, String> {
+/// Splits a buffer into netlink messages. Stops at the first truncated header; a message
+/// whose length runs past the buffer (or is shorter than its header) is an error.
+pub fn parse_msgs(buf: &[u8]) -> Result<Vec<RawMsg<'_>>, DecodeError> {
     let mut out = Vec::new();
     let mut off = 0;
     while off + NLMSG_HDRLEN <= buf.len() {
         let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
         if len < NLMSG_HDRLEN || off + len > buf.len() {
-            return Err(format!("bad message length {len} at offset {off}"));
+            return Err(DecodeError::BadLength {
+                msg: "netlink message",
+                len,
+                offset: off,
+            });
         }
         out.push(RawMsg {
             ty: u16::from_ne_bytes(buf[off + 4..off + 6].try_into().unwrap()),
@@ -269,10 +276,13 @@ pub struct ErrorMsg {
 }
 
 /// Decodes an `NLMSG_ERROR` message.
-pub fn parse_error(m: &RawMsg<'_>) -> Result<ErrorMsg, String> {
+pub fn parse_error(m: &RawMsg<'_>) -> Result<ErrorMsg, DecodeError> {
     let p = m.payload;
     if p.len() < 4 + NLMSG_HDRLEN {
-        return Err("short NLMSG_ERROR".into());
+        return Err(DecodeError::Truncated {
+            msg: "NLMSG_ERROR",
+            header: "errno and the echoed header",
+        });
     }
     let err = i32::from_ne_bytes(p[0..4].try_into().unwrap());
     let inner_len = u32::from_ne_bytes(p[4..8].try_into().unwrap()) as usize;

@@ -230,7 +230,7 @@ impl NetlinkSocket {
     /// Receives one datagram and splits it into messages.
     pub fn recv(&mut self) -> Result<Vec<OwnedMsg>> {
         let (buf, _) = self.sock.recv_from_full().map_err(io_err("recv"))?;
-        let msgs = parse_msgs(&buf).map_err(Error::Malformed)?;
+        let msgs = parse_msgs(&buf)?;
         Ok(msgs.iter().map(OwnedMsg::from_raw).collect())
     }
 
@@ -280,7 +280,7 @@ impl NetlinkSocket {
                             what: what(start + j),
                             ext_msg: e.ext_msg,
                         }),
-                        Err(e) => Err(Error::Malformed(e)),
+                        Err(e) => Err(Error::Decode(e)),
                     });
                     pending -= 1;
                 }
@@ -319,7 +319,7 @@ impl NetlinkSocket {
                 match m.ty {
                     msg::NLMSG_DONE => return Ok(out),
                     msg::NLMSG_ERROR => {
-                        let e = msg::parse_error(&m.as_raw()).map_err(Error::Malformed)?;
+                        let e = msg::parse_error(&m.as_raw())?;
                         if e.errno == 0 {
                             return Ok(out);
                         }

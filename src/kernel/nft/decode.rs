@@ -2,6 +2,7 @@
 //! (as kernel expressions) and elements. Replies are input too: unknown attributes and
 //! expressions are skipped or reported, never a panic.
 
+use crate::kernel::netlink::decode::{attrs_after_header, DecodeError};
 use crate::kernel::netlink::msg::{Attr, Attrs, RawMsg};
 
 use super::encode::*;
@@ -66,26 +67,10 @@ pub struct ListedElement {
     pub comment: Option<String>,
 }
 
-/// A decoding failure, naming what was being decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot decode {what}: {why}")]
-pub struct DecodeError {
-    pub what: &'static str,
-    pub why: String,
-}
-
-fn err(what: &'static str, why: impl Into<String>) -> DecodeError {
-    DecodeError {
-        what,
-        why: why.into(),
-    }
-}
-
+/// The family byte of `nfgenmsg` and the attributes after it.
 fn body<'a>(m: &RawMsg<'a>, what: &'static str) -> Result<(u8, Attrs<'a>), DecodeError> {
-    if m.payload.len() < 4 {
-        return Err(err(what, "message shorter than nfgenmsg"));
-    }
-    Ok((m.payload[0], Attrs::new(&m.payload[4..])))
+    let attrs = attrs_after_header(m, "nfgenmsg", 4, what)?;
+    Ok((m.payload[0], attrs))
 }
 
 fn comment_of(a: Option<Attr<'_>>, ty: u8) -> Option<String> {
@@ -104,10 +89,7 @@ fn comment_of(a: Option<Attr<'_>>, ty: u8) -> Option<String> {
 }
 
 fn req_str(a: &Attrs<'_>, ty: u16, what: &'static str) -> Result<String, DecodeError> {
-    a.get(ty)
-        .and_then(|x| x.str())
-        .map(str::to_owned)
-        .ok_or_else(|| err(what, format!("attribute {ty} missing")))
+    a.read(ty, what, ty, Attr::str).map(str::to_owned)
 }
 
 /// The generation id of an `NFT_MSG_NEWGEN` reply (`NFTA_GEN_ID`).
@@ -121,7 +103,8 @@ pub fn decode_gen_id(m: &RawMsg<'_>) -> Option<u32> {
 pub fn decode_table(m: &RawMsg<'_>) -> Result<ListedTable, DecodeError> {
     let (fam, a) = body(m, "table")?;
     Ok(ListedTable {
-        family: Family::from_nfproto(fam).ok_or_else(|| err("table", "unknown family"))?,
+        family: Family::from_nfproto(fam)
+            .ok_or_else(|| DecodeError::unsupported("table", "family", fam))?,
         name: req_str(&a, NFTA_TABLE_NAME, "table")?,
         comment: comment_of(a.get(NFTA_TABLE_USERDATA), UDATA_COMMENT),
     })
@@ -133,15 +116,10 @@ pub fn decode_chain(m: &RawMsg<'_>) -> Result<ListedChain, DecodeError> {
     let base = match a.get(NFTA_CHAIN_HOOK) {
         Some(h) => {
             let h = h.nested();
-            let hook = h
-                .get(NFTA_HOOK_HOOKNUM)
-                .and_then(|x| x.be32())
-                .and_then(Hook::from_number)
-                .ok_or_else(|| err("chain", "bad hook"))?;
-            let priority = h
-                .get(NFTA_HOOK_PRIORITY)
-                .and_then(|x| x.be32())
-                .ok_or_else(|| err("chain", "bad priority"))? as i32;
+            let number = h.read(NFTA_HOOK_HOOKNUM, "chain", "hook", Attr::be32)?;
+            let hook = Hook::from_number(number)
+                .ok_or_else(|| DecodeError::unsupported("chain", "hook", number))?;
+            let priority = h.read(NFTA_HOOK_PRIORITY, "chain", "priority", Attr::be32)? as i32;
             let kind = match a.get(NFTA_CHAIN_TYPE).and_then(|x| x.str()) {
                 Some("nat") => ChainType::Nat,
                 _ => ChainType::Filter,
@@ -175,18 +153,12 @@ pub fn decode_set(m: &RawMsg<'_>) -> Result<ListedSet, DecodeError> {
 fn decode_verdict(a: Attr<'_>) -> Result<Verdict, DecodeError> {
     let v = a
         .nested()
-        .get(NFTA_DATA_VERDICT)
-        .ok_or_else(|| err("verdict", "no NFTA_DATA_VERDICT"))?
+        .require(NFTA_DATA_VERDICT, "verdict", "NFTA_DATA_VERDICT")?
         .nested();
-    let code = v
-        .get(NFTA_VERDICT_CODE)
-        .and_then(|x| x.be32())
-        .ok_or_else(|| err("verdict", "no code"))? as i32;
+    let code = v.read(NFTA_VERDICT_CODE, "verdict", "code", Attr::be32)? as i32;
     let chain = || {
-        v.get(NFTA_VERDICT_CHAIN)
-            .and_then(|x| x.str())
+        v.read(NFTA_VERDICT_CHAIN, "verdict", "chain of a jump", Attr::str)
             .map(super::Name::from)
-            .ok_or_else(|| err("verdict", "jump without chain"))
     };
     Ok(match code {
         NF_ACCEPT => Verdict::Accept,
@@ -194,14 +166,14 @@ fn decode_verdict(a: Attr<'_>) -> Result<Verdict, DecodeError> {
         NFT_RETURN => Verdict::Return,
         NFT_JUMP => Verdict::Jump(chain()?),
         NFT_GOTO => Verdict::Goto(chain()?),
-        c => return Err(err("verdict", format!("unknown verdict code {c}"))),
+        c => return Err(DecodeError::unsupported("verdict", "verdict code", c)),
     })
 }
 
 fn data_value(a: Option<Attr<'_>>) -> Result<Vec<u8>, DecodeError> {
     a.and_then(|x| x.nested().get(NFTA_DATA_VALUE))
         .map(|x| x.data.to_vec())
-        .ok_or_else(|| err("data", "no NFTA_DATA_VALUE"))
+        .ok_or_else(|| DecodeError::missing("data", "NFTA_DATA_VALUE"))
 }
 
 /// Registers are dumped in the legacy numbering when they are 128-bit aligned (the kernel's
@@ -218,18 +190,13 @@ fn reg(a: &Attrs<'_>, ty: u16, what: &'static str) -> Result<u32, DecodeError> {
 }
 
 fn be32(a: &Attrs<'_>, ty: u16, what: &'static str) -> Result<u32, DecodeError> {
-    a.get(ty)
-        .and_then(|x| x.be32())
-        .ok_or_else(|| err(what, format!("attribute {ty} missing")))
+    a.read(ty, what, ty, Attr::be32)
 }
 
 /// Decodes one expression (`NFTA_LIST_ELEM`).
 pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
     let e = elem.nested();
-    let name = e
-        .get(NFTA_EXPR_NAME)
-        .and_then(|x| x.str())
-        .ok_or_else(|| err("expression", "no name"))?;
+    let name = e.read(NFTA_EXPR_NAME, "expression", "name", Attr::str)?;
     let d = e
         .get(NFTA_EXPR_DATA)
         .map(|x| x.nested())
@@ -277,18 +244,14 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
             xor: data_value(d.get(5))?,
         },
         "lookup" => KExpr::Lookup {
-            set: d
-                .get(1)
-                .and_then(|x| x.str())
-                .ok_or_else(|| err("lookup", "no set"))?
-                .to_owned(),
+            set: d.read(1, "lookup", "set", Attr::str)?.to_owned(),
             sreg: reg(&d, 2, "lookup")?,
             dreg: d.get(3).and_then(|x| x.be32()).map(norm_reg),
             flags: d.get(5).and_then(|x| x.be32()).unwrap_or(0),
         },
         "immediate" => {
             let dreg = reg(&d, 1, "immediate")?;
-            let data = d.get(2).ok_or_else(|| err("immediate", "no data"))?;
+            let data = d.require(2, "immediate", "data")?;
             if dreg == super::uapi::REG_VERDICT {
                 KExpr::ImmVerdict(decode_verdict(data)?)
             } else {
@@ -315,19 +278,16 @@ pub fn decode_kexpr(elem: Attr<'_>) -> Result<KExpr, DecodeError> {
             code: d.get(2).and_then(|x| x.u8()).unwrap_or(0),
         },
         "dynset" => KExpr::Dynset {
-            set: d
-                .get(1)
-                .and_then(|x| x.str())
-                .ok_or_else(|| err("dynset", "no set"))?
-                .to_owned(),
+            set: d.read(1, "dynset", "set", Attr::str)?.to_owned(),
             op: be32(&d, 3, "dynset")?,
             sreg_key: reg(&d, 4, "dynset")?,
         },
         "counter" => KExpr::Counter,
         other => {
-            return Err(err(
+            return Err(DecodeError::unsupported(
                 "expression",
-                format!("unsupported expression {other:?}"),
+                "expression",
+                format!("{other:?}"),
             ))
         }
     })
@@ -401,10 +361,7 @@ pub fn decode_rule_jumps(m: &RawMsg<'_>) -> Result<RuleJumps, DecodeError> {
     Ok(RuleJumps {
         table: req_str(&a, NFTA_RULE_TABLE, "rule")?,
         chain: req_str(&a, NFTA_RULE_CHAIN, "rule")?,
-        handle: a
-            .get(NFTA_RULE_HANDLE)
-            .and_then(|x| x.be64())
-            .ok_or_else(|| err("rule", "no handle"))?,
+        handle: a.read(NFTA_RULE_HANDLE, "rule", "handle", Attr::be64)?,
         targets,
     })
 }

@@ -616,7 +616,7 @@ pub enum Error {
     Netlink(#[from] crate::kernel::netlink::Error),
     /// A kernel reply could not be decoded.
     #[error(transparent)]
-    Decode(#[from] decode::DecodeError),
+    Decode(#[from] crate::kernel::netlink::DecodeError),
 }
 
 impl Error {

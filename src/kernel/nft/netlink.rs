@@ -62,8 +62,8 @@ impl NetlinkNftables {
         msgs.iter()
             .find_map(|m| decode::decode_gen_id(&m.as_raw()))
             .ok_or_else(|| {
-                Error::Netlink(crate::kernel::netlink::Error::Malformed(
-                    "no generation id in the GETGEN reply".into(),
+                Error::Netlink(crate::kernel::netlink::Error::Decode(
+                    crate::kernel::netlink::DecodeError::missing("GETGEN reply", "generation id"),
                 ))
             })
     }
@@ -160,8 +160,8 @@ impl NetlinkNftables {
         loop {
             for m in self.sock.recv()? {
                 if m.ty == NLMSG_ERROR {
-                    let e = parse_error(&m.as_raw())
-                        .map_err(crate::kernel::netlink::Error::Malformed)?;
+                    let e =
+                        parse_error(&m.as_raw()).map_err(crate::kernel::netlink::Error::from)?;
                     if e.errno != 0 && first_err.is_none() {
                         let op = batch
                             .describe(e.seq)
