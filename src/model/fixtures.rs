@@ -1,8 +1,16 @@
 //! Synthetic clusters for benchmarks and tests: service i has ClusterIP 10.96.0.0 + i, port
 //! 80/TCP named `http`, and `eps` ready endpoints 10.244.0.0 + i·eps + j on port 8080 (none
 //! local). Pure.
+//!
+//! For tests only (and `netlink-tests`, through the `testing` feature): named builders of
+//! endpoints ([`endpoints`]) and of EndpointSlice objects ([`slices`]).
 
 use std::net::Ipv4Addr;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod endpoints;
+#[cfg(any(test, feature = "testing"))]
+pub mod slices;
 
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 

@@ -187,6 +187,7 @@ mod tests {
     //! Cases ported from upstream's `pkg/proxy/topology_test.go`. IP conventions: endpoints
     //! are 10.1.2.x; "local" means on this node (node1, zone-a).
     use super::*;
+    use crate::model::fixtures::endpoints::{endpoint, EndpointFixture};
     use crate::model::{Protocol, ServicePortName};
 
     fn svc(internal_local: bool, external_local: bool, node_port: bool) -> ServicePort {
@@ -207,17 +208,9 @@ mod tests {
         }
     }
 
-    fn ep(last: u8, local: bool, ready: bool, serving: bool, terminating: bool) -> Endpoint {
-        Endpoint {
-            ready,
-            serving,
-            terminating,
-            ..Endpoint::ready(format!("10.1.2.{last}").parse().unwrap(), 80, local)
-        }
-    }
-
-    fn ready(last: u8, local: bool) -> Endpoint {
-        ep(last, local, true, true, false)
+    /// Endpoint 10.1.2.`last`:80: ready, serving, not terminating, on another node.
+    fn ep(last: u8) -> Endpoint {
+        endpoint(&format!("10.1.2.{last}:80"))
     }
 
     fn ips(v: &[Endpoint]) -> Vec<u8> {
@@ -231,11 +224,7 @@ mod tests {
 
     #[test]
     fn cluster_policy_uses_all_ready_endpoints() {
-        let eps = [
-            ready(3, false),
-            ready(4, true),
-            ep(5, false, false, false, false),
-        ];
+        let eps = [ep(3), ep(4).local(), ep(5).not_ready().not_serving()];
         let c = categorize_endpoints(&eps, &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3, 4]);
         assert!(c.local.is_empty());
@@ -244,49 +233,39 @@ mod tests {
 
     #[test]
     fn zone_hints_restrict_to_this_zone() {
-        let mut a = ready(3, false);
-        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
-        let mut b = ready(4, false);
-        b.hints.get_or_insert_default().zones = vec!["zone-b".into()].into();
+        let a = ep(3).zones(&["zone-a"]);
+        let b = ep(4).zones(&["zone-b"]);
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
 
     #[test]
     fn hints_ignored_unless_every_ready_endpoint_has_one() {
-        let mut a = ready(3, false);
-        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
-        let b = ready(4, false);
+        let a = ep(3).zones(&["zone-a"]);
+        let b = ep(4);
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3, 4]);
     }
 
     #[test]
     fn hints_ignored_when_none_match_this_zone() {
-        let mut a = ready(3, false);
-        a.hints.get_or_insert_default().zones = vec!["zone-b".into()].into();
+        let a = ep(3).zones(&["zone-b"]);
         let c = categorize_endpoints(&[a], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
 
     #[test]
     fn hints_ignored_when_node_has_no_zone() {
-        let mut a = ready(3, false);
-        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
-        let mut b = ready(4, false);
-        b.hints.get_or_insert_default().zones = vec!["zone-b".into()].into();
+        let a = ep(3).zones(&["zone-a"]);
+        let b = ep(4).zones(&["zone-b"]);
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", None);
         assert_eq!(ips(&c.cluster), [3, 4]);
     }
 
     #[test]
     fn node_hints_prefer_same_node() {
-        let mut a = ready(3, true);
-        a.hints.get_or_insert_default().nodes = vec!["node1".into()].into();
-        a.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
-        let mut b = ready(4, false);
-        b.hints.get_or_insert_default().nodes = vec!["node2".into()].into();
-        b.hints.get_or_insert_default().zones = vec!["zone-a".into()].into();
+        let a = ep(3).local().nodes(&["node1"]).zones(&["zone-a"]);
+        let b = ep(4).nodes(&["node2"]).zones(&["zone-a"]);
         let c = categorize_endpoints(&[a, b], &svc(false, false, false), "node1", Some("zone-a"));
         assert_eq!(ips(&c.cluster), [3]);
     }
@@ -294,20 +273,20 @@ mod tests {
     #[test]
     fn terminating_fallback_only_without_ready_endpoints() {
         let eps = [
-            ep(3, false, false, true, true),
-            ep(4, false, false, false, true),
+            ep(3).not_ready().terminating(),
+            ep(4).not_ready().not_serving().terminating(),
         ];
         let c = categorize_endpoints(&eps, &svc(false, false, false), "node1", None);
         assert_eq!(ips(&c.cluster), [3]);
         assert!(c.has_any);
-        let eps = [ep(3, false, false, true, true), ready(5, false)];
+        let eps = [ep(3).not_ready().terminating(), ep(5)];
         let c = categorize_endpoints(&eps, &svc(false, false, false), "node1", None);
         assert_eq!(ips(&c.cluster), [5]);
     }
 
     #[test]
     fn internal_local_uses_only_local_endpoints() {
-        let eps = [ready(3, false), ready(4, true)];
+        let eps = [ep(3), ep(4).local()];
         let c = categorize_endpoints(&eps, &svc(true, false, false), "node1", None);
         assert!(c.cluster.is_empty());
         assert_eq!(ips(&c.local), [4]);
@@ -316,7 +295,7 @@ mod tests {
 
     #[test]
     fn internal_local_without_local_endpoints_still_has_endpoints() {
-        let eps = [ready(3, false)];
+        let eps = [ep(3)];
         let c = categorize_endpoints(&eps, &svc(true, false, false), "node1", None);
         assert!(c.local.is_empty());
         assert!(c.has_any, "a remote ready endpoint means drop, not reject");
@@ -324,7 +303,7 @@ mod tests {
 
     #[test]
     fn external_local_keeps_cluster_endpoints_for_internal_traffic() {
-        let eps = [ready(3, false), ready(4, true)];
+        let eps = [ep(3), ep(4).local()];
         let c = categorize_endpoints(&eps, &svc(false, true, true), "node1", None);
         assert_eq!(ips(&c.cluster), [3, 4]);
         assert_eq!(ips(&c.local), [4]);
@@ -333,7 +312,7 @@ mod tests {
 
     #[test]
     fn local_policy_falls_back_to_local_serving_terminating() {
-        let eps = [ep(3, true, false, true, true), ready(4, false)];
+        let eps = [ep(3).not_ready().terminating().local(), ep(4)];
         let c = categorize_endpoints(&eps, &svc(false, true, true), "node1", None);
         assert_eq!(ips(&c.local), [3]);
         assert_eq!(ips(&c.cluster), [4]);
@@ -341,7 +320,7 @@ mod tests {
 
     #[test]
     fn no_endpoints_anywhere() {
-        let eps = [ep(3, true, false, false, false)];
+        let eps = [ep(3).not_ready().not_serving().local()];
         let c = categorize_endpoints(&eps, &svc(false, true, true), "node1", None);
         assert!(!c.has_any);
         assert!(c.cluster.is_empty() && c.local.is_empty());

@@ -7,46 +7,8 @@
 use std::collections::BTreeSet;
 
 use super::*;
+use crate::model::fixtures::endpoints::{endpoint as ep, EndpointFixture};
 use crate::model::{Protocol, ServicePortName};
-
-/// Builders over a ready, remote endpoint without hints.
-trait Build {
-    fn local(self) -> Self;
-    fn zones(self, z: &[&str]) -> Self;
-    fn nodes(self, n: &[&str]) -> Self;
-    /// Neither ready nor serving (upstream's zero value).
-    fn unready(self) -> Self;
-    /// Serving and terminating, not ready.
-    fn terminating(self) -> Self;
-}
-
-impl Build for Endpoint {
-    fn local(mut self) -> Self {
-        self.is_local = true;
-        self
-    }
-    fn zones(mut self, z: &[&str]) -> Self {
-        self.hints.get_or_insert_default().zones = z.iter().map(|s| s.to_string()).collect();
-        self
-    }
-    fn nodes(mut self, n: &[&str]) -> Self {
-        self.hints.get_or_insert_default().nodes = n.iter().map(|s| s.to_string()).collect();
-        self
-    }
-    fn unready(mut self) -> Self {
-        (self.ready, self.serving, self.terminating) = (false, false, false);
-        self
-    }
-    fn terminating(mut self) -> Self {
-        (self.ready, self.serving, self.terminating) = (false, true, true);
-        self
-    }
-}
-
-fn ep(addr: &str) -> Endpoint {
-    let sa: std::net::SocketAddr = addr.parse().expect("test address");
-    Endpoint::ready(sa.ip(), sa.port(), false)
-}
 
 /// Upstream's `BaseServicePortInfo{internalPolicyLocal, externalPolicyLocal, nodePort}`.
 fn svc(internal_local: bool, external_local: bool, node_port: Option<u16>) -> ServicePort {
@@ -159,14 +121,14 @@ fn cases() -> Vec<Case> {
             .zone("zone-b").cluster(&["10.1.2.3:80"]),
         case("unready endpoint", svc(false, false, None), {
             let mut e = four_zones();
-            e[3] = e[3].clone().unready();
+            e[3] = e[3].clone().not_ready().not_serving();
             e
         })
             .zone("zone-a").cluster(&["10.1.2.3:80"]),
         case("only unready endpoints in same zone (should not filter)", svc(false, false, None), {
             let mut e = four_zones();
-            e[0] = e[0].clone().unready();
-            e[3] = e[3].clone().unready();
+            e[0] = e[0].clone().not_ready().not_serving();
+            e[3] = e[3].clone().not_ready().not_serving();
             e
         })
             .zone("zone-a").cluster(&["10.1.2.4:80", "10.1.2.5:80"]),
@@ -210,14 +172,14 @@ fn cases() -> Vec<Case> {
             svc(true, false, None), one_local_one_remote())
             .local(&["10.0.0.0:80"]),
         case("Cluster traffic policy, endpoints not Ready",
-            svc(false, false, None), vec![ep("10.0.0.0:80").unready(), ep("10.0.0.1:80").unready()])
+            svc(false, false, None), vec![ep("10.0.0.0:80").not_ready().not_serving(), ep("10.0.0.1:80").not_ready().not_serving()])
             .cluster(&[]),
         case("Cluster traffic policy, some endpoints are Ready",
-            svc(false, false, None), vec![ep("10.0.0.0:80").unready(), ep("10.0.0.1:80")])
+            svc(false, false, None), vec![ep("10.0.0.0:80").not_ready().not_serving(), ep("10.0.0.1:80")])
             .cluster(&["10.0.0.1:80"]),
         case("Cluster traffic policy, all endpoints are terminating",
             svc(false, false, None),
-            vec![ep("10.0.0.0:80").terminating().local(), ep("10.0.0.1:80").terminating()])
+            vec![ep("10.0.0.0:80").not_ready().terminating().local(), ep("10.0.0.1:80").not_ready().terminating()])
             .cluster(&["10.0.0.0:80", "10.0.0.1:80"]),
         case("iTP: Local, eTP: Cluster, some endpoints local", svc(true, false, np), one_local_one_remote())
             .cluster(&["10.0.0.0:80", "10.0.0.1:80"])
@@ -238,7 +200,7 @@ fn cases() -> Vec<Case> {
             .all(&["10.0.0.0:80", "10.0.0.1:80"]),
         case("iTP: Local, eTP: Local, all endpoints remote and terminating",
             svc(true, true, np),
-            vec![ep("10.0.0.0:80").terminating(), ep("10.0.0.1:80").terminating()])
+            vec![ep("10.0.0.0:80").not_ready().terminating(), ep("10.0.0.1:80").not_ready().terminating()])
             .cluster(&["10.0.0.0:80", "10.0.0.1:80"])
             .local(&[])
             .all(&["10.0.0.0:80", "10.0.0.1:80"])
@@ -247,9 +209,9 @@ fn cases() -> Vec<Case> {
             svc(false, true, np),
             vec![
                 ep("10.0.0.0:80"),
-                ep("10.0.0.1:80").unready().local(),
-                ep("10.0.0.2:80").terminating().local(),
-                ep("10.0.0.3:80").terminating(),
+                ep("10.0.0.1:80").not_ready().not_serving().local(),
+                ep("10.0.0.2:80").not_ready().terminating().local(),
+                ep("10.0.0.3:80").not_ready().terminating(),
             ])
             .cluster(&["10.0.0.0:80"])
             .local(&["10.0.0.2:80"])

@@ -222,7 +222,8 @@ fn router(shared: Shared, health: Arc<Mutex<ProxyHealth>>, port: u16) -> axum::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Endpoint, Protocol, ServicePort, ServicePortName};
+    use crate::model::fixtures::endpoints::{endpoint, EndpointFixture};
+    use crate::model::{Protocol, ServicePort, ServicePortName};
 
     #[test]
     fn plan_counts_local_ready_endpoints_of_local_policy_services() {
@@ -244,17 +245,12 @@ mod tests {
                 }
                 .into(),
             );
-            let ep = |ip: &str, local, ready| Endpoint {
-                ready,
-                serving: ready,
-                ..Endpoint::ready(ip.parse().unwrap(), 80, local)
-            };
             st.endpoints.insert(
                 spn,
                 vec![
-                    ep("10.1.0.1", true, true),
-                    ep("10.1.0.2", true, false),
-                    ep("10.1.0.3", false, true),
+                    endpoint("10.1.0.1:80").local(),
+                    endpoint("10.1.0.2:80").not_ready().not_serving().local(),
+                    endpoint("10.1.0.3:80"),
                 ]
                 .into(),
             );

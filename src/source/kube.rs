@@ -1306,24 +1306,12 @@ mod tests {
         fn v<T: serde::de::DeserializeOwned>(j: serde_json::Value) -> T {
             serde_json::from_value(j).unwrap()
         }
-        let slice =
-            |name: &str, svc: &str, ips: &[&str], extra: serde_json::Value| -> EndpointSlice {
-                let mut j = serde_json::json!({
-                    "metadata": {"name": name, "namespace": "ns",
-                                 "labels": {"kubernetes.io/service-name": svc}},
-                    "addressType": "IPv4",
-                    "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-                    "endpoints": ips.iter().map(|ip| serde_json::json!(
-                        {"addresses": [ip], "conditions": {"ready": true}, "nodeName": "node-b"}
-                    )).collect::<Vec<_>>(),
-                });
-                if let (Some(m), Some(e)) = (j.as_object_mut(), extra.as_object()) {
-                    for (k, val) in e {
-                        m.insert(k.clone(), val.clone());
-                    }
-                }
-                v(j)
-            };
+        use crate::model::fixtures::slices::{endpoint_slice, slice_endpoint};
+        let slice = |name: &str, svc: &str, ips: &[&str], node: &str| {
+            endpoint_slice("ns", svc, name)
+                .port("http", 8080)
+                .endpoints(ips.iter().map(|ip| slice_endpoint(ip).node(node)))
+        };
         crate::model::convert::Snapshot {
             services: vec![
                 v(
@@ -1338,38 +1326,17 @@ mod tests {
                 ),
             ],
             endpoint_slices: vec![
-                slice(
-                    "web-1",
-                    "web",
-                    &["10.244.0.1", "10.244.0.2"],
-                    serde_json::json!({}),
-                ),
-                slice(
-                    "web-2",
-                    "web",
-                    &["10.244.0.2", "10.244.0.3"],
-                    serde_json::json!({
-                    "metadata": {"name": "web-2", "namespace": "ns",
-                        "labels": {"kubernetes.io/service-name": "web"},
-                        "annotations": {"endpoints.kubernetes.io/last-change-trigger-time":
-                                        "2026-12-01T10:00:00Z"}}}),
-                ),
-                slice(
-                    "api-1",
-                    "api",
-                    &["10.244.1.1"],
-                    serde_json::json!({"endpoints": [
-                    {"addresses": ["10.244.1.1"], "nodeName": "node-a"}]}),
-                ),
-                slice(
-                    "hl-1",
-                    "hl",
-                    &["10.244.2.1"],
-                    serde_json::json!({
-                    "metadata": {"name": "hl-1", "namespace": "ns", "labels": {
-                        "kubernetes.io/service-name": "hl",
-                        "service.kubernetes.io/headless": ""}}}),
-                ),
+                slice("web-1", "web", &["10.244.0.1", "10.244.0.2"], "node-b").build(),
+                slice("web-2", "web", &["10.244.0.2", "10.244.0.3"], "node-b")
+                    .annotation(
+                        "endpoints.kubernetes.io/last-change-trigger-time",
+                        "2026-12-01T10:00:00Z",
+                    )
+                    .build(),
+                slice("api-1", "api", &["10.244.1.1"], "node-a").build(),
+                slice("hl-1", "hl", &["10.244.2.1"], "node-b")
+                    .label("service.kubernetes.io/headless", "")
+                    .build(),
             ],
             ..Default::default()
         }

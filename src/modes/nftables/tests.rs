@@ -995,7 +995,8 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
 pub(super) mod upstream_flows {
     use super::*;
 
-    type EpRow = (&'static str, bool, bool, bool, bool);
+    use crate::model::fixtures::endpoints::{endpoint, EndpointFixture};
+
     type FlowRow = (&'static str, &'static str, &'static str, bool);
 
     /// Upstream's `output` for one flow, traced along the hooks the packet meets as
@@ -1196,7 +1197,7 @@ pub(super) mod upstream_flows {
 
     /// The LoadBalancer Service of upstream's TestTerminatingEndpoints* tables (ClusterIP
     /// 172.30.1.1:80, ingress 1.2.3.4, healthCheckNodePort 30000), endpoints on port 80.
-    fn terminating_case(local_policy: bool, eps: &[EpRow], flows: &[FlowRow], case: &str) {
+    fn terminating_case(local_policy: bool, eps: &[Endpoint], flows: &[FlowRow], case: &str) {
         let mut s = syncer();
         let svc = {
             let mut sp = ServicePort::new(spn("ns1", "svc1"), ip("172.30.1.1"), 80);
@@ -1206,16 +1207,7 @@ pub(super) mod upstream_flows {
             sp.health_check_node_port = local_policy.then_some(30000);
             sp
         };
-        let endpoints: Vec<Endpoint> = eps
-            .iter()
-            .map(|(a, ready, serving, terminating, local)| Endpoint {
-                ready: *ready,
-                serving: *serving,
-                terminating: *terminating,
-                ..Endpoint::ready(ip(a), 80, *local)
-            })
-            .collect();
-        s.sync(&state(vec![(svc.clone(), endpoints)])).unwrap();
+        s.sync(&state(vec![(svc.clone(), eps.to_vec())])).unwrap();
         for (src, dst, want, want_masq) in flows {
             let (got, masq) = flow_output(&mut s, src, dst, 80);
             assert_eq!(got, *want, "{case}: {src} → {dst}");
@@ -1233,19 +1225,23 @@ pub(super) mod upstream_flows {
     }
 
     /// TestTerminatingEndpointsTrafficPolicyLocal, every row (extracted from upstream's
-    /// table: endpoint address, ready, serving, terminating, on this node; flows as source,
-    /// destination, output, masquerade).
+    /// table: each endpoint names where it differs from ready, serving, not terminating, on
+    /// another node; flows as source, destination, output, masquerade).
     #[test]
     fn terminating_endpoints_traffic_policy_local() {
-        let cases: &[(&str, &[EpRow], &[FlowRow])] = &[
+        let cases: &[(&str, &[Endpoint], &[FlowRow])] = &[
             (
                 "ready endpoints exist",
                 &[
-                    ("10.0.1.1", true, true, false, true),
-                    ("10.0.1.2", true, true, false, true),
-                    ("10.0.1.3", false, true, true, true),
-                    ("10.0.1.4", false, false, true, true),
-                    ("10.0.1.5", true, true, false, false),
+                    endpoint("10.0.1.1:80").local(),
+                    endpoint("10.0.1.2:80").local(),
+                    endpoint("10.0.1.3:80").not_ready().terminating().local(),
+                    endpoint("10.0.1.4:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating()
+                        .local(),
+                    endpoint("10.0.1.5:80"),
                 ],
                 &[
                     (
@@ -1260,10 +1256,14 @@ pub(super) mod upstream_flows {
             (
                 "only terminating endpoints exist",
                 &[
-                    ("10.0.1.2", false, true, true, true),
-                    ("10.0.1.3", false, true, true, true),
-                    ("10.0.1.4", false, false, true, true),
-                    ("10.0.1.5", true, true, false, false),
+                    endpoint("10.0.1.2:80").not_ready().terminating().local(),
+                    endpoint("10.0.1.3:80").not_ready().terminating().local(),
+                    endpoint("10.0.1.4:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating()
+                        .local(),
+                    endpoint("10.0.1.5:80"),
                 ],
                 &[
                     ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
@@ -1272,7 +1272,7 @@ pub(super) mod upstream_flows {
             ),
             (
                 "terminating endpoints on remote node",
-                &[("10.0.1.5", false, true, true, false)],
+                &[endpoint("10.0.1.5:80").not_ready().terminating()],
                 &[
                     ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
                     ("203.0.113.2", "1.2.3.4", "DROP", false),
@@ -1281,8 +1281,15 @@ pub(super) mod upstream_flows {
             (
                 "no usable endpoints on any node",
                 &[
-                    ("10.0.1.5", false, false, true, true),
-                    ("10.0.1.5", false, false, true, false),
+                    endpoint("10.0.1.5:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating()
+                        .local(),
+                    endpoint("10.0.1.5:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating(),
                 ],
                 &[
                     ("10.0.0.2", "172.30.1.1", "REJECT", false),
@@ -2186,15 +2193,18 @@ pub(super) mod upstream_flows {
     /// TestTerminatingEndpointsTrafficPolicyCluster, every row.
     #[test]
     fn terminating_endpoints_traffic_policy_cluster() {
-        let cases: &[(&str, &[EpRow], &[FlowRow])] = &[
+        let cases: &[(&str, &[Endpoint], &[FlowRow])] = &[
             (
                 "ready endpoints exist",
                 &[
-                    ("10.0.1.1", true, true, false, true),
-                    ("10.0.1.2", true, true, false, true),
-                    ("10.0.1.3", false, true, true, false),
-                    ("10.0.1.4", false, false, true, false),
-                    ("10.0.1.5", true, true, false, false),
+                    endpoint("10.0.1.1:80").local(),
+                    endpoint("10.0.1.2:80").local(),
+                    endpoint("10.0.1.3:80").not_ready().terminating(),
+                    endpoint("10.0.1.4:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating(),
+                    endpoint("10.0.1.5:80"),
                 ],
                 &[
                     (
@@ -2214,10 +2224,13 @@ pub(super) mod upstream_flows {
             (
                 "only terminating endpoints exist",
                 &[
-                    ("10.0.1.2", false, true, true, true),
-                    ("10.0.1.3", false, true, true, true),
-                    ("10.0.1.4", false, false, true, false),
-                    ("10.0.1.5", false, true, true, false),
+                    endpoint("10.0.1.2:80").not_ready().terminating().local(),
+                    endpoint("10.0.1.3:80").not_ready().terminating().local(),
+                    endpoint("10.0.1.4:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating(),
+                    endpoint("10.0.1.5:80").not_ready().terminating(),
                 ],
                 &[
                     (
@@ -2236,7 +2249,7 @@ pub(super) mod upstream_flows {
             ),
             (
                 "terminating endpoints on remote node",
-                &[("10.0.1.5", false, true, true, false)],
+                &[endpoint("10.0.1.5:80").not_ready().terminating()],
                 &[
                     ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
                     ("203.0.113.2", "1.2.3.4", "10.0.1.5:80", true),
@@ -2245,8 +2258,15 @@ pub(super) mod upstream_flows {
             (
                 "no usable endpoints on any node",
                 &[
-                    ("10.0.1.5", false, false, true, true),
-                    ("10.0.1.5", false, false, true, false),
+                    endpoint("10.0.1.5:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating()
+                        .local(),
+                    endpoint("10.0.1.5:80")
+                        .not_ready()
+                        .not_serving()
+                        .terminating(),
                 ],
                 &[
                     ("10.0.0.2", "172.30.1.1", "REJECT", false),
