@@ -501,6 +501,8 @@ impl Drop for ApiServer {
 
 /// JSON builders for the objects tests serve.
 pub mod obj {
+    use kube_nlproxy::model::fixtures::slices::endpoint_slice;
+    pub use kube_nlproxy::model::fixtures::slices::{slice_endpoint, SliceEndpoint};
     use serde_json::{json, Value};
 
     /// A ServiceCIDR (cluster-scoped).
@@ -515,29 +517,13 @@ pub mod obj {
                "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip], "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}})
     }
 
-    /// An EndpointSlice with ready endpoints `(ip, node, zone hint)`.
-    pub fn slice(
-        ns: &str,
-        svc: &str,
-        name: &str,
-        port: u16,
-        eps: &[(&str, &str, Option<&str>)],
-    ) -> Value {
-        let endpoints: Vec<Value> = eps
-            .iter()
-            .map(|(ip, node, zone)| {
-                let mut e =
-                    json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true}});
-                if let Some(z) = zone {
-                    e["hints"] = json!({"forZones": [{"name": z}]});
-                }
-                e
-            })
-            .collect();
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"name": name, "namespace": ns, "labels": {"kubernetes.io/service-name": svc}},
-               "addressType": "IPv4", "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-               "endpoints": endpoints})
+    /// An EndpointSlice with one TCP port `http`, its endpoints built by name
+    /// ([`slice_endpoint`]), from the shared builder.
+    pub fn slice(ns: &str, svc: &str, name: &str, port: u16, eps: &[SliceEndpoint]) -> Value {
+        endpoint_slice(ns, svc, name)
+            .port("http", port)
+            .endpoints(eps.iter().cloned())
+            .json()
     }
 
     pub fn node(name: &str, zone: &str) -> Value {

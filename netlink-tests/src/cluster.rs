@@ -377,6 +377,10 @@ pub fn sa(ip: &str, port: u16) -> SocketAddr {
 pub mod yaml {
     use std::fmt::Write;
 
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube_nlproxy::model::fixtures::slices::{endpoint_slice, SERVICE_NAME_LABEL};
+    pub use kube_nlproxy::model::fixtures::slices::{slice_endpoint, SliceEndpoint};
+
     /// A Service. `ports` are (name, protocol, port, nodePort or 0); `extra` is YAML spliced
     /// into `spec` (indented two spaces).
     pub fn service(
@@ -403,35 +407,87 @@ pub mod yaml {
         s
     }
 
-    /// An endpoint: (ip, nodeName, ready, serving, terminating).
-    pub type Ep<'a> = (&'a str, &'a str, bool, bool, bool);
-
-    pub fn ready<'a>(ip: &'a str, node: &'a str) -> Ep<'a> {
-        (ip, node, true, true, false)
+    /// A ready endpoint on `node`.
+    pub fn ready(ip: &str, node: &str) -> SliceEndpoint {
+        slice_endpoint(ip).node(node)
     }
 
-    /// An EndpointSlice for `svc` with one port.
+    /// An EndpointSlice for `svc` with one port (name, protocol, port), its endpoints built
+    /// by name ([`slice_endpoint`]).
     pub fn slice(
         ns: &str,
         svc: &str,
         slice: &str,
         family: &str,
         port: (&str, &str, u16),
-        eps: &[Ep<'_>],
+        eps: &[SliceEndpoint],
     ) -> String {
+        endpoint_slice_doc(
+            &endpoint_slice(ns, svc, slice)
+                .address_type(family)
+                .port_with_protocol(port.0, port.1, port.2)
+                .endpoints(eps.iter().cloned())
+                .build(),
+        )
+    }
+
+    /// One EndpointSlice as a manifest document, one line per endpoint (tests edit the text
+    /// line by line). Writes what the shared builder sets: name, namespace, the Service
+    /// label, addressType, ports, and per endpoint its address, node, conditions and zone
+    /// hints.
+    pub fn endpoint_slice_doc(o: &EndpointSlice) -> String {
+        let m = &o.metadata;
+        let svc = m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+            .map_or("", String::as_str);
+        let ports: Vec<String> = o
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| {
+                format!(
+                    "{{name: {}, protocol: {}, port: {}}}",
+                    p.name.as_deref().unwrap_or_default(),
+                    p.protocol.as_deref().unwrap_or("TCP"),
+                    p.port.unwrap_or_default()
+                )
+            })
+            .collect();
         let mut s = format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {slice}\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: {family}\nports: [{{name: {}, protocol: {}, port: {}}}]\nendpoints:\n",
-            port.0, port.1, port.2
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {}\n  namespace: {}\n  labels: {{kubernetes.io/service-name: {svc}}}\naddressType: {}\nports: [{}]\nendpoints:\n",
+            m.name.as_deref().unwrap_or_default(),
+            m.namespace.as_deref().unwrap_or_default(),
+            o.address_type,
+            ports.join(", ")
         );
+        let eps = o.endpoints.as_deref().unwrap_or_default();
         if eps.is_empty() {
             s.push_str("  []\n");
         }
-        for (ip, node, r, sv, t) in eps {
-            writeln!(
+        for e in eps {
+            let c = e.conditions.clone().unwrap_or_default();
+            write!(
                 s,
-                "- {{addresses: [\"{ip}\"], nodeName: {node}, conditions: {{ready: {r}, serving: {sv}, terminating: {t}}}}}"
+                "- {{addresses: [\"{}\"], nodeName: {}, conditions: {{ready: {}, serving: {}, terminating: {}}}",
+                e.addresses.join("\", \""),
+                e.node_name.as_deref().unwrap_or_default(),
+                c.ready.unwrap_or(true),
+                c.serving.unwrap_or(true),
+                c.terminating.unwrap_or(false)
             )
             .unwrap();
+            let zones: Vec<String> = e
+                .hints
+                .iter()
+                .flat_map(|h| h.for_zones.iter().flatten())
+                .map(|z| format!("{{name: {}}}", z.name))
+                .collect();
+            if !zones.is_empty() {
+                write!(s, ", hints: {{forZones: [{}]}}", zones.join(", ")).unwrap();
+            }
+            s.push_str("}\n");
         }
         s
     }
@@ -445,5 +501,38 @@ pub fn note(path: &std::path::Path, msg: &str) {
         .open(path)
     {
         let _ = writeln!(f, "{msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::yaml;
+
+    /// Tests edit manifests line by line (`packets.rs` drops an endpoint's line): the text
+    /// stays as it was written before the shared builder.
+    #[test]
+    fn a_slice_document_keeps_one_line_per_endpoint() {
+        let doc = yaml::slice(
+            "kube-system",
+            "dns",
+            "dns-1",
+            "IPv4",
+            ("dns", "UDP", 53),
+            &[
+                yaml::ready("10.244.1.2", "node1"),
+                yaml::ready("10.244.1.4", "node1")
+                    .not_ready()
+                    .terminating()
+                    .zone_hint("zone-b"),
+            ],
+        );
+        assert_eq!(
+            doc,
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: kube-system\n  labels: {kubernetes.io/service-name: dns}\naddressType: IPv4\nports: [{name: dns, protocol: UDP, port: 53}]\nendpoints:\n\
+             - {addresses: [\"10.244.1.2\"], nodeName: node1, conditions: {ready: true, serving: true, terminating: false}}\n\
+             - {addresses: [\"10.244.1.4\"], nodeName: node1, conditions: {ready: false, serving: true, terminating: true}, hints: {forZones: [{name: zone-b}]}}\n"
+        );
+        let empty = yaml::slice("ns", "s", "s-1", "IPv6", ("p", "TCP", 80), &[]);
+        assert!(empty.ends_with("addressType: IPv6\nports: [{name: p, protocol: TCP, port: 80}]\nendpoints:\n  []\n"), "{empty}");
     }
 }

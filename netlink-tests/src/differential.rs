@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kube_nlproxy::model::fixtures::slices::{
+    endpoint_slice, slice_endpoint, SliceBuilder, SliceEndpoint,
+};
 use serde_json::{json, Value};
 
 use crate::backend::{tcp_probe_here, udp_probe, Reply};
@@ -272,20 +275,13 @@ pub fn outcome(c: &Cluster, f: &Flow) -> Outcome {
     Outcome(seen)
 }
 
-fn ep(ip: &str, node: &str, ready: bool, serving: bool, terminating: bool) -> Value {
-    json!({"addresses": [ip], "nodeName": node,
-        "conditions": {"ready": ready, "serving": serving, "terminating": terminating}})
-}
-
-fn slice(name: &str, service: &str, family: &str, port: Value, eps: Value) -> Value {
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "kube-nlproxy-tests"}},
-        "addressType": family,
-        "ports": [port],
-        "endpoints": eps,
-    })
+/// A slice of `service` in `default` from the shared builder, managed by the tests (the
+/// real API server keeps the controller's hands off it).
+fn slice(name: &str, service: &str) -> SliceBuilder {
+    endpoint_slice("default", service, name).label(
+        "endpointslice.kubernetes.io/managed-by",
+        "kube-nlproxy-tests",
+    )
 }
 
 /// The Node (zone-a) and the flow table's Services and EndpointSlices, with every field the
@@ -418,16 +414,18 @@ pub fn objects() -> Vec<Value> {
             json!({}),
         ),
     ]);
-    let http_port = json!({"name": "http", "port": 8080, "protocol": "TCP"});
-    let both = json!([
-        ep(LOCAL_EP, "node1", true, true, false),
-        ep(REMOTE_EP, "node2", true, true, false)
-    ]);
-    let mut hinted = both.clone();
-    hinted[0]["hints"] = json!({"forZones": [{"name": "zone-a"}]});
-    hinted[1]["hints"] = json!({"forZones": [{"name": "zone-b"}]});
-    let v4 = |name: &str, svc: &str, eps: &Value| {
-        slice(name, svc, "IPv4", http_port.clone(), eps.clone())
+    let local = |ip: &str| slice_endpoint(ip).node("node1");
+    let remote = |ip: &str| slice_endpoint(ip).node("node2");
+    let both = [local(LOCAL_EP), remote(REMOTE_EP)];
+    let hinted = [
+        local(LOCAL_EP).zone_hint("zone-a"),
+        remote(REMOTE_EP).zone_hint("zone-b"),
+    ];
+    let v4 = |name: &str, svc: &str, eps: &[SliceEndpoint]| {
+        slice(name, svc)
+            .port("http", 8080)
+            .endpoints(eps.iter().cloned())
+            .json()
     };
     out.extend([
         v4("web-1", "web", &both),
@@ -438,30 +436,22 @@ pub fn objects() -> Vec<Value> {
         v4(
             "term-1",
             "term",
-            &json!([
-                ep(LOCAL_EP, "node1", false, true, true),
-                ep(REMOTE_EP, "node2", false, false, true)
-            ]),
+            &[
+                local(LOCAL_EP).not_ready().terminating(),
+                remote(REMOTE_EP).not_ready().not_serving().terminating(),
+            ],
         ),
         v4("hinted-1", "hinted", &hinted),
         v4("web6-1", "web6", &both),
-        slice(
-            "web6-2",
-            "web6",
-            "IPv6",
-            http_port.clone(),
-            json!([
-                ep(LOCAL_EP6, "node1", true, true, false),
-                ep(REMOTE_EP6, "node2", true, true, false)
-            ]),
-        ),
-        slice(
-            "dns-1",
-            "dns",
-            "IPv4",
-            json!({"name": "dns", "port": 53, "protocol": "UDP"}),
-            both,
-        ),
+        slice("web6-2", "web6")
+            .address_type("IPv6")
+            .port("http", 8080)
+            .endpoints([local(LOCAL_EP6), remote(REMOTE_EP6)])
+            .json(),
+        slice("dns-1", "dns")
+            .port_with_protocol("dns", "UDP", 53)
+            .endpoints(both)
+            .json(),
     ]);
     out
 }

@@ -60,7 +60,7 @@ pub fn node_of(ip: &str) -> &'static str {
     }
 }
 
-fn ready_all<'a>(eps: &[&'a str]) -> Vec<yaml::Ep<'a>> {
+fn ready_all(eps: &[&str]) -> Vec<yaml::SliceEndpoint> {
     eps.iter().map(|ip| yaml::ready(ip, node_of(ip))).collect()
 }
 

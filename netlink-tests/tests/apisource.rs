@@ -8,7 +8,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use netlink_tests::apiserver::{obj, ApiServer};
+use netlink_tests::apiserver::obj::{self, slice_endpoint};
+use netlink_tests::apiserver::ApiServer;
 use netlink_tests::backend::{tcp_probes, Reply};
 use netlink_tests::cluster::{sa, Cluster, Daemon};
 use netlink_tests::scenario::{web_cluster, Backends};
@@ -25,8 +26,12 @@ fn setup() -> (Cluster, ApiServer) {
         "web-1",
         8080,
         &[
-            ("10.244.1.2", "node1", Some("zone-a")),
-            ("10.244.2.2", "node2", Some("zone-b")),
+            slice_endpoint("10.244.1.2")
+                .node("node1")
+                .zone_hint("zone-a"),
+            slice_endpoint("10.244.2.2")
+                .node("node2")
+                .zone_hint("zone-b"),
         ],
     ));
     (c, api)
@@ -163,7 +168,7 @@ fn watch_changes_drops_relists_and_node_labels() {
         "api2",
         "api2-1",
         8080,
-        &[("10.244.1.2", "node1", None)],
+        &[slice_endpoint("10.244.1.2").node("node1")],
     ));
     wait("api2 served", Duration::from_secs(10), || {
         answered(&c, "10.96.0.20", 3) == ["local".to_string()].into()
@@ -173,7 +178,7 @@ fn watch_changes_drops_relists_and_node_labels() {
         "api2",
         "api2-1",
         8080,
-        &[("10.244.2.2", "node2", None)],
+        &[slice_endpoint("10.244.2.2").node("node2")],
     ));
     wait("api2 endpoint replaced", Duration::from_secs(10), || {
         answered(&c, "10.96.0.20", 3) == ["remote".to_string()].into()
@@ -297,7 +302,7 @@ fn the_first_sync_waits_for_this_nodes_node_object() {
         "web",
         "web-1",
         8080,
-        &[("10.244.1.2", "node1", None)],
+        &[slice_endpoint("10.244.1.2").node("node1")],
     ));
     // NodePorts on the node's primary address: its Node's InternalIP, once known.
     let d = c.spawn_daemon_with(&["--master", &api.url(), "--nodeport-addresses", "primary"]);
@@ -342,7 +347,7 @@ fn api_outage_keeps_rules_and_recovers() {
         "after",
         "after-1",
         8080,
-        &[("10.244.1.2", "node1", None)],
+        &[slice_endpoint("10.244.1.2").node("node1")],
     ));
     wait("recovery after the outage", Duration::from_secs(60), || {
         answered(&c, "10.96.0.40", 2) == ["local".to_string()].into()
@@ -443,7 +448,7 @@ fn with_node_cidr_detection_the_first_sync_waits_for_the_pod_cidrs() {
         "web",
         "web-1",
         8080,
-        &[("10.244.1.2", "node1", None)],
+        &[slice_endpoint("10.244.1.2").node("node1")],
     ));
     api.apply(obj::node("node1", "zone-a"));
     let d = c.spawn_daemon_with(&["--master", &api.url(), "--detect-local-mode", "NodeCIDR"]);

@@ -234,9 +234,9 @@ fn unrelated_entries_survive_the_cleanup() {
     assert!(!present(&stale), "the stale entry is deleted");
 }
 
-/// The DNS Service with endpoints A (10.244.1.2) and B (10.244.1.4) as written here: (ip,
-/// ready, serving, terminating, zone hint), and node1 in zone-a.
-fn dns_with(eps: &[(&str, bool, bool, bool, &str)]) -> String {
+/// The DNS Service with endpoints A (10.244.1.2) and B (10.244.1.4) as written here (built
+/// by name from [`ep`]), all on node1, and node1 in zone-a.
+fn dns_with(eps: &[yaml::SliceEndpoint]) -> String {
     let mut y = yaml::service(
         "kube-system",
         "dns",
@@ -245,18 +245,20 @@ fn dns_with(eps: &[(&str, bool, bool, bool, &str)]) -> String {
         "type: NodePort",
     );
     y += "---\napiVersion: v1\nkind: Node\nmetadata: {name: node1, labels: {topology.kubernetes.io/zone: zone-a}}\n";
-    y += "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: kube-system\n  labels: {kubernetes.io/service-name: dns}\naddressType: IPv4\nports: [{name: dns, protocol: UDP, port: 53}]\nendpoints:\n";
-    for (ip, r, s, t, zone) in eps {
-        let hints = if zone.is_empty() {
-            String::new()
-        } else {
-            format!(", hints: {{forZones: [{{name: {zone}}}]}}")
-        };
-        y += &format!(
-            "- {{addresses: [\"{ip}\"], nodeName: node1, conditions: {{ready: {r}, serving: {s}, terminating: {t}}}{hints}}}\n"
-        );
-    }
+    y += &yaml::slice(
+        "kube-system",
+        "dns",
+        "dns-1",
+        "IPv4",
+        ("dns", "UDP", 53),
+        eps,
+    );
     y
+}
+
+/// A ready endpoint on node1.
+fn ep(ip: &str) -> yaml::SliceEndpoint {
+    yaml::ready(ip, "node1")
 }
 
 /// A client in pod 2 talks to A through the ClusterIP from one source port; the Service
@@ -284,8 +286,8 @@ const B: &str = "10.244.1.4";
 #[test]
 fn a_flow_to_an_endpoint_terminating_but_serving_survives_the_sync() {
     let got = answers_after(
-        &dns_with(&[(A, true, true, false, "")]),
-        &dns_with(&[(A, false, true, true, ""), (B, true, true, false, "")]),
+        &dns_with(&[ep(A)]),
+        &dns_with(&[ep(A).not_ready().terminating(), ep(B)]),
     );
     assert!(
         !got.is_empty() && got.iter().all(|n| n == "A"),
@@ -296,14 +298,8 @@ fn a_flow_to_an_endpoint_terminating_but_serving_survives_the_sync() {
 #[test]
 fn a_flow_to_an_endpoint_hinted_to_another_zone_survives_the_sync() {
     let got = answers_after(
-        &dns_with(&[
-            (A, true, true, false, "zone-a"),
-            (B, true, true, false, "zone-b"),
-        ]),
-        &dns_with(&[
-            (A, true, true, false, "zone-b"),
-            (B, true, true, false, "zone-a"),
-        ]),
+        &dns_with(&[ep(A).zone_hint("zone-a"), ep(B).zone_hint("zone-b")]),
+        &dns_with(&[ep(A).zone_hint("zone-b"), ep(B).zone_hint("zone-a")]),
     );
     assert!(
         !got.is_empty() && got.iter().all(|n| n == "A"),
@@ -314,18 +310,15 @@ fn a_flow_to_an_endpoint_hinted_to_another_zone_survives_the_sync() {
 #[test]
 fn a_flow_to_an_endpoint_no_longer_serving_is_deleted() {
     let got = answers_after(
-        &dns_with(&[(A, true, true, false, "")]),
-        &dns_with(&[(A, false, false, true, ""), (B, true, true, false, "")]),
+        &dns_with(&[ep(A)]),
+        &dns_with(&[ep(A).not_ready().not_serving().terminating(), ep(B)]),
     );
     assert!(got.iter().any(|n| n == "B"), "moved to B: {got:?}");
 }
 
 #[test]
 fn a_flow_to_a_removed_endpoint_is_deleted_while_its_pod_still_answers() {
-    let got = answers_after(
-        &dns_with(&[(A, true, true, false, "")]),
-        &dns_with(&[(B, true, true, false, "")]),
-    );
+    let got = answers_after(&dns_with(&[ep(A)]), &dns_with(&[ep(B)]));
     assert!(got.iter().any(|n| n == "B"), "moved to B: {got:?}");
 }
 

@@ -298,8 +298,11 @@ fn terminating_endpoints_serve_when_none_is_ready() {
         "IPv4",
         ("http", "TCP", 8080),
         &[
-            ("10.244.1.2", "node1", false, true, true),
-            ("10.244.2.2", "node2", false, false, true),
+            yaml::ready("10.244.1.2", "node1").not_ready().terminating(),
+            yaml::ready("10.244.2.2", "node2")
+                .not_ready()
+                .not_serving()
+                .terminating(),
         ],
     );
     c.sync_once(&y, &[]);

@@ -13,6 +13,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, ListParams, PostParams};
+use kube_nlproxy::model::fixtures::slices::{endpoint_slice, slice_endpoint, SliceEndpoint};
 
 use netlink_tests::backend::{tcp_probe, tcp_probes, Reply};
 use netlink_tests::cluster::{sa, NODE_IP};
@@ -22,20 +23,16 @@ use netlink_tests::scenario::{self, names, Backends, LOCAL_EP, REMOTE_EP};
 
 use netlink_tests::controlplane::deploy_file as deploy;
 
-fn slice(eps: &[(&str, &str)]) -> EndpointSlice {
-    let endpoints: Vec<serde_json::Value> = eps
-        .iter()
-        .map(|(ip, node)| serde_json::json!({"addresses": [ip], "nodeName": node, "conditions": {"ready": true, "serving": true, "terminating": false}}))
-        .collect();
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "web-1", "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "kube-nlproxy-tests"}},
-        "addressType": "IPv4",
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-        "endpoints": endpoints,
-    }))
-    .unwrap()
+/// The slice of `web` (port `http` 8080), managed by the tests, from the shared builder.
+fn slice(eps: &[SliceEndpoint]) -> EndpointSlice {
+    endpoint_slice("default", "web", "web-1")
+        .label(
+            "endpointslice.kubernetes.io/managed-by",
+            "kube-nlproxy-tests",
+        )
+        .port("http", 8080)
+        .endpoints(eps.iter().cloned())
+        .build()
 }
 
 /// Creates `deploy/`'s ServiceAccount and RBAC, this node's Node (with `labels`), the
@@ -123,7 +120,10 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         serde_json::json!({"kubernetes.io/os": "linux"}),
         serde_json::json!({"type": "NodePort", "clusterIP": "10.96.0.10",
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]}),
-        slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]),
+        slice(&[
+            slice_endpoint(LOCAL_EP).node("node1"),
+            slice_endpoint(REMOTE_EP).node("node2"),
+        ]),
     );
     let kc = cp.kubeconfig(&token, "kube-nlproxy");
     let t0 = Instant::now();
@@ -160,7 +160,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         Box::pin(async move {
             let api = Api::<EndpointSlice>::namespaced(client, "default");
             let mut s = api.get("web-1").await.unwrap();
-            s.endpoints = slice(&[(LOCAL_EP, "node1")]).endpoints;
+            s.endpoints = slice(&[slice_endpoint(LOCAL_EP).node("node1")]).endpoints;
             api.replace("web-1", &PostParams::default(), &s)
                 .await
                 .unwrap();
@@ -214,7 +214,7 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
     // a slice without its Service's label (the API server accepts it; the proxy skips it).
     let orphan = cp.with_admin(&c.node, |client| {
         Box::pin(async move {
-            let mut s = slice(&[(LOCAL_EP, "node1")]);
+            let mut s = slice(&[slice_endpoint(LOCAL_EP).node("node1")]);
             s.metadata.name = Some("orphan".into());
             s.metadata.labels = None;
             Api::<EndpointSlice>::namespaced(client.clone(), "default")
@@ -277,7 +277,11 @@ fn a_real_apiserver_drives_the_proxy_with_deploys_rbac() {
         Box::pin(async move {
             let api = Api::<EndpointSlice>::namespaced(client, "default");
             let mut s = api.get("web-1").await.unwrap();
-            s.endpoints = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]).endpoints;
+            s.endpoints = slice(&[
+                slice_endpoint(LOCAL_EP).node("node1"),
+                slice_endpoint(REMOTE_EP).node("node2"),
+            ])
+            .endpoints;
             api.replace("web-1", &PostParams::default(), &s)
                 .await
                 .unwrap();
@@ -427,17 +431,10 @@ fn node_updates_through_the_real_api_reach_the_kernel() {
     let c = scenario::web_cluster(Backends::default());
     let cp = ControlPlane::start(&c.node);
     // Topology hints: the local endpoint for zone-a, the remote one for zone-b.
-    let mut hinted = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]);
-    for (e, zone) in hinted
-        .endpoints
-        .iter_mut()
-        .flatten()
-        .zip(["zone-a", "zone-b"])
-    {
-        e.hints = Some(
-            serde_json::from_value(serde_json::json!({"forZones": [{"name": zone}]})).unwrap(),
-        );
-    }
+    let hinted = slice(&[
+        slice_endpoint(LOCAL_EP).node("node1").zone_hint("zone-a"),
+        slice_endpoint(REMOTE_EP).node("node2").zone_hint("zone-b"),
+    ]);
     let token = setup(
         &c,
         &cp,
@@ -523,7 +520,7 @@ fn a_missing_rbac_rule_is_named_and_nothing_is_programmed() {
         serde_json::json!({}),
         serde_json::json!({"clusterIP": "10.96.0.10",
             "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}),
-        slice(&[(LOCAL_EP, "node1")]),
+        slice(&[slice_endpoint(LOCAL_EP).node("node1")]),
     );
     cp.with_admin(&c.node, |client| {
         Box::pin(async move {
@@ -567,7 +564,10 @@ fn explain_finds_a_pod_by_name_with_the_proxys_own_token() {
     require_root();
     let c = scenario::web_cluster(Backends::default());
     let cp = ControlPlane::start(&c.node);
-    let mut web = slice(&[(LOCAL_EP, "node1"), (REMOTE_EP, "node2")]);
+    let mut web = slice(&[
+        slice_endpoint(LOCAL_EP).node("node1"),
+        slice_endpoint(REMOTE_EP).node("node2"),
+    ]);
     web.endpoints.as_mut().expect("two endpoints")[0].target_ref =
         Some(k8s_openapi::api::core::v1::ObjectReference {
             kind: Some("Pod".into()),
