@@ -2,13 +2,14 @@
 //! 80/TCP named `http`, and `eps` ready endpoints 10.244.0.0 + i·eps + j on port 8080 (none
 //! local). Pure.
 //!
-//! For tests only (and `netlink-tests`, through the `testing` feature): named builders of
-//! endpoints ([`endpoints`]) and of EndpointSlice objects ([`slices`]).
+//! For tests only: named builders of endpoints (`endpoints`, unit tests), and of
+//! EndpointSlice objects ([`slices`], shared with `netlink-tests` through the `testing`
+//! feature).
 
 use std::net::Ipv4Addr;
 
-#[cfg(any(test, feature = "testing"))]
-pub mod endpoints;
+#[cfg(test)]
+pub(crate) mod endpoints;
 #[cfg(any(test, feature = "testing"))]
 pub mod slices;
 
