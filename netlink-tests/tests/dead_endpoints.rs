@@ -9,6 +9,7 @@ use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 use netlink_tests::backend::{tcp_backend, OpenConn, Reply};
+use netlink_tests::cluster::yaml::SliceEndpoint;
 use netlink_tests::cluster::{sa, yaml, Cluster, Daemon};
 
 const A: &str = "10.244.1.2";
@@ -20,7 +21,7 @@ const FLAG: &str = "--reset-dead-endpoint-connections";
 const LOG_LINE: &str = "deleted TCP conntrack entries of endpoints that died";
 
 /// The Service web (TCP 80 → 8080) with endpoints `eps`.
-fn web(eps: &[yaml::Ep<'_>]) -> String {
+fn web(eps: &[SliceEndpoint]) -> String {
     yaml::service(
         "default",
         "web",
@@ -111,7 +112,7 @@ fn with_the_flag_a_draining_endpoint_keeps_its_connection_until_it_is_gone() {
     let c = cluster();
     let (d, mut conn) = connected_to_a(&c, &[FLAG]);
     // A terminates (still serving) while B takes new connections...
-    let a_terminating: yaml::Ep<'_> = (A, "node1", false, true, true);
+    let a_terminating = yaml::ready(A, "node1").not_ready().terminating();
     c.write_manifests(&web(&[a_terminating, yaml::ready(B, "node1")]));
     c.wait_ruleset("ip", "endpoint B", |r| r.contains(B));
     assert_eq!(conn.echo("draining").expect("A still serves"), "draining");
