@@ -1,0 +1,358 @@
+//! Stores of watched objects, each held as its conversion into the model: watcher events decoded
+//! and converted object by object ([`decode_event`]), applied per kind ([`Store`], [`Stores`]),
+//! and the service ports that changed since the last state. Pure.
+
+use super::*;
+
+/// One watcher event after decoding and converting, per object: what a [`Store`] applies.
+#[derive(Debug)]
+pub enum Change<V> {
+    /// A (re)list starts.
+    Init,
+    InitApply(Key, V),
+    /// A listed object that could not be decoded: keep what the store had under this key.
+    InitKeep(Key),
+    InitDone,
+    Apply(Key, V),
+    /// Deleted: known by key alone, so even an undecodable object is removed.
+    Delete(Key),
+}
+
+impl<V> Change<V> {
+    /// A typed watcher event, each object converted by `convert`.
+    pub fn of<K: Resource>(e: Event<K>, convert: impl Fn(&K) -> V) -> Self {
+        match e {
+            Event::Init => Change::Init,
+            Event::InitApply(o) => Change::InitApply(key_of(&o), convert(&o)),
+            Event::InitDone => Change::InitDone,
+            Event::Apply(o) => Change::Apply(key_of(&o), convert(&o)),
+            Event::Delete(o) => Change::Delete(key_of(&o)),
+        }
+    }
+}
+
+/// Objects of any kind skipped because they could not be decoded; served as
+/// `kubeproxy_api_objects_skipped_total` (ours: upstream fails the whole list instead).
+pub static UNDECODABLE_OBJECTS: std::sync::LazyLock<prometheus_client::metrics::counter::Counter> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Decodes one watcher event of untyped objects into `K` and converts each object with
+/// `convert`, object by object: a Service with `port: "eighty"` (schema skew with a newer
+/// API server, or a broken object) is named in a warning, counted, and skipped; every other
+/// object of its list still applies. The decoded object is dropped after conversion: the
+/// stores keep what the model needs, not the object. Pure but for the log line and the
+/// counter.
+pub fn decode_event<K, V>(
+    kind: &str,
+    ev: Event<DynamicObject>,
+    convert: impl Fn(&K) -> V,
+) -> Option<Change<V>>
+where
+    K: Resource + for<'a> serde::Deserialize<'a>,
+{
+    let key = |o: &DynamicObject| key_of(o);
+    let parse = |o: DynamicObject| -> Result<(Key, V), (Key, String)> {
+        let k = key(&o);
+        match o.try_parse::<K>() {
+            Ok(obj) => Ok((k, convert(&obj))),
+            Err(e) => Err((k, e.to_string())),
+        }
+    };
+    let skipped = |(k, e): (Key, String), what: &str| {
+        UNDECODABLE_OBJECTS.inc();
+        let object = format!("{}/{}", k.0, k.1);
+        tracing::warn!(kind, object = %object, err = %e, outcome = what, "cannot decode an object");
+        k
+    };
+    Some(match ev {
+        Event::Init => Change::Init,
+        Event::InitDone => Change::InitDone,
+        Event::InitApply(o) => match parse(o) {
+            Ok((k, v)) => Change::InitApply(k, v),
+            Err(e) => Change::InitKeep(skipped(e, "keeping its last known version")),
+        },
+        Event::Apply(o) => match parse(o) {
+            Ok((k, v)) => Change::Apply(k, v),
+            Err(e) => {
+                skipped(e, "keeping its last known version");
+                return None;
+            }
+        },
+        Event::Delete(o) => Change::Delete(key(&o)),
+    })
+}
+
+/// What the stores keep of each object, by kind, fed by watcher events: its conversion into
+/// the model, never the object. Pure.
+#[derive(Debug)]
+pub struct Store<V> {
+    pub(super) objects: BTreeMap<Key, V>,
+    pub(super) relist: Option<BTreeMap<Key, V>>,
+    pub(super) synced: bool,
+}
+
+impl<V> Default for Store<V> {
+    fn default() -> Self {
+        Store {
+            objects: BTreeMap::new(),
+            relist: None,
+            synced: false,
+        }
+    }
+}
+
+impl<V: Clone> Store<V> {
+    /// Applies one event; returns whether the visible contents changed.
+    pub fn apply(&mut self, ev: Change<V>) -> bool {
+        match ev {
+            Change::Init => {
+                self.relist = Some(BTreeMap::new());
+                false
+            }
+            Change::InitApply(k, v) => {
+                if let Some(b) = self.relist.as_mut() {
+                    b.insert(k, v);
+                }
+                false
+            }
+            Change::InitKeep(k) => {
+                if let (Some(b), Some(o)) = (self.relist.as_mut(), self.objects.get(&k)) {
+                    b.insert(k, o.clone());
+                }
+                false
+            }
+            Change::InitDone => {
+                // Swap atomically: what was not listed again was deleted meanwhile.
+                if let Some(b) = self.relist.take() {
+                    self.objects = b;
+                }
+                self.synced = true;
+                true
+            }
+            Change::Apply(k, v) => {
+                self.objects.insert(k, v);
+                true
+            }
+            Change::Delete(k) => self.objects.remove(&k).is_some(),
+        }
+    }
+    /// Whether the initial list has completed.
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+    pub fn values(&self) -> impl Iterator<Item = &V> + Clone {
+        self.objects.values()
+    }
+    /// The visible object under `k`.
+    pub fn get(&self, k: &Key) -> Option<&V> {
+        self.objects.get(k)
+    }
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+}
+
+/// The stores together: each Service's ports, each slice's endpoints, this Node's facts and
+/// each ServiceCIDR's CIDRs, converted on arrival (at 10k Services × 10 endpoints the
+/// objects themselves took ~165 MiB, and copying and converting all of them per change
+/// ~0.25 s).
+#[derive(Debug, Default)]
+pub struct Stores {
+    pub services: Store<Vec<Arc<ServicePort>>>,
+    pub slices: Store<SliceEndpoints>,
+    pub nodes: Store<NodeInfo>,
+    /// ServiceCIDRs (Kubernetes 1.33+; an older API server has none to list).
+    pub service_cidrs: Store<Vec<Cidr>>,
+    /// The service ports that Service and slice events touched since the last published
+    /// state; `None` when that is not known (nothing published yet, a relist, a Node or
+    /// ServiceCIDR change): the next state then names none.
+    pub(super) touched: Option<BTreeSet<ServicePortName>>,
+    /// The generation of the last published state (0: none).
+    pub(super) published: u64,
+}
+
+/// One decoded event of any kind.
+pub enum Update {
+    Service(Change<Vec<Arc<ServicePort>>>),
+    Slice(Change<SliceEndpoints>),
+    Node(Change<NodeInfo>),
+    ServiceCidr(Change<Vec<Cidr>>),
+}
+
+impl Stores {
+    pub fn apply(&mut self, u: Update) -> bool {
+        self.note_touched(&u);
+        match u {
+            Update::Service(e) => self.services.apply(e),
+            Update::Slice(e) => self.slices.apply(e),
+            Update::Node(e) => self.nodes.apply(e),
+            Update::ServiceCidr(e) => self.service_cidrs.apply(e),
+        }
+    }
+    /// Adds the service ports `u` changes (the old version's and the new one's) to
+    /// `touched`, before `u` is applied.
+    pub(super) fn note_touched(&mut self, u: &Update) {
+        if self.touched.is_none() {
+            return;
+        }
+        let names = match u {
+            Update::Service(c) => {
+                changed_names(&self.services, c, |v| v.iter().map(|sp| &sp.name).collect())
+            }
+            Update::Slice(c) => changed_names(&self.slices, c, |v| {
+                v.ports.iter().map(|(spn, _)| spn).collect()
+            }),
+            Update::Node(_) | Update::ServiceCidr(_) => None,
+        };
+        match (names, self.touched.as_mut()) {
+            (Some(names), Some(touched)) => touched.extend(names),
+            _ => self.touched = None,
+        }
+    }
+    /// Services, EndpointSlices and the Node have been listed: the first sync may happen.
+    /// ServiceCIDRs do not hold it back: an API server before 1.33 does not serve them, and
+    /// until they are known nothing is dropped, which is the safe side.
+    pub fn synced(&self) -> bool {
+        self.services.synced() && self.slices.synced() && self.nodes.synced()
+    }
+    /// Whether this node's Node object is known.
+    pub fn has_node(&self, node_name: &str) -> bool {
+        self.nodes.values().any(|n| n.name == node_name)
+    }
+    /// The whole model from what the stores hold; a missing Node's warning goes to `warnings`.
+    pub fn state(&self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
+        let node = self
+            .nodes
+            .values()
+            .find(|n| n.name == node_name)
+            .cloned()
+            .unwrap_or_else(|| convert_node(None, node_name, warnings));
+        assemble(
+            node,
+            self.services.values().flatten(),
+            self.slices.values(),
+            self.service_cidrs.values().flatten().copied().collect(),
+        )
+    }
+}
+
+impl Stores {
+    /// The state to publish: [`Self::state`], numbered, and naming the service ports
+    /// changed since the state published before it (see [`crate::model::Lineage`]).
+    pub fn publish(&mut self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
+        let mut state = self.state(node_name, warnings);
+        let generation = Lineage::next_generation();
+        let changed_since = match self.touched.replace(BTreeSet::new()) {
+            Some(touched) if self.published != 0 => Some((self.published, Arc::new(touched))),
+            _ => None,
+        };
+        state.lineage = Lineage {
+            generation,
+            changed_since,
+        };
+        self.published = generation;
+        state
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Stores {
+    /// Stores holding `state` as a finished first list would: its Node, one Service per
+    /// Service name with its ports, one slice per service port (`<service>-<port>`). For
+    /// benchmarks of the states the API source publishes.
+    pub fn listed_from(state: &ProxyState) -> Stores {
+        let mut s = Stores::default();
+        s.apply(Update::Service(Change::Init));
+        s.apply(Update::Slice(Change::Init));
+        s.apply(Update::Node(Change::Init));
+        let mut services: BTreeMap<Key, Vec<Arc<ServicePort>>> = BTreeMap::new();
+        for (spn, sp) in &state.services {
+            services
+                .entry((spn.namespace.clone(), spn.name.clone()))
+                .or_default()
+                .push(sp.clone());
+        }
+        for (k, v) in services {
+            s.apply(Update::Service(Change::InitApply(k, v)));
+        }
+        for (spn, eps) in &state.endpoints {
+            let slice = Self::slice_of(spn, eps.clone());
+            s.apply(Update::Slice(Change::InitApply(
+                Self::slice_key(spn),
+                slice,
+            )));
+        }
+        let node = ("".into(), state.node.name.as_str().into());
+        s.apply(Update::Node(Change::InitApply(node, state.node.clone())));
+        s.apply(Update::Service(Change::InitDone));
+        s.apply(Update::Slice(Change::InitDone));
+        s.apply(Update::Node(Change::InitDone));
+        s
+    }
+
+    /// Replaces the endpoints of `spn`'s slice (one made by [`Self::listed_from`]), as a
+    /// watch event would.
+    pub fn set_endpoints(&mut self, spn: &ServicePortName, eps: Vec<crate::model::Endpoint>) {
+        let slice = Self::slice_of(spn, Arc::new(eps));
+        self.apply(Update::Slice(Change::Apply(Self::slice_key(spn), slice)));
+    }
+
+    pub(super) fn slice_key(spn: &ServicePortName) -> Key {
+        (
+            spn.namespace.clone(),
+            format!("{}-{}", spn.name, spn.port).into(),
+        )
+    }
+
+    pub(super) fn slice_of(
+        spn: &ServicePortName,
+        eps: Arc<Vec<crate::model::Endpoint>>,
+    ) -> SliceEndpoints {
+        SliceEndpoints {
+            service: Some((spn.namespace.clone(), spn.name.clone())),
+            trigger_time: None,
+            ports: vec![(spn.clone(), eps)],
+        }
+    }
+}
+
+/// The service ports that `c` changes in `store` (the version it replaces or deletes, and
+/// its own), or `None` when that cannot be said: the end of a (re)list, which changes
+/// everything at once. `names` lists a value's service ports.
+pub(super) fn changed_names<V: Clone>(
+    store: &Store<V>,
+    c: &Change<V>,
+    names: impl Fn(&V) -> Vec<&ServicePortName>,
+) -> Option<Vec<ServicePortName>> {
+    let old = |k: &Key| store.get(k).map(&names).unwrap_or_default();
+    let mut out = match c {
+        Change::Apply(k, v) => {
+            let mut n = old(k);
+            n.extend(names(v));
+            n
+        }
+        Change::Delete(k) => old(k),
+        // A (re)list becomes visible at its end.
+        Change::Init | Change::InitApply(..) | Change::InitKeep(_) => Vec::new(),
+        Change::InitDone => return None,
+    };
+    out.dedup();
+    Some(out.into_iter().cloned().collect())
+}
+
+/// A Service's ports as the stores keep them: shared with every state assembled from them.
+pub(super) fn service_ports(
+    o: &Service,
+    warnings: &mut Vec<ObjectWarning>,
+) -> Vec<Arc<ServicePort>> {
+    let ports = convert_service(o, warnings);
+    // Not `collect()`: that reuses the list of ports in place, kept as long as the Service
+    // is, and a lone port had been pushed into room for four (~770 bytes a Service, 7.3
+    // MiB at 10k; heaptrack of the daemon, issue #18).
+    let mut kept = Vec::with_capacity(ports.len());
+    kept.extend(ports.into_iter().map(Arc::new));
+    kept
+}
