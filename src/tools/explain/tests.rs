@@ -1,0 +1,277 @@
+//! Unit tests of `explain` against a fake kernel view (pure): golden texts, the JSON
+//! schema, `--from` resolution and flag errors. `FakeView` is shared with `services`' tests.
+
+use super::source::unrouted_source_iif;
+use super::*;
+use crate::kernel::ipvs::{RealServer, VirtualServer};
+use crate::proxy::{LocalDetector, ProxierConfig};
+
+/// Node 192.168.0.2 with `default/web` (ClusterIP 10.96.0.10:80, NodePort 30080): one
+/// local endpoint and one remote, as nftables mode plans them.
+pub(crate) struct FakeView {
+    /// Whether the host has routes (none at all: nothing is routed, not even outside).
+    pub routes: bool,
+}
+
+impl Default for FakeView {
+    fn default() -> Self {
+        FakeView { routes: true }
+    }
+}
+
+fn planned(family: Family) -> LiveTable {
+    let st = crate::model::fixtures::web_state(Some(30080));
+    let cfg = ProxierConfig {
+        local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
+        ..Default::default()
+    };
+    crate::modes::nftables::plan::build_ruleset(&st, &cfg, family).as_live()
+}
+
+impl KernelView for FakeView {
+    fn local_addrs(&mut self) -> Result<Vec<IpAddr>, ToolError> {
+        Ok(vec!["192.168.0.2".parse().unwrap()])
+    }
+    fn route(&mut self, a: IpAddr) -> Result<Option<(String, Option<IpAddr>)>, ToolError> {
+        if !self.routes || a.to_string().starts_with("10.244.9.") {
+            return Ok(None); // a pod on another node this host has no route to
+        }
+        Ok(Some((
+            if a.to_string().starts_with("10.244.1.") {
+                "veth-pod3".into()
+            } else {
+                "eth0".into()
+            },
+            Some("192.168.0.2".parse().unwrap()),
+        )))
+    }
+    fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
+        Ok((name == crate::proxy::names::DEFAULT_TABLE).then(|| (planned(family), 7)))
+    }
+    fn ipvs(
+        &mut self,
+        _: IpAddr,
+        _: u16,
+        _: u8,
+    ) -> Result<Option<(VirtualServer, Vec<RealServer>)>, ToolError> {
+        Ok(None)
+    }
+    fn ipvs_all(&mut self) -> Result<Vec<(VirtualServer, Vec<RealServer>)>, ToolError> {
+        Ok(Vec::new())
+    }
+    fn listeners(
+        &mut self,
+        _: std::net::SocketAddr,
+    ) -> Result<Vec<crate::proxy::ListenerInfo>, String> {
+        Err("no daemon in unit tests".into())
+    }
+    fn pod_address(
+        &mut self,
+        pod: (&str, &str),
+        _: Family,
+        _: (Option<&str>, Option<&str>),
+    ) -> Result<IpAddr, String> {
+        match pod {
+            ("default", "client-0") => Ok("10.244.1.3".parse().unwrap()),
+            (ns, n) => Err(format!("no EndpointSlice in namespace {ns} lists Pod {n}")),
+        }
+    }
+}
+
+fn report(a: &[&str]) -> Result<Report, ToolError> {
+    let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+    explain(
+        &mut FakeView::default(),
+        &args::parse("explain", USAGE, FLAGS, &a)?,
+    )
+}
+
+fn text(a: &[&str]) -> Result<String, ToolError> {
+    report(a).map(|r| render_text(&r))
+}
+
+#[test]
+fn golden_text_for_a_node_port_from_outside() {
+    let got = text(&["--from", "external", "--to", "192.168.0.2:30080"]).unwrap();
+    super::super::golden("explain-nodeport-external.txt", &got);
+}
+
+#[test]
+fn golden_text_for_an_unused_cluster_ip_port_from_a_pod() {
+    let got = text(&["--from", "10.244.1.3", "--to", "10.96.0.10:81/tcp"]).unwrap();
+    super::super::golden("explain-unused-port.txt", &got);
+}
+
+#[test]
+fn a_rejected_packet_is_a_finding_and_a_delivered_one_is_not() {
+    let rejected = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:81/tcp"]).unwrap();
+    assert!(refused(&rejected));
+    let delivered = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:80"]).unwrap();
+    assert!(!refused(&delivered));
+    // The exit status run() gives them (1 a finding, 0 nothing found).
+    let printed = |finding| super::super::Printed {
+        text: String::new(),
+        finding,
+    };
+    assert_eq!(printed(refused(&rejected)).exit_code(), 1);
+    assert_eq!(printed(refused(&delivered)).exit_code(), 0);
+    let a = ["--to", "10.96.0.10:81", "--exit-zero"].map(String::from);
+    assert!(args::parse("explain", USAGE, FLAGS, &a)
+        .unwrap()
+        .has("exit-zero"));
+}
+
+#[test]
+fn pod_to_cluster_ip_reaches_both_endpoints_with_the_client_address() {
+    let r = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:80"]).unwrap();
+    let o = &r.tables[0].outcomes;
+    let dests: Vec<_> = o.iter().map(|o| o.destination.clone().unwrap()).collect();
+    assert_eq!(dests, ["10.244.1.2:8080", "10.244.2.2:8080"]);
+    assert!(o
+        .iter()
+        .all(|o| !o.masquerade && (o.probability - 0.5).abs() < 1e-9));
+    assert_eq!(r.iif.as_deref(), Some("veth-pod3"));
+}
+
+/// A source with no route (a pod on another node here) is taken as arriving from
+/// outside, on the route to outside's interface, and the report says so instead of
+/// stopping; --iif still overrides.
+#[test]
+fn a_source_without_a_route_arrives_as_from_outside_and_says_so() {
+    let r = report(&["--from", "10.244.9.7", "--to", "192.168.0.2:30080"]).unwrap();
+    assert_eq!(r.iif.as_deref(), Some("eth0"));
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n.contains("no route to 10.244.9.7") && n.contains("on eth0")),
+        "{:?}",
+        r.notes
+    );
+    assert!(!r.tables[0].outcomes.is_empty());
+    let r = report(&[
+        "--from",
+        "10.244.9.7",
+        "--iif",
+        "veth9",
+        "--to",
+        "192.168.0.2:30080",
+    ])
+    .unwrap();
+    assert_eq!(r.iif.as_deref(), Some("veth9"));
+    // No route to outside either: an interface no rule names.
+    let mut notes = Vec::new();
+    let iif = unrouted_source_iif(
+        &mut FakeView { routes: false },
+        "10.244.9.7".parse().unwrap(),
+        Family::Ip,
+        &mut notes,
+    )
+    .unwrap();
+    assert_eq!(iif, UNKNOWN_IIF);
+    assert!(notes[0].contains("none to outside"), "{notes:?}");
+}
+
+/// `explain --json`'s field names, what scripts read (docs/operating.md): a rename
+/// fails here.
+#[test]
+fn json_schema_is_pinned() {
+    fn keys(v: &serde_json::Value) -> Vec<&str> {
+        let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        k.sort_unstable();
+        k
+    }
+    let r = report(&["--from", "10.244.1.3", "--to", "10.96.0.10:80"]).unwrap();
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        keys(&v),
+        [
+            "destination",
+            "iif",
+            "ipvs",
+            "notes",
+            "protocol",
+            "source",
+            "tables"
+        ]
+    );
+    assert_eq!(v["source"], "10.244.1.3:40000");
+    assert_eq!(v["destination"], "10.96.0.10:80");
+    assert_eq!(v["protocol"], "tcp");
+    let t = &v["tables"][0];
+    assert_eq!(
+        keys(t),
+        [
+            "elements",
+            "family",
+            "generation",
+            "outcomes",
+            "rules",
+            "table"
+        ]
+    );
+    assert_eq!(
+        (t["family"].as_str(), t["generation"].as_u64()),
+        (Some("ip"), Some(7))
+    );
+    let o = &t["outcomes"][0];
+    assert_eq!(
+        keys(o),
+        [
+            "affinity_sets",
+            "destination",
+            "detail",
+            "listener",
+            "masquerade",
+            "masquerade_reason",
+            "path",
+            "probability",
+            "verdict"
+        ]
+    );
+    assert_eq!(o["verdict"], "dnat");
+    assert_eq!(o["destination"], "10.244.1.2:8080");
+    assert!(o["path"].as_array().is_some_and(|p| !p.is_empty()));
+}
+
+#[test]
+fn bad_flags_name_the_flag() {
+    let e = |a: &[&str]| text(a).unwrap_err().to_string();
+    assert_eq!(
+        e(&[]),
+        "explain: --to is required (e.g. --to 10.96.0.10:53/udp)"
+    );
+    assert!(e(&["--to", "10.96.0.10"]).starts_with("explain: --to: want ADDRESS:PORT"));
+    assert!(e(&["--to", "10.96.0.10:53/icmp"]).contains("unknown protocol \"icmp\""));
+    assert!(e(&["--to", "10.96.0.10:53", "--from", "fd00::1"]).contains("different IP families"));
+    assert!(e(&["--to", "10.96.0.10:53", "--from", "My_Pod"]).contains("--from: want an address"));
+    assert!(e(&["--to", "10.96.0.10:53", "--mark", "x"]).contains("--mark"));
+    assert_eq!(
+        e(&["--to", "10.96.0.10:53", "--from", "prod/web-1"]),
+        "explain: --from prod/web-1: no EndpointSlice in namespace prod lists Pod web-1"
+    );
+}
+
+#[test]
+fn a_pod_name_stands_for_its_address() {
+    let r = report(&["--from", "client-0", "--to", "10.96.0.10:80"]).unwrap();
+    assert_eq!(r.source, "10.244.1.3:40000");
+    assert!(
+        r.notes
+            .iter()
+            .any(|n| n == "Pod default/client-0 is 10.244.1.3"),
+        "{:?}",
+        r.notes
+    );
+}
+
+#[test]
+fn to_parses_both_families_and_protocols() {
+    assert_eq!(
+        parse_to("[fd00::10]:53/UDP").unwrap(),
+        ("fd00::10".parse().unwrap(), 53, proto::UDP)
+    );
+    assert_eq!(
+        parse_to("10.0.0.1:80").unwrap(),
+        ("10.0.0.1".parse().unwrap(), 80, proto::TCP)
+    );
+}
