@@ -1,0 +1,432 @@
+//! Builds the [`Ruleset`] of one family from the model. Pure.
+//!
+//! Layout (see README "Ruleset design"): upstream nftables mode's base chains, static chains
+//! and verdict maps keyed on `daddr . l4proto . dport`; per service port a chain whose one
+//! `dnat to numgen random mod N offset O map @endpoints-XX` rule picks an endpoint from a
+//! block of slots in one of the shared endpoint maps ([`super::slots`]), instead of upstream's
+//! per-endpoint chains and anonymous numgen vmaps (the kernel re-validates the chain graph on
+//! every rule change; map elements need no validation). One endpoint is a plain `dnat to`;
+//! ClientIP affinity keeps a cascade of `numgen random mod (N-i) 0 … dnat to endpoint_i`
+//! rules with per-endpoint affinity sets. Hairpin masquerade goes through one
+//! `saddr . daddr` set.
+//!
+//! One concern per file: `base.rs` the static base (base chains, guards, loopback rejects),
+//! `balance.rs` the shared `balance-N` chains and the load-balancing rules, `port_rules.rs`
+//! one service port's rules as named steps (`PortRules`); here the entry points.
+
+mod balance;
+mod base;
+mod port_rules;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::kernel::nft::{
+    shared_name, ElemData, Element, Family, Key, KeyValue, Name, Table, Verdict,
+};
+use crate::model::{Endpoint, NodeInfo, ProxyState, ServicePort};
+
+use crate::proxy::names::*;
+use crate::proxy::{Fragment, ProxierConfig, Ruleset};
+
+use super::SlotAllocator;
+
+pub use balance::BalanceWidths;
+pub use base::{build_base, nftables_base};
+use port_rules::service_port_rules;
+
+fn key(addr: IpAddr, proto: u8, port: u16) -> Key {
+    [
+        KeyValue::Addr(addr),
+        KeyValue::Proto(proto),
+        KeyValue::Port(port),
+    ]
+    .into()
+}
+
+fn elem(set: &str, key: Key, v: Verdict, comment: &Name) -> Element {
+    Element::new(
+        shared_name(set),
+        key,
+        ElemData::Verdict(v),
+        Some(comment.clone()),
+    )
+}
+
+/// The objects of one service port in one family (empty when it has no ClusterIP there).
+pub fn build_service(
+    cfg: &ProxierConfig,
+    node: &NodeInfo,
+    sp: &ServicePort,
+    endpoints: &[Endpoint],
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> Fragment {
+    let mut rs = Fragment {
+        created: sp.created,
+        ..Fragment::default()
+    };
+    service_port_rules(&mut rs, cfg, node, sp, endpoints, family, slots);
+    // Kept as long as the port is: 22 elements (10 endpoints) sit in a list grown to 32.
+    rs.elements.shrink_to_fit();
+    rs
+}
+
+/// Frees the endpoint-map slots of one service port's chains (before rebuilding or
+/// removing it).
+pub fn release_service_slots(spn: &crate::model::ServicePortName, slots: &mut SlotAllocator) {
+    let c = ServiceChains::new(spn);
+    slots.release(&c.service);
+    slots.release(&c.local);
+}
+
+/// Our table of `family`, named as configured.
+pub fn table(cfg: &ProxierConfig, family: Family) -> Table {
+    Table {
+        family,
+        name: cfg.table.clone(),
+        comment: Some(TABLE_COMMENT.into()),
+    }
+}
+
+/// Builds the complete ruleset of one family's table.
+pub fn build_ruleset(state: &ProxyState, cfg: &ProxierConfig, family: Family) -> Ruleset {
+    let mut slots = SlotAllocator::for_services(state.services.len());
+    build_ruleset_with_slots(state, cfg, family, &mut slots)
+}
+
+/// [`build_ruleset`] assigning endpoint-map slots from `slots` (the syncer keeps it for
+/// partial syncs).
+pub fn build_ruleset_with_slots(
+    state: &ProxyState,
+    cfg: &ProxierConfig,
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> Ruleset {
+    build_ruleset_counted(state, cfg, family, slots).0
+}
+
+/// [`build_ruleset_with_slots`], with how many service ports use each `balance-N` chain
+/// (the syncer keeps that for partial syncs too).
+pub fn build_ruleset_counted(
+    state: &ProxyState,
+    cfg: &ProxierConfig,
+    family: Family,
+    slots: &mut SlotAllocator,
+) -> (Ruleset, BalanceWidths) {
+    let mut widths = BalanceWidths::default();
+    let fragments: Vec<(&crate::model::ServicePortName, Fragment)> = state
+        .services
+        .iter()
+        .map(|(spn, sp)| {
+            let eps = state.endpoints_of(spn);
+            let f = build_service(cfg, &state.node, sp, eps, family, slots);
+            widths.add(&f);
+            (spn, f)
+        })
+        .collect();
+    let base = nftables_base(cfg, &state.node, family, slots.maps(), &widths);
+    let services = fragments
+        .into_iter()
+        .map(|(spn, f)| (spn.clone(), Arc::new(f)));
+    (
+        Ruleset::with_services(table(cfg, family), base, services),
+        widths,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::{render, Expr, Rule};
+    use crate::model::{Protocol, ServicePortName};
+    use crate::proxy::{plan_transaction, LocalDetector};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn state(eps: &[&str]) -> ProxyState {
+        let mut st = ProxyState::default();
+        st.node.name = "node1".into();
+        let name = ServicePortName {
+            namespace: "ns".into(),
+            name: "web".into(),
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+        };
+        let sp = ServicePort::new(name.clone(), ip("172.30.0.10"), 80);
+        st.endpoints.insert(
+            name.clone(),
+            eps.iter()
+                .map(|e| Endpoint::ready(ip(e), 8080, false))
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        st.services.insert(name, sp.into());
+        st
+    }
+
+    fn text(st: &ProxyState, cfg: &ProxierConfig, family: Family) -> String {
+        let rs = build_ruleset(st, cfg, family);
+        render::transaction(&plan_transaction(None, &rs, None, &[]).tx)
+    }
+
+    #[test]
+    fn several_endpoints_and_nothing_else_are_elements_of_the_balance_map_without_a_chain() {
+        let t = text(
+            &state(&["10.180.0.1", "10.180.0.2"]),
+            &ProxierConfig::default(),
+            Family::Ip,
+        );
+        for want in [
+            "add map ip kube-nlproxy balance-2-services { typeof ip daddr . meta l4proto . th \
+             dport . numgen random mod 2 : ip daddr . th dport ; }",
+            "add rule ip kube-nlproxy balance-2 dnat ip to ip daddr . meta l4proto . th dport . \
+             numgen random mod 2 map @balance-2-services",
+            "add element ip kube-nlproxy balance-2-services { 172.30.0.10 . tcp . 80 . 0 : \
+             10.180.0.1 . 8080 }",
+            "add element ip kube-nlproxy balance-2-services { 172.30.0.10 . tcp . 80 . 1 : \
+             10.180.0.2 . 8080 }",
+            "add element ip kube-nlproxy service-ips { 172.30.0.10 . tcp . 80 comment \
+             \"ns/web:http\" : goto balance-2 }",
+        ] {
+            assert!(t.contains(want), "{want}\n{t}");
+        }
+        assert!(!t.contains("add chain ip kube-nlproxy svc-"), "{t}");
+        assert!(!t.contains("offset"), "no slots: {t}");
+        assert!(!t.contains("balance-3"), "only the widths in use: {t}");
+        // A NodePort: its own chain, one rule over a block of endpoint-map slots.
+        let mut st = state(&["10.180.0.1", "10.180.0.2"]);
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).node_port = Some(30080);
+        let t = text(&st, &ProxierConfig::default(), Family::Ip);
+        assert!(t.contains("numgen random mod 2 offset"), "{t}");
+        assert!(t.contains("map @endpoints-"), "{t}");
+        assert!(!t.contains("balance-2"), "{t}");
+    }
+
+    #[test]
+    fn one_endpoint_and_nothing_else_is_an_element_of_the_one_endpoint_map_without_a_chain() {
+        let t = text(
+            &state(&["10.180.0.1"]),
+            &ProxierConfig::default(),
+            Family::Ip,
+        );
+        assert!(
+            t.contains(
+                "add element ip kube-nlproxy one-endpoint-services { 172.30.0.10 . tcp . 80 \
+                 comment \"ns/web:http\" : 10.180.0.1 . 8080 }"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "add rule ip kube-nlproxy one-endpoint dnat ip to ip daddr . meta l4proto . th \
+                 dport map @one-endpoint-services"
+            ),
+            "{t}"
+        );
+        assert!(
+            !t.contains("add chain ip kube-nlproxy svc-"),
+            "no chain: {t}"
+        );
+        assert!(
+            t.contains(
+                "add element ip kube-nlproxy service-ips { 172.30.0.10 . tcp . 80 \
+                 comment \"ns/web:http\" : goto one-endpoint }"
+            ),
+            "{t}"
+        );
+        assert!(!t.contains("numgen random mod 1 offset"), "{t}");
+    }
+
+    #[test]
+    fn one_endpoint_with_something_of_its_own_keeps_its_chain_and_an_endpoint_map_slot() {
+        let mut st = state(&["10.180.0.1"]);
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).node_port = Some(30080);
+        let t = text(&st, &ProxierConfig::default(), Family::Ip);
+        assert!(t.contains("numgen random mod 1 offset"), "{t}");
+        assert!(t.contains("10.180.0.1 . 8080"), "{t}");
+        assert!(!t.contains("one-endpoint-services { 172"), "{t}");
+        assert!(
+            !t.contains("dnat to 10.180.0.1:8080"),
+            "no per-endpoint rule: {t}"
+        );
+        // With affinity: the per-endpoint cascade with its affinity set.
+        let mut st = state(&["10.180.0.1"]);
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).affinity_timeout = Some(10800);
+        let t = text(&st, &ProxierConfig::default(), Family::Ip);
+        assert!(t.contains("dnat to 10.180.0.1:8080"), "{t}");
+        assert!(!t.contains("one-endpoint-services { 172"), "{t}");
+    }
+
+    #[test]
+    fn no_endpoints_rejects_through_the_no_endpoint_map() {
+        let t = text(&state(&[]), &ProxierConfig::default(), Family::Ip);
+        assert!(
+            t.contains("172.30.0.10 . tcp . 80 comment \"ns/web:http\" : goto reject-chain"),
+            "{t}"
+        );
+        assert!(!t.contains("dnat to"), "{t}");
+    }
+
+    #[test]
+    fn the_other_family_gets_none_of_an_ipv4_service() {
+        let t = text(
+            &state(&["10.180.0.1"]),
+            &ProxierConfig::default(),
+            Family::Ip6,
+        );
+        assert!(!t.contains("172.30.0.10"), "{t}");
+        assert!(t.contains("add table ip6 kube-nlproxy"), "{t}");
+    }
+
+    #[test]
+    fn masquerade_all_marks_every_cluster_ip_connection() {
+        let cfg = ProxierConfig {
+            masquerade_all: true,
+            ..Default::default()
+        };
+        let all = text(&state(&["10.180.0.1"]), &cfg, Family::Ip);
+        let detected = text(
+            &state(&["10.180.0.1"]),
+            &ProxierConfig {
+                local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+                ..Default::default()
+            },
+            Family::Ip,
+        );
+        assert!(detected.contains("ip saddr != 10.0.0.0/8"), "{detected}");
+        assert!(!all.contains("ip saddr != 10.0.0.0/8"), "{all}");
+        assert!(all.contains("jump mark-for-masquerade"), "{all}");
+    }
+
+    /// The forward chain's rules of `cfg`'s IPv4 ruleset, in order.
+    fn forward_rules(cfg: &ProxierConfig) -> Vec<Rule> {
+        let rs = build_ruleset(&state(&["10.180.0.1"]), cfg, Family::Ip);
+        let rules = rs
+            .chains()
+            .find(|(c, _)| c.name == FILTER_FORWARD)
+            .map(|(_, rules)| rules.clone());
+        rules.unwrap_or_default()
+    }
+
+    /// Upstream 1.37's gate `KubeProxyNFTablesLocalhostNodePorts`: a chain per rejected
+    /// protocol that counts and rejects, the `localhost-nodeport-reject-ports` map with the
+    /// NodePorts of those protocols, and the loopback lookup in `nodeport-endpoints-check`.
+    #[test]
+    fn loopback_node_ports_are_rejected_and_counted_per_family_policy() {
+        use crate::proxy::{LoopbackNodePorts, LoopbackPolicy};
+        let mut st = state(&["10.180.0.1", "fd00::1"]);
+        let spn = st.services.keys().next().unwrap().clone();
+        let mut sp = (*st.services[&spn]).clone();
+        sp.node_port = Some(30080);
+        sp.cluster_ips.push(ip("fd00:30::10"));
+        st.services.insert(spn, sp.into());
+        let cfg = ProxierConfig {
+            loopback_nodeports: LoopbackPolicy {
+                v4: LoopbackNodePorts::ServeTcp,
+                v6: LoopbackNodePorts::RejectAll,
+            },
+            ..Default::default()
+        };
+        let v4 = text(&st, &cfg, Family::Ip);
+        for want in [
+            "add rule ip kube-nlproxy localhost-nodeport-reject-udp counter reject comment \"localhost-nodeport-rejected-udp\"",
+            "add chain ip kube-nlproxy localhost-nodeport-reject-sctp",
+            "add map ip kube-nlproxy localhost-nodeport-reject-ports",
+            "add rule ip kube-nlproxy nodeport-endpoints-check ip daddr 127.0.0.0/8 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+        ] {
+            assert!(v4.contains(want), "{want}\n in\n{v4}");
+        }
+        assert!(
+            !v4.contains("localhost-nodeport-reject-tcp"),
+            "IPv4 serves TCP in userspace: not rejected\n{v4}"
+        );
+        let v6 = text(&st, &cfg, Family::Ip6);
+        for want in [
+            "add rule ip6 kube-nlproxy localhost-nodeport-reject-tcp counter reject comment \"localhost-nodeport-rejected-tcp\"",
+            "add rule ip6 kube-nlproxy nodeport-endpoints-check ip6 daddr ::1 meta l4proto . th dport vmap @localhost-nodeport-reject-ports",
+            "add element ip6 kube-nlproxy localhost-nodeport-reject-ports { tcp . 30080 comment \"ns/web:http\" : goto localhost-nodeport-reject-tcp }",
+        ] {
+            assert!(v6.contains(want), "{want}\n in\n{v6}");
+        }
+        let untouched = text(&st, &ProxierConfig::default(), Family::Ip);
+        assert!(!untouched.contains("localhost-nodeport"), "{untouched}");
+    }
+
+    /// iptables mode with localhost NodePorts: upstream's KUBE-FIREWALL rule, first in the
+    /// input and output hooks, IPv4 only; nothing of it otherwise.
+    #[test]
+    fn iptables_mode_guards_route_localnet_as_upstream() {
+        let cfg = ProxierConfig {
+            localnet_guard: true,
+            ..Default::default()
+        };
+        let st = state(&["10.180.0.1"]);
+        let v4 = text(&st, &cfg, Family::Ip);
+        for want in [
+            "add rule ip kube-nlproxy filter-input ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state new jump localnet-guard",
+            "add rule ip kube-nlproxy filter-output ip daddr 127.0.0.0/8 ip saddr != 127.0.0.0/8 ct state new jump localnet-guard",
+            "add rule ip kube-nlproxy localnet-guard ct status dnat return",
+            "add rule ip kube-nlproxy localnet-guard drop comment \"block incoming localnet connections\"",
+        ] {
+            assert!(v4.contains(want), "{want}\n in\n{v4}");
+        }
+        let input = v4
+            .lines()
+            .find(|l| l.starts_with("add rule ip kube-nlproxy filter-input"))
+            .unwrap();
+        assert!(input.contains("localnet-guard"), "first in input: {input}");
+        assert!(
+            !text(&st, &cfg, Family::Ip6).contains("localnet"),
+            "IPv4 only"
+        );
+        assert!(!text(&st, &ProxierConfig::default(), Family::Ip).contains("localnet"));
+    }
+
+    #[test]
+    fn iptables_mode_with_a_strict_conntrack_drops_invalid_packets_first_in_forward() {
+        let cfg = ProxierConfig {
+            drop_invalid: true,
+            ..Default::default()
+        };
+        let rules = forward_rules(&cfg);
+        assert_eq!(
+            rules[0].exprs,
+            [
+                Expr::CtStateInvalid,
+                Expr::Counter,
+                Expr::Verdict(Verdict::Drop)
+            ]
+        );
+        assert_eq!(rules[0].comment.as_deref(), Some(INVALID_DROP_COMMENT));
+        assert!(INVALID_DROP_COMMENT.contains("kubernetes#74839"));
+        assert_eq!(rules.len(), 3, "{rules:?}");
+        let t = text(&state(&["10.180.0.1"]), &cfg, Family::Ip6);
+        assert!(
+            t.contains("add rule ip6 kube-nlproxy filter-forward ct state invalid counter drop"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn nftables_mode_or_a_liberal_conntrack_forwards_invalid_packets_untouched() {
+        // Neither upstream's nftables mode nor its iptables mode with
+        // nf_conntrack_tcp_be_liberal=1 has the rule; both reach the planner as `false`.
+        let rules = forward_rules(&ProxierConfig::default());
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert!(
+            rules
+                .iter()
+                .all(|r| !r.exprs.contains(&Expr::CtStateInvalid)),
+            "{rules:?}"
+        );
+        assert!(
+            !text(&state(&[]), &ProxierConfig::default(), Family::Ip).contains("ct state invalid")
+        );
+    }
+}
