@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::kernel::nft::Family;
-use crate::model::{Protocol, ProxyState};
+use crate::model::{Protocol, ProxyState, ServicePort};
 
 use crate::kernel::conntrack::{Conntrack, Flow};
 
@@ -22,7 +22,8 @@ use super::SyncStats;
 /// The protocols whose entries need cleaning (TCP connections reset on their own).
 pub const PROTOCOLS: [Protocol; 2] = [Protocol::Udp, Protocol::Sctp];
 
-type Endpoints = BTreeSet<(IpAddr, u16)>;
+/// Endpoints by address and port, as a conntrack entry's reply source names them.
+pub(crate) type Endpoints = BTreeSet<(IpAddr, u16)>;
 
 /// The serving endpoints per service destination, for one family and protocol.
 #[derive(Debug, Default)]
@@ -34,6 +35,34 @@ pub struct ServiceDestinations {
 impl ServiceDestinations {
     pub fn is_empty(&self) -> bool {
         self.by_ip_port.is_empty() && self.by_node_port.is_empty()
+    }
+
+    /// Adds `eps` to the endpoints of every destination of `sp` in `family`: its ClusterIPs,
+    /// externalIPs and LoadBalancer IPs with its port, and its NodePort.
+    pub(crate) fn add(&mut self, sp: &ServicePort, family: Family, eps: &Endpoints) {
+        for ip in sp
+            .cluster_ips
+            .iter()
+            .chain(&sp.external_ips)
+            .chain(&sp.load_balancer_ips)
+            .filter(|ip| Family::of(ip) == family)
+        {
+            self.by_ip_port
+                .entry((*ip, sp.port))
+                .or_default()
+                .extend(eps);
+        }
+        if let Some(np) = sp.node_port {
+            self.by_node_port.entry(np).or_default().extend(eps);
+        }
+    }
+
+    /// The endpoints of the service a flow was made to. A flow to a service IP and port is
+    /// judged by that service alone, even when its port number is also some NodePort.
+    pub(crate) fn of_flow(&self, f: &Flow) -> Option<&Endpoints> {
+        self.by_ip_port
+            .get(&(f.orig_dst, f.orig_dport))
+            .or_else(|| self.by_node_port.get(&f.orig_dport))
     }
 }
 
@@ -62,18 +91,7 @@ pub fn service_destinations(
         if serving.is_empty() {
             continue;
         }
-        for ip in sp
-            .cluster_ips
-            .iter()
-            .chain(&sp.external_ips)
-            .chain(&sp.load_balancer_ips)
-            .filter(|ip| Family::of(ip) == family)
-        {
-            d.by_ip_port.insert((*ip, sp.port), serving.clone());
-        }
-        if let Some(np) = sp.node_port {
-            d.by_node_port.insert(np, serving.clone());
-        }
+        d.add(sp, family, &serving);
     }
     d
 }
@@ -83,16 +101,9 @@ pub fn stale_flows(dests: &ServiceDestinations, flows: &[Flow]) -> Vec<Flow> {
     flows
         .iter()
         .filter(|f| {
-            let reply = (f.reply_src, f.reply_sport);
-            // A flow to a service IP and port is judged by that service alone, even when its
-            // port number is also some NodePort.
-            match dests.by_ip_port.get(&(f.orig_dst, f.orig_dport)) {
-                Some(eps) => !eps.contains(&reply),
-                None => dests
-                    .by_node_port
-                    .get(&f.orig_dport)
-                    .is_some_and(|eps| !eps.contains(&reply)),
-            }
+            dests
+                .of_flow(f)
+                .is_some_and(|eps| !eps.contains(&(f.reply_src, f.reply_sport)))
         })
         .cloned()
         .collect()
@@ -117,13 +128,7 @@ pub fn reconcile_conntrack(
                 .list(*family, proto.number())
                 .and_then(|flows| ct.delete(&stale_flows(&dests, &flows)));
             match res {
-                Ok(n) => {
-                    stats.conntrack_deleted += n;
-                    *stats
-                        .conntrack_deleted_by_family
-                        .entry(*family)
-                        .or_default() += n;
-                }
+                Ok(n) => stats.count_conntrack_deleted(*family, n),
                 Err(e) => {
                     tracing::warn!(%family, proto = proto.lower(), err = %e, "conntrack cleanup failed")
                 }

@@ -16,7 +16,7 @@
 //! that drain (terminating, then gone) and Services that are deleted (their pods may live)
 //! keep upstream's behaviour. Pure, except [`reset_dead_endpoint_connections`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -24,18 +24,18 @@ use crate::kernel::conntrack::{Conntrack, Flow};
 use crate::kernel::nft::Family;
 use crate::model::{Endpoint, Protocol, ProxyState, ServicePort, ServicePortName};
 
+use super::conntrack::{Endpoints, ServiceDestinations};
 use super::SyncStats;
 
 /// An endpoint's address and port, as a conntrack entry's reply source names it.
 type EndpointAddr = (IpAddr, u16);
 
 /// For one family, the endpoints that died per service destination.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct DeadEndpoints {
-    by_ip_port: BTreeMap<(IpAddr, u16), BTreeSet<EndpointAddr>>,
-    by_node_port: BTreeMap<u16, BTreeSet<EndpointAddr>>,
+    dests: ServiceDestinations,
     /// Every endpoint that died, for the log line.
-    endpoints: BTreeSet<EndpointAddr>,
+    endpoints: Endpoints,
 }
 
 impl DeadEndpoints {
@@ -49,30 +49,15 @@ impl DeadEndpoints {
     }
 
     fn add(&mut self, sp: &ServicePort, family: Family, dead: &[EndpointAddr]) {
-        let dead: BTreeSet<EndpointAddr> = dead
+        let dead: Endpoints = dead
             .iter()
             .filter(|(ip, _)| Family::of(ip) == family)
             .copied()
             .collect();
-        if dead.is_empty() {
-            return;
+        if !dead.is_empty() {
+            self.dests.add(sp, family, &dead);
+            self.endpoints.extend(dead);
         }
-        for ip in sp
-            .cluster_ips
-            .iter()
-            .chain(&sp.external_ips)
-            .chain(&sp.load_balancer_ips)
-            .filter(|ip| Family::of(ip) == family)
-        {
-            self.by_ip_port
-                .entry((*ip, sp.port))
-                .or_default()
-                .extend(&dead);
-        }
-        if let Some(np) = sp.node_port {
-            self.by_node_port.entry(np).or_default().extend(&dead);
-        }
-        self.endpoints.extend(dead);
     }
 }
 
@@ -128,12 +113,9 @@ pub fn dead_flows(dead: &DeadEndpoints, flows: &[Flow]) -> Vec<Flow> {
     flows
         .iter()
         .filter(|f| {
-            let reply = (f.reply_src, f.reply_sport);
-            let to_dead = |eps: &BTreeSet<EndpointAddr>| eps.contains(&reply);
-            dead.by_ip_port
-                .get(&(f.orig_dst, f.orig_dport))
-                .is_some_and(to_dead)
-                || dead.by_node_port.get(&f.orig_dport).is_some_and(to_dead)
+            dead.dests
+                .of_flow(f)
+                .is_some_and(|eps| eps.contains(&(f.reply_src, f.reply_sport)))
         })
         .cloned()
         .collect()
@@ -159,11 +141,7 @@ pub fn reset_dead_endpoint_connections(
             .and_then(|flows| ct.delete(&dead_flows(&dead, &flows)));
         match res {
             Ok(n) => {
-                stats.conntrack_deleted += n;
-                *stats
-                    .conntrack_deleted_by_family
-                    .entry(*family)
-                    .or_default() += n;
+                stats.count_conntrack_deleted(*family, n);
                 tracing::info!(
                     %family,
                     endpoints = dead.len(),

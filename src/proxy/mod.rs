@@ -128,6 +128,14 @@ pub struct SyncStats {
     pub listeners: Option<Arc<Vec<ListenerInfo>>>,
 }
 
+impl SyncStats {
+    /// Counts `n` conntrack entries of `family` deleted.
+    pub fn count_conntrack_deleted(&mut self, family: Family, n: usize) {
+        self.conntrack_deleted += n;
+        *self.conntrack_deleted_by_family.entry(family).or_default() += n;
+    }
+}
+
 /// One userspace-mode listener: where the redirect table sends a service port, and the
 /// endpoints the listener forwards to.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
