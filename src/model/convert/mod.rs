@@ -1,17 +1,20 @@
 //! Converts Kubernetes objects (k8s-openapi types) into the model. Pure. Bad values are
 //! reported as warnings naming the object and skipped: one broken Service never stops the
-//! others from being programmed.
+//! others from being programmed. Services are converted in `service.rs`.
 
-use std::collections::{BTreeMap, HashSet};
+mod service;
+
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::discovery::v1::{Endpoint as EndpointSpec, EndpointSlice};
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
+pub use self::service::convert_service;
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
-use crate::model::intern::ArcStr;
+use crate::model::intern::{self, ArcStr};
 use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
 
@@ -21,7 +24,6 @@ pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 /// Label joining a slice to its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 
 /// The Kubernetes objects the proxy consumes, as one consistent snapshot.
 #[derive(Debug, Clone, Default)]
@@ -46,220 +48,26 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
     s.parse().ok()
 }
 
-/// Converts one Service to its service ports. `Ok(vec![])` means "not ours to proxy".
-pub fn convert_service(svc: &Service, warnings: &mut Vec<ObjectWarning>) -> Vec<ServicePort> {
-    let meta = &svc.metadata;
-    let id = obj_name(&meta.namespace, &meta.name);
-    let labels = meta.labels.clone().unwrap_or_default();
-    if labels.contains_key(LABEL_SERVICE_PROXY_NAME) {
-        return vec![];
+/// The warnings about one object, each naming it: the conversions of one object push
+/// their problems here.
+struct ObjectWarnings<'w> {
+    /// `Service`, `EndpointSlice`, ...
+    kind: &'static str,
+    /// The object's name (`namespace/name` when it has a namespace).
+    object: String,
+    out: &'w mut Vec<ObjectWarning>,
+}
+
+impl<'w> ObjectWarnings<'w> {
+    fn new(kind: &'static str, object: String, out: &'w mut Vec<ObjectWarning>) -> Self {
+        ObjectWarnings { kind, object, out }
     }
-    let Some(spec) = &svc.spec else {
-        warnings.push(ObjectWarning::new(
-            "Service",
-            id.to_string(),
-            "no spec; skipped",
-        ));
-        return vec![];
-    };
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return vec![];
+
+    /// Adds one problem of the object.
+    fn push(&mut self, problem: impl Into<String>) {
+        self.out
+            .push(ObjectWarning::new(self.kind, self.object.clone(), problem));
     }
-    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
-        (Some(v), _) if !v.is_empty() => v.clone(),
-        (_, Some(ip)) => vec![ip.clone()],
-        _ => vec![],
-    };
-    if raw_ips.iter().any(|s| s == "None") {
-        return vec![]; // headless
-    }
-    let mut cluster_ips = Vec::new();
-    for s in &raw_ips {
-        match parse_ip(s) {
-            Some(ip)
-                if !cluster_ips
-                    .iter()
-                    .any(|c: &IpAddr| c.is_ipv4() == ip.is_ipv4()) =>
-            {
-                cluster_ips.push(ip)
-            }
-            Some(ip) => warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!("second ClusterIP {ip} of the same family ignored"),
-            )),
-            None => {
-                warnings.push(ObjectWarning::new(
-                    "Service",
-                    id.to_string(),
-                    format!("invalid ClusterIP {s:?}; Service skipped"),
-                ));
-                return vec![];
-            }
-        }
-    }
-    if cluster_ips.is_empty() {
-        warnings.push(ObjectWarning::new(
-            "Service",
-            id.to_string(),
-            "no ClusterIP; skipped",
-        ));
-        return vec![];
-    }
-    let mut external_ips = Vec::new();
-    for s in spec.external_ips.iter().flatten() {
-        match parse_ip(s) {
-            Some(ip) => external_ips.push(ip),
-            None => warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!("invalid externalIP {s:?} ignored"),
-            )),
-        }
-    }
-    let mut load_balancer_ips = Vec::new();
-    if let Some(ingress) = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-    {
-        for ing in ingress {
-            // ipMode Proxy: the load balancer delivers to the node with its own address as
-            // destination, so the LB IP must not be short-circuited here (KEP-1860).
-            if ing.ip_mode.as_deref() == Some("Proxy") {
-                continue;
-            }
-            if let Some(s) = &ing.ip {
-                match parse_ip(s) {
-                    Some(ip) => load_balancer_ips.push(ip),
-                    None => warnings.push(ObjectWarning::new(
-                        "Service",
-                        id.to_string(),
-                        format!("invalid LoadBalancer ingress IP {s:?} ignored"),
-                    )),
-                }
-            }
-        }
-    }
-    let mut source_ranges = Vec::new();
-    for s in spec.load_balancer_source_ranges.iter().flatten() {
-        match s.parse::<Cidr>() {
-            Ok(c) => source_ranges.push(c),
-            Err(e) => warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!("invalid loadBalancerSourceRange ignored: {e}"),
-            )),
-        }
-    }
-    let affinity_timeout = if spec.session_affinity.as_deref() == Some("ClientIP") {
-        let t = spec
-            .session_affinity_config
-            .as_ref()
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds)
-            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT as i32);
-        if (1..=86400).contains(&t) {
-            Some(t as u32)
-        } else {
-            warnings.push(ObjectWarning::new(
-    "Service",
-    id.to_string(),
-    format!("sessionAffinity timeoutSeconds {t} out of range; using {DEFAULT_AFFINITY_TIMEOUT}"
-            ),
-));
-            Some(DEFAULT_AFFINITY_TIMEOUT)
-        }
-    } else {
-        None
-    };
-    let health_check_node_port = match spec.health_check_node_port {
-        Some(p) if (1..=65535).contains(&p) => Some(p as u16),
-        Some(0) | None => None,
-        Some(p) => {
-            warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!("invalid healthCheckNodePort {p} ignored"),
-            ));
-            None
-        }
-    };
-    let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
-    let name = meta.name.clone().unwrap_or_default();
-    let mut out = Vec::new();
-    let mut seen = HashSet::new();
-    // One copy of each name for all of the Service's ports.
-    let (ns_shared, name_shared): (ArcStr, ArcStr) =
-        (super::intern::shared(ns.as_str()), name.as_str().into());
-    for p in spec.ports.iter().flatten() {
-        let pname = p.name.clone().unwrap_or_default();
-        let proto_s = p.protocol.as_deref().unwrap_or("TCP");
-        let Some(protocol) = Protocol::parse(proto_s) else {
-            warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!("port {pname:?}: unknown protocol {proto_s:?}; port skipped"),
-            ));
-            continue;
-        };
-        if !(1..=65535).contains(&p.port) {
-            warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!(
-                    "port {pname:?}: port {} out of range 1-65535; port skipped",
-                    p.port
-                ),
-            ));
-            continue;
-        }
-        let node_port = match p.node_port {
-            None | Some(0) => None,
-            Some(n) if (1..=65535).contains(&n) => Some(n as u16),
-            Some(n) => {
-                warnings.push(ObjectWarning::new(
-                    "Service",
-                    id.to_string(),
-                    format!("port {pname:?}: nodePort {n} out of range; port skipped"),
-                ));
-                continue;
-            }
-        };
-        let spn = ServicePortName {
-            namespace: ns_shared.clone(),
-            name: name_shared.clone(),
-            port: super::intern::shared(pname.as_str()),
-            protocol,
-        };
-        if !seen.insert(spn.clone()) {
-            warnings.push(ObjectWarning::new(
-                "Service",
-                id.to_string(),
-                format!("duplicate port name {pname:?} for {proto_s}; later one skipped"),
-            ));
-            continue;
-        }
-        let externally =
-            node_port.is_some() || !external_ips.is_empty() || !load_balancer_ips.is_empty();
-        out.push(ServicePort {
-            name: spn,
-            cluster_ips: cluster_ips.clone(),
-            port: p.port as u16,
-            node_port,
-            external_ips: external_ips.clone(),
-            load_balancer_ips: load_balancer_ips.clone(),
-            load_balancer_source_ranges: source_ranges.clone(),
-            affinity_timeout,
-            external_policy_local: externally
-                && spec.external_traffic_policy.as_deref() == Some("Local"),
-            internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
-            health_check_node_port,
-            created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
-        });
-    }
-    out
 }
 
 /// Converts the Node object (or just the name when there is none).
@@ -383,12 +191,16 @@ pub fn convert_slice(
     warnings: &mut Vec<ObjectWarning>,
 ) -> SliceEndpoints {
     let meta = &slice.metadata;
-    let id = obj_name(&meta.namespace, &meta.name);
+    let mut warn = ObjectWarnings::new(
+        "EndpointSlice",
+        obj_name(&meta.namespace, &meta.name),
+        warnings,
+    );
     let ns = meta.namespace.as_deref().unwrap_or("default");
     let labels = meta.labels.as_ref();
     let label = |k: &str| labels.and_then(|l| l.get(k));
     // The namespace and Service name, shared with every port's name below.
-    let ns_shared = super::intern::shared(ns);
+    let ns_shared = intern::shared(ns);
     let mut out = SliceEndpoints {
         service: label(LABEL_SERVICE_NAME).map(|s| (ns_shared.clone(), s.as_str().into())),
         trigger_time: meta
@@ -402,11 +214,7 @@ pub fn convert_slice(
         return out;
     }
     let Some(svc_shared) = out.service.as_ref().map(|(_, s)| s.clone()) else {
-        warnings.push(ObjectWarning::new(
-            "EndpointSlice",
-            id.to_string(),
-            format!("no {LABEL_SERVICE_NAME} label; skipped"),
-        ));
+        warn.push(format!("no {LABEL_SERVICE_NAME} label; skipped"));
         return out;
     };
     let want_v4 = match slice.address_type.as_str() {
@@ -414,101 +222,35 @@ pub fn convert_slice(
         "IPv6" => false,
         "FQDN" => return out,
         other => {
-            warnings.push(ObjectWarning::new(
-                "EndpointSlice",
-                id.to_string(),
-                format!("unknown addressType {other:?}; skipped"),
-            ));
+            warn.push(format!("unknown addressType {other:?}; skipped"));
             return out;
         }
     };
     for port in slice.ports.iter().flatten() {
         let Some(num) = port.port else { continue };
         if !(1..=65535).contains(&num) {
-            warnings.push(ObjectWarning::new(
-                "EndpointSlice",
-                id.to_string(),
-                format!("port {num} out of range; port skipped"),
-            ));
+            warn.push(format!("port {num} out of range; port skipped"));
             continue;
         }
         let proto_s = port.protocol.as_deref().unwrap_or("TCP");
         let Some(protocol) = Protocol::parse(proto_s) else {
-            warnings.push(ObjectWarning::new(
-                "EndpointSlice",
-                id.to_string(),
-                format!("unknown protocol {proto_s:?}; port skipped"),
-            ));
+            warn.push(format!("unknown protocol {proto_s:?}; port skipped"));
             continue;
         };
         let spn = ServicePortName {
             namespace: ns_shared.clone(),
             name: svc_shared.clone(),
-            port: super::intern::shared(port.name.as_deref().unwrap_or_default()),
+            port: intern::shared(port.name.as_deref().unwrap_or_default()),
             protocol,
         };
         // Optional in the current API types: a slice without endpoints may omit it.
         let endpoints = slice.endpoints.as_deref().unwrap_or_default();
         let mut eps = Vec::with_capacity(endpoints.len());
         for ep in endpoints {
-            // Upstream uses only the first address of an endpoint.
-            let Some(addr) = ep.addresses.first() else {
+            let Some(ip) = endpoint_ip_of(ep, want_v4, &slice.address_type, &mut warn) else {
                 continue;
             };
-            let ip = match parse_ip(addr) {
-                // An IPv4-mapped IPv6 address is no pod address; DNAT to it would misroute.
-                Some(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
-                    warnings.push(ObjectWarning::new(
-                        "EndpointSlice",
-                        id.to_string(),
-                        format!("IPv4-mapped address {v6} is not a valid endpoint; skipped"),
-                    ));
-                    continue;
-                }
-                Some(ip) if ip.is_ipv4() == want_v4 => ip,
-                Some(ip) => {
-                    warnings.push(ObjectWarning::new(
-                        "EndpointSlice",
-                        id.to_string(),
-                        format!(
-                            "address {ip} does not match addressType {}; skipped",
-                            slice.address_type
-                        ),
-                    ));
-                    continue;
-                }
-                None => {
-                    warnings.push(ObjectWarning::new(
-                        "EndpointSlice",
-                        id.to_string(),
-                        format!("invalid address {addr:?}; skipped"),
-                    ));
-                    continue;
-                }
-            };
-            let cond = ep.conditions.as_ref();
-            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-            let hints = ep.hints.as_ref();
-            let mut e = Endpoint {
-                ip,
-                port: num as u16,
-                is_local: ep.node_name.as_deref() == Some(node_name),
-                ready,
-                serving: cond.and_then(|c| c.serving).unwrap_or(ready),
-                terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-                hints: None,
-            };
-            e.set_hints(
-                hints
-                    .and_then(|h| h.for_zones.as_ref())
-                    .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                    .unwrap_or_default(),
-                hints
-                    .and_then(|h| h.for_nodes.as_ref())
-                    .map(|n| n.iter().map(|n| n.name.clone()).collect())
-                    .unwrap_or_default(),
-            );
-            eps.push(e);
+            eps.push(endpoint_of(ep, ip, num as u16, node_name));
         }
         out.ports.push((spn, Arc::new(merge_endpoints(eps.iter()))));
     }
@@ -516,6 +258,67 @@ pub fn convert_slice(
     // four was ~2.4 MiB at 10k slices (heaptrack of the daemon, issue #18).
     out.ports.shrink_to_fit();
     out
+}
+
+/// The address an endpoint is reached at: its first (upstream uses only that one). `None`
+/// when it has none, or (with a warning) when it does not parse, is IPv4-mapped IPv6 or is
+/// not of the slice's `addressType`.
+fn endpoint_ip_of(
+    ep: &EndpointSpec,
+    want_v4: bool,
+    address_type: &str,
+    warn: &mut ObjectWarnings,
+) -> Option<IpAddr> {
+    let addr = ep.addresses.first()?;
+    match parse_ip(addr) {
+        // An IPv4-mapped IPv6 address is no pod address; DNAT to it would misroute.
+        Some(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => {
+            warn.push(format!(
+                "IPv4-mapped address {v6} is not a valid endpoint; skipped"
+            ));
+            None
+        }
+        Some(ip) if ip.is_ipv4() == want_v4 => Some(ip),
+        Some(ip) => {
+            warn.push(format!(
+                "address {ip} does not match addressType {address_type}; skipped"
+            ));
+            None
+        }
+        None => {
+            warn.push(format!("invalid address {addr:?}; skipped"));
+            None
+        }
+    }
+}
+
+/// The endpoint at `ip` and `port`, with the slice endpoint's conditions (missing ones as
+/// upstream reads them: ready, serving when ready, not terminating), whether it runs on
+/// this node, and its topology hints.
+fn endpoint_of(ep: &EndpointSpec, ip: IpAddr, port: u16, node_name: &str) -> Endpoint {
+    let cond = ep.conditions.as_ref();
+    let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+    let hints = ep.hints.as_ref();
+    let mut e = Endpoint {
+        ip,
+        port,
+        is_local: ep.node_name.as_deref() == Some(node_name),
+        ready,
+        serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+        terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+        hints: None,
+    };
+    e.set_hints(
+        hints
+            .and_then(|h| h.for_zones.as_ref())
+            .map(|z| z.iter().map(|z| z.name.clone()).collect())
+            .unwrap_or_default(),
+        hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .map(|n| n.iter().map(|n| n.name.clone()).collect())
+            .unwrap_or_default(),
+    );
+    e
 }
 
 /// One service port's endpoints from the lists that carry them, in order: sorted by address
@@ -768,68 +571,11 @@ impl Collision {
 mod tests {
     use super::*;
 
-    fn parse<T: serde::de::DeserializeOwned>(y: &str) -> T {
+    pub(super) fn parse<T: serde::de::DeserializeOwned>(y: &str) -> T {
         serde_saphyr::from_str(y).unwrap()
     }
 
-    /// The API source keeps a slice's conversion as long as the slice exists: its list of
-    /// ports holds no spare room.
-    #[test]
-    fn a_converted_slice_has_no_spare_room() {
-        let o: EndpointSlice = parse(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [10.1.0.1]}]\n",
-        );
-        let c = convert_slice(&o, "n1", &mut Vec::new());
-        assert_eq!(c.ports.len(), 1);
-        assert_eq!(c.ports.capacity(), c.ports.len());
-    }
-
-    /// An empty slice as the API server writes it, `endpoints` left out (optional in the
-    /// current API types): decoded and converted to a port with no endpoints.
-    #[test]
-    fn a_slice_without_endpoints_converts_to_none() {
-        let o: EndpointSlice = parse(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\n",
-        );
-        assert!(o.endpoints.is_none());
-        let mut warnings = Vec::new();
-        let c = convert_slice(&o, "n1", &mut warnings);
-        assert!(warnings.is_empty(), "{warnings:?}");
-        assert_eq!(c.ports.len(), 1);
-        assert!(c.ports[0].1.is_empty(), "{:?}", c.ports[0].1);
-    }
-
-    /// Namespaces and port names are held once, and a slice's Service name once for the
-    /// slice and its ports (issue #18: 10k Services' slices each held their own copies).
-    #[test]
-    fn converted_slices_share_their_names() {
-        let slice = |name: &str| -> EndpointSlice {
-            parse(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.1]}}]\n"
-            ))
-        };
-        let a = convert_slice(&slice("a"), "n1", &mut Vec::new());
-        let b = convert_slice(&slice("b"), "n1", &mut Vec::new());
-        let (sa, sb) = (&a.ports[0].0, &b.ports[0].0);
-        assert!(ArcStr::ptr_eq(&sa.namespace, &sb.namespace));
-        assert!(ArcStr::ptr_eq(&sa.port, &sb.port));
-        let (ns, svc) = a.service.as_ref().unwrap();
-        assert!(ArcStr::ptr_eq(ns, &sa.namespace) && ArcStr::ptr_eq(svc, &sa.name));
-    }
-
-    #[test]
-    fn a_slices_topology_hints_reach_its_endpoints() {
-        let o: EndpointSlice = parse(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.1.0.1], hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}}\n- {addresses: [10.1.0.2]}\n",
-        );
-        let c = convert_slice(&o, "n1", &mut Vec::new());
-        let eps = &c.ports[0].1;
-        assert_eq!(eps[0].zone_hints(), ["z1"]);
-        assert_eq!(eps[0].node_hints(), ["n1"]);
-        assert!(eps[1].hints.is_none(), "no hints: nothing kept");
-    }
-
-    fn svc(spec: &str) -> Service {
+    pub(super) fn svc(spec: &str) -> Service {
         parse(&format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: ns}}\nspec:\n{spec}"
         ))
@@ -879,71 +625,6 @@ mod tests {
     }
 
     #[test]
-    fn bad_ports_are_skipped_with_warnings_and_good_ones_kept() {
-        let s = svc(
-            "  clusterIP: 10.0.0.1\n  ports:\n  - {name: a, port: 0}\n  - {name: b, port: 70000}\n  - {name: c, port: 80, protocol: ICMP}\n  - {name: d, port: 81, protocol: UDP}\n",
-        );
-        let mut w = Vec::new();
-        let ports = convert_service(&s, &mut w);
-        assert_eq!(ports.len(), 1);
-        assert_eq!(ports[0].name.port, "d");
-        assert_eq!(ports[0].name.protocol, Protocol::Udp);
-        assert_eq!(w.len(), 3, "{w:?}");
-        assert!(
-            w.iter()
-                .all(|m| m.to_string().starts_with("Service ns/s: port")),
-            "{w:?}"
-        );
-    }
-
-    #[test]
-    fn invalid_cluster_ip_skips_the_service() {
-        let s = svc("  clusterIP: 10.0.0.300\n  ports: [{port: 80}]\n");
-        let mut w = Vec::new();
-        assert!(convert_service(&s, &mut w).is_empty());
-        assert!(w[0].to_string().contains("invalid ClusterIP"), "{w:?}");
-    }
-
-    #[test]
-    fn headless_external_name_and_other_proxies_produce_nothing() {
-        let mut w = Vec::new();
-        assert!(
-            convert_service(&svc("  clusterIP: None\n  ports: [{port: 80}]\n"), &mut w).is_empty()
-        );
-        assert!(convert_service(
-            &svc("  type: ExternalName\n  externalName: x.example\n"),
-            &mut w
-        )
-        .is_empty());
-        let mut s = svc("  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n");
-        s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
-        assert!(convert_service(&s, &mut w).is_empty());
-        assert!(w.is_empty(), "these are not errors: {w:?}");
-    }
-
-    #[test]
-    fn policies_affinity_and_external_addresses() {
-        let mut s = svc(
-            "  type: LoadBalancer\n  clusterIPs: [10.0.0.1, 'fd00::1']\n  externalTrafficPolicy: Local\n  internalTrafficPolicy: Local\n  sessionAffinity: ClientIP\n  externalIPs: [1.2.3.4, nope]\n  loadBalancerSourceRanges: [1.2.3.0/24]\n  ports: [{port: 80, nodePort: 30080}]\n",
-        );
-        s.status = Some(parse(
-            "loadBalancer: {ingress: [{ip: 5.6.7.8}, {ip: 9.9.9.9, ipMode: Proxy}]}",
-        ));
-        let mut w = Vec::new();
-        let p = &convert_service(&s, &mut w)[0];
-        assert_eq!(p.cluster_ips.len(), 2);
-        assert!(p.external_policy_local && p.internal_policy_local);
-        assert_eq!(p.affinity_timeout, Some(10800));
-        assert_eq!(p.external_ips, vec!["1.2.3.4".parse::<IpAddr>().unwrap()]);
-        assert_eq!(
-            p.load_balancer_ips,
-            vec!["5.6.7.8".parse::<IpAddr>().unwrap()]
-        );
-        assert_eq!(p.node_port, Some(30080));
-        assert_eq!(w.len(), 1, "{w:?}");
-    }
-
-    #[test]
     fn objects_at_the_limits() {
         // 100 ports, names at their maximum length, colliding port names across protocols.
         let ns = "n".repeat(63);
@@ -989,21 +670,6 @@ mod tests {
             w.iter().any(|m| m.to_string().contains("IPv4-mapped")),
             "{w:?}"
         );
-    }
-
-    #[test]
-    fn rfc3339_timestamps() {
-        let t = parse_rfc3339("2024-02-29T23:59:59Z").unwrap();
-        assert_eq!(
-            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(),
-            1_709_251_199
-        );
-        let f = parse_rfc3339("2024-02-29T23:59:59.5+01:00").unwrap();
-        assert_eq!(
-            f.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis(),
-            1_709_247_599_500
-        );
-        assert!(parse_rfc3339("yesterday").is_none());
     }
 
     #[test]
@@ -1155,5 +821,77 @@ mod tests {
             text.contains(&format!("; {} gets that traffic", c[0].owner)),
             "{text}"
         );
+    }
+
+    /// The API source keeps a slice's conversion as long as the slice exists: its list of
+    /// ports holds no spare room.
+    #[test]
+    fn a_converted_slice_has_no_spare_room() {
+        let o: EndpointSlice = parse(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [10.1.0.1]}]\n",
+        );
+        let c = convert_slice(&o, "n1", &mut Vec::new());
+        assert_eq!(c.ports.len(), 1);
+        assert_eq!(c.ports.capacity(), c.ports.len());
+    }
+
+    /// An empty slice as the API server writes it, `endpoints` left out (optional in the
+    /// current API types): decoded and converted to a port with no endpoints.
+    #[test]
+    fn a_slice_without_endpoints_converts_to_none() {
+        let o: EndpointSlice = parse(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\n",
+        );
+        assert!(o.endpoints.is_none());
+        let mut warnings = Vec::new();
+        let c = convert_slice(&o, "n1", &mut warnings);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(c.ports.len(), 1);
+        assert!(c.ports[0].1.is_empty(), "{:?}", c.ports[0].1);
+    }
+
+    /// Namespaces and port names are held once, and a slice's Service name once for the
+    /// slice and its ports (issue #18: 10k Services' slices each held their own copies).
+    #[test]
+    fn converted_slices_share_their_names() {
+        let slice = |name: &str| -> EndpointSlice {
+            parse(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.1]}}]\n"
+            ))
+        };
+        let a = convert_slice(&slice("a"), "n1", &mut Vec::new());
+        let b = convert_slice(&slice("b"), "n1", &mut Vec::new());
+        let (sa, sb) = (&a.ports[0].0, &b.ports[0].0);
+        assert!(ArcStr::ptr_eq(&sa.namespace, &sb.namespace));
+        assert!(ArcStr::ptr_eq(&sa.port, &sb.port));
+        let (ns, svc) = a.service.as_ref().unwrap();
+        assert!(ArcStr::ptr_eq(ns, &sa.namespace) && ArcStr::ptr_eq(svc, &sa.name));
+    }
+
+    #[test]
+    fn a_slices_topology_hints_reach_its_endpoints() {
+        let o: EndpointSlice = parse(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.1.0.1], hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}}\n- {addresses: [10.1.0.2]}\n",
+        );
+        let c = convert_slice(&o, "n1", &mut Vec::new());
+        let eps = &c.ports[0].1;
+        assert_eq!(eps[0].zone_hints(), ["z1"]);
+        assert_eq!(eps[0].node_hints(), ["n1"]);
+        assert!(eps[1].hints.is_none(), "no hints: nothing kept");
+    }
+
+    #[test]
+    fn rfc3339_timestamps() {
+        let t = parse_rfc3339("2024-02-29T23:59:59Z").unwrap();
+        assert_eq!(
+            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs(),
+            1_709_251_199
+        );
+        let f = parse_rfc3339("2024-02-29T23:59:59.5+01:00").unwrap();
+        assert_eq!(
+            f.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis(),
+            1_709_247_599_500
+        );
+        assert!(parse_rfc3339("yesterday").is_none());
     }
 }
