@@ -541,7 +541,7 @@ fn a_missing_rbac_rule_is_named_and_nothing_is_programmed() {
     let log = d.log_text();
     let line = log
         .lines()
-        .find(|l| l.contains("kube.rs") && l.contains("endpointslices"))
+        .find(|l| l.contains("\"watch failed; retrying") && l.contains("endpointslices"))
         .unwrap_or_else(|| panic!("no line of ours names endpointslices:\n{log}"));
     assert!(
         line.contains("HTTP 403, reason Forbidden")
