@@ -69,8 +69,6 @@ pub(super) fn open_mode(
             remove_leftovers("nftables-mode", || {
                 nftables::cleanup_leftovers(&mut open_nft()?, &opts)
             });
-            // IPVS forwards by its own connection table: only the stale entry cleanup.
-            let conntrack = conntrack.filter(|_| cfg.conntrack_cleanup);
             let (p, port) = ipvs::open(nft, &opts, &cfg.ipvs, conntrack)?;
             Opened::Proxier {
                 proxier: Box::new(p),
@@ -100,7 +98,7 @@ pub(super) fn open_conntrack(cfg: &Config) -> Option<Box<dyn Conntrack + Send>> 
     match NetlinkConntrack::open() {
         Ok(ct) => Some(Box::new(ct)),
         Err(e) => {
-            tracing::warn!(err = %e, "conntrack cleanup disabled: cannot open ctnetlink");
+            tracing::warn!(err = %e, "conntrack cleanup and dead-endpoint reset disabled: cannot open ctnetlink");
             None
         }
     }

@@ -182,19 +182,7 @@ mod tests {
     }
 
     fn flow(dst: &str, dport: u16, reply_src: &str, reply_sport: u16) -> Flow {
-        Flow {
-            proto: 17,
-            orig_src: "10.244.1.9".parse().unwrap(),
-            orig_dst: dst.parse().unwrap(),
-            orig_sport: 40000,
-            orig_dport: dport,
-            reply_src: reply_src.parse().unwrap(),
-            reply_dst: "10.244.1.9".parse().unwrap(),
-            reply_sport,
-            reply_dport: 40000,
-            zone: 0,
-            id: None,
-        }
+        crate::kernel::conntrack::test_flow(17, dst, dport, reply_src, reply_sport)
     }
 
     #[test]

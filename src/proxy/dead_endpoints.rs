@@ -16,7 +16,7 @@
 //! that drain (terminating, then gone) and Services that are deleted (their pods may live)
 //! keep upstream's behaviour. Pure, except [`reset_dead_endpoint_connections`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -48,24 +48,20 @@ impl DeadEndpoints {
         self.endpoints.len()
     }
 
-    fn add(&mut self, sp: &ServicePort, family: Family, dead: &[EndpointAddr]) {
-        let dead: Endpoints = dead
-            .iter()
-            .filter(|(ip, _)| Family::of(ip) == family)
-            .copied()
-            .collect();
-        if !dead.is_empty() {
-            self.dests.add(sp, family, &dead);
-            self.endpoints.extend(dead);
-        }
+    /// Adds one endpoint of `sp` that died (of this map entry's family).
+    fn add(&mut self, sp: &ServicePort, dead: EndpointAddr) {
+        let one = Endpoints::from([dead]);
+        self.dests.add(sp, Family::of(&dead.0), &one);
+        self.endpoints.insert(dead);
     }
 }
 
-/// The TCP endpoints of `family` that died between `prev` (the last synced state) and `now`.
-/// Only service ports that may have changed are compared: those `now` names as changed when
-/// it follows `prev` directly, otherwise those whose endpoint list is not the same allocation.
-pub fn dead_endpoints(prev: &ProxyState, now: &ProxyState, family: Family) -> DeadEndpoints {
-    let mut out = DeadEndpoints::default();
+/// The TCP endpoints that died between `prev` (the last synced state) and `now`, per family.
+/// Only service ports that may have changed are compared, once for both families: those
+/// `now` names as changed when it follows `prev` directly, otherwise those whose endpoint
+/// list is not the same allocation.
+pub fn dead_endpoints(prev: &ProxyState, now: &ProxyState) -> BTreeMap<Family, DeadEndpoints> {
+    let mut out: BTreeMap<Family, DeadEndpoints> = BTreeMap::new();
     let mut visit = |spn: &ServicePortName| {
         if spn.protocol != Protocol::Tcp {
             return;
@@ -75,10 +71,11 @@ pub fn dead_endpoints(prev: &ProxyState, now: &ProxyState, family: Family) -> De
         let (Some(before), Some(_)) = (prev.services.get(spn), now.services.get(spn)) else {
             return;
         };
-        let dead = died(prev.endpoints_of(spn), now.endpoints_of(spn));
-        if !dead.is_empty() {
+        for (ip, port) in died(prev.endpoints_of(spn), now.endpoints_of(spn)) {
             // The flows were made to the destinations the Service had then.
-            out.add(before, family, &dead);
+            out.entry(Family::of(&ip))
+                .or_default()
+                .add(before, (ip, port));
         }
     };
     match now.changes_since(prev) {
@@ -131,11 +128,11 @@ pub fn reset_dead_endpoint_connections(
     families: &[Family],
     stats: &mut SyncStats,
 ) {
+    let mut dead_by_family = dead_endpoints(prev, now);
     for family in families {
-        let dead = dead_endpoints(prev, now, *family);
-        if dead.is_empty() {
+        let Some(dead) = dead_by_family.remove(family) else {
             continue;
-        }
+        };
         let res = ct
             .list(*family, Protocol::Tcp.number())
             .and_then(|flows| ct.delete(&dead_flows(&dead, &flows)));
@@ -214,23 +211,14 @@ mod tests {
     }
 
     fn tcp_flow(dst: &str, dport: u16, reply_src: &str) -> Flow {
-        Flow {
-            proto: 6,
-            orig_src: "10.244.1.9".parse().unwrap(),
-            orig_dst: dst.parse().unwrap(),
-            orig_sport: 40000,
-            orig_dport: dport,
-            reply_src: reply_src.parse().unwrap(),
-            reply_dst: "10.244.1.9".parse().unwrap(),
-            reply_sport: 8080,
-            reply_dport: 40000,
-            zone: 0,
-            id: None,
-        }
+        crate::kernel::conntrack::test_flow(6, dst, dport, reply_src, 8080)
     }
 
     fn dead(prev: &ProxyState, now: &ProxyState) -> BTreeSet<EndpointAddr> {
-        dead_endpoints(prev, now, Family::Ip).endpoints
+        dead_endpoints(prev, now)
+            .remove(&Family::Ip)
+            .map(|d| d.endpoints)
+            .unwrap_or_default()
     }
 
     fn addr(ip: &str) -> EndpointAddr {
@@ -306,7 +294,7 @@ mod tests {
     fn flows_to_the_dead_endpoint_through_the_service_go_and_others_stay() {
         let prev = state(Protocol::Tcp, vec![ready(A), ready(B)]);
         let now = state(Protocol::Tcp, vec![ready(B)]);
-        let d = dead_endpoints(&prev, &now, Family::Ip);
+        let d = dead_endpoints(&prev, &now).remove(&Family::Ip).unwrap();
         let via_cluster_ip = tcp_flow(CLUSTER_IP, 80, A);
         let via_node_port = tcp_flow("192.168.0.2", NODE_PORT, A);
         let to_live = tcp_flow(CLUSTER_IP, 80, B);
@@ -329,7 +317,7 @@ mod tests {
     fn the_other_family_is_not_touched() {
         let prev = state(Protocol::Tcp, vec![ready(A)]);
         let now = state(Protocol::Tcp, vec![]);
-        assert!(dead_endpoints(&prev, &now, Family::Ip6).is_empty());
+        assert!(!dead_endpoints(&prev, &now).contains_key(&Family::Ip6));
     }
 
     #[test]

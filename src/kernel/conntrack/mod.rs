@@ -52,6 +52,32 @@ pub trait Conntrack {
     fn delete(&mut self, flows: &[Flow]) -> Result<usize, Error>;
 }
 
+/// A flow from a client at 10.244.1.9:40000 to `dst:dport`, answered by
+/// `reply_src:reply_sport`, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_flow(
+    proto: u8,
+    dst: &str,
+    dport: u16,
+    reply_src: &str,
+    reply_sport: u16,
+) -> Flow {
+    let client: IpAddr = "10.244.1.9".parse().expect("an address");
+    Flow {
+        proto,
+        orig_src: client,
+        orig_dst: dst.parse().expect("an address"),
+        orig_sport: 40000,
+        orig_dport: dport,
+        reply_src: reply_src.parse().expect("an address"),
+        reply_dst: client,
+        reply_sport,
+        reply_dport: 40000,
+        zone: 0,
+        id: None,
+    }
+}
+
 /// An in-memory conntrack table for unit tests.
 #[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Default, Clone)]
@@ -73,5 +99,16 @@ impl Conntrack for FakeConntrack {
         let before = self.flows.len();
         self.flows.retain(|f| !flows.contains(f));
         Ok(before - self.flows.len())
+    }
+}
+
+/// A fake table a test keeps a handle on while a proxier owns the other.
+#[cfg(any(test, feature = "testing"))]
+impl Conntrack for std::sync::Arc<std::sync::Mutex<FakeConntrack>> {
+    fn list(&mut self, family: Family, proto: u8) -> Result<Vec<Flow>, Error> {
+        self.lock().expect("not poisoned").list(family, proto)
+    }
+    fn delete(&mut self, flows: &[Flow]) -> Result<usize, Error> {
+        self.lock().expect("not poisoned").delete(flows)
     }
 }

@@ -59,7 +59,9 @@ pub fn open<N: Nftables>(
     let port = links.port_id();
     let mut p = over_kernel(ipvs, links, nft, opts, opts.proxier.clone(), cfg)
         .with_full_every(opts.sync_period);
-    if let Some(ct) = conntrack {
+    // IPVS forwards by its own connection table: of the conntrack work only the stale
+    // UDP/SCTP cleanup applies (`--reset-dead-endpoint-connections` is warned about).
+    if let Some(ct) = conntrack.filter(|_| opts.conntrack_cleanup) {
         p = p.with_conntrack(ct);
     }
     Ok((p, port))

@@ -2453,3 +2453,51 @@ fn a_shared_address_of_a_one_endpoint_service_goes_to_its_owner() {
         assert_eq!(dnat_targets(&mut s, &p), want("10.180.2.2"));
     }
 }
+
+/// The proxier runs the two conntrack jobs as configured: the stale UDP/SCTP cleanup (on
+/// unless `--no-conntrack-cleanup`) and the dead endpoints' TCP reset (off unless
+/// `--reset-dead-endpoint-connections`), each without the other.
+#[test]
+fn conntrack_cleanup_and_dead_endpoint_reset_run_as_configured() {
+    use crate::kernel::conntrack::{test_flow, FakeConntrack};
+    use std::sync::{Arc, Mutex};
+    let dns = ServicePort::new(
+        ServicePortName {
+            protocol: Protocol::Udp,
+            ..spn("ns1", "dns")
+        },
+        ip("172.30.0.10"),
+        53,
+    );
+    let cluster = |web_eps: Vec<Endpoint>| {
+        state(vec![
+            (service("web", "172.30.0.1", |_| {}), web_eps),
+            (dns.clone(), vec![ep("10.180.0.3", false)]),
+        ])
+    };
+    let before = cluster(vec![ep("10.180.0.1", false), ep("10.180.0.2", false)]);
+    // 10.180.0.1 died: ready, then gone without terminating.
+    let after = cluster(vec![ep("10.180.0.2", false)]);
+    let to_dead = test_flow(6, "172.30.0.1", 80, "10.180.0.1", 8080);
+    let stale_udp = test_flow(17, "172.30.0.10", 53, "10.180.0.9", 8080);
+    let run = |stale_cleanup: bool, reset: bool| {
+        let ct = Arc::new(Mutex::new(FakeConntrack {
+            flows: vec![to_dead.clone(), stale_udp.clone()],
+        }));
+        let mut s = syncer()
+            .with_conntrack(Box::new(ct.clone()))
+            .with_stale_cleanup(stale_cleanup)
+            .with_dead_endpoint_reset(reset);
+        s.sync(&before).unwrap();
+        s.sync(&after).unwrap();
+        let left = ct.lock().unwrap().flows.clone();
+        left
+    };
+    assert_eq!(
+        run(true, false),
+        vec![to_dead.clone()],
+        "upstream's defaults"
+    );
+    assert_eq!(run(false, true), vec![stale_udp.clone()], "reset only");
+    assert!(run(true, true).is_empty(), "both");
+}
