@@ -160,6 +160,7 @@ pub mod cli {
     pub const NO_CONNTRACK_CLEANUP: Flag<bool> = Flag::new("no-conntrack-cleanup");
     pub const RESET_DEAD_ENDPOINT_CONNECTIONS: Flag<bool> =
         Flag::new("reset-dead-endpoint-connections");
+    pub const LOAD_BALANCING: Flag<String> = Flag::new("load-balancing");
     pub const ONCE: Flag<bool> = Flag::new("once");
     pub const DRY_RUN: Flag<bool> = Flag::new("dry-run");
 }

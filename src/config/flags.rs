@@ -199,6 +199,7 @@ pub const FLAGS: &[FlagSpec] = &[
     ours("localhost-nodeports", Bool, "Serve NodePorts on 127.0.0.1 in every mode (through a userspace forwarder)."),
     ours("no-conntrack-cleanup", Bool, "Do not delete stale UDP/SCTP conntrack entries after syncs (diagnosis only)."),
     ours("reset-dead-endpoint-connections", Bool, "Delete the TCP conntrack entries of endpoints that died (ready, then gone without terminating), so their clients get a reset instead of hanging (nftables and iptables modes)."),
+    ours("load-balancing", Str, "How Services without the kube-nlproxy.io/load-balancing annotation pick an endpoint: random (upstream's) or maglev (consistent hashing; nftables and iptables modes, and ipvs mode's mh scheduler)."),
     ours("masquerade-bit", Int32, "The masquerade mark bit of the running mode, over the file and --iptables-masquerade-bit."),
     ours("sync-period", Duration, "The running mode's sync period, over the file and the mode's flag."),
     ours("min-sync-period", Duration, "The running mode's minimum sync period, over the file and the mode's flag."),

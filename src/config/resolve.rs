@@ -14,7 +14,7 @@ use super::v1alpha1::{self, GoDuration};
 use super::{bad, cidr_sloppy, gates, hostname, valid_ifname, Config, ConfigError, ProxyMode};
 use crate::kernel::conntrack::tuning::ConntrackConfig;
 use crate::kernel::nft::Cidr;
-use crate::model::Protocol;
+use crate::model::{LoadBalancing, Protocol};
 use crate::modes::ipvs::plan::{IpvsConfig, SCHEDULERS};
 use crate::proxy::{
     names, DetectLocal, LocalDetector, LoopbackListeners, LoopbackNodePorts, LoopbackPolicy,
@@ -46,13 +46,15 @@ pub(super) fn resolve(
     let mut notices = Vec::new();
     let mode = resolve_mode(&kp, mode_defaulted, &mut notices);
     let node_name = resolve_node_name(&kp)?;
-    let rules = resolve_rules(p, &kp, mode, &gates, &namer)?;
+    let mut rules = resolve_rules(p, &kp, mode, &gates, &namer)?;
+    rules.proxier.load_balancing = resolve_load_balancing(p, &kp, mode, &mut warnings)?;
     let master = resolve_master(p)?;
     let healthz_bind_address =
         resolve_server("healthzBindAddress", &kp.healthz_bind_address, &namer)?;
     let metrics_bind_address =
         resolve_server("metricsBindAddress", &kp.metrics_bind_address, &namer)?;
-    let ipvs = resolve_ipvs(&kp, &namer)?;
+    let mut ipvs = resolve_ipvs(&kp, &namer)?;
+    ipvs.load_balancing = rules.proxier.load_balancing;
     warn_about_file_fields(p, &kp, &mut warnings);
     let reset_dead_endpoint_connections = resolve_dead_endpoint_reset(p, &kp, mode, &mut warnings);
     let (config_path, config_bytes) = file.unzip();
@@ -207,12 +209,40 @@ fn resolve_rules(
         drop_invalid: kp.mode == "iptables",
         loopback_nodeports,
         localnet_guard,
+        load_balancing: LoadBalancing::Random,
     };
     Ok(RuleSettings {
         proxier,
         detect_local,
         localhost_listeners,
     })
+}
+
+/// `--load-balancing`: `random` (the default, upstream's) or `maglev`. Userspace mode picks
+/// endpoints in turn whatever is asked, which is not an error (the flag may be shared by
+/// every node of a cluster) but is said.
+fn resolve_load_balancing(
+    p: &Parsed,
+    kp: &KubeProxyConfig,
+    mode: ProxyMode,
+    warnings: &mut Vec<String>,
+) -> Result<LoadBalancing, ConfigError> {
+    let Some(s) = non_empty(p.get(cli::LOAD_BALANCING)) else {
+        return Ok(LoadBalancing::Random);
+    };
+    let lb = LoadBalancing::parse(s.trim()).ok_or_else(|| {
+        bad(
+            "--load-balancing",
+            format!("unknown value {s:?} (want random or maglev)"),
+        )
+    })?;
+    if lb == LoadBalancing::Maglev && mode == ProxyMode::Userspace {
+        warnings.push(format!(
+            "--load-balancing=maglev has no effect in {} mode: its listeners pick endpoints in turn",
+            kp.mode
+        ));
+    }
+    Ok(lb)
 }
 
 /// `--service-cidrs`: comma-separated CIDRs.

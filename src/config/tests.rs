@@ -1054,6 +1054,33 @@ fn localhost_node_ports_per_mode_gate_and_family() {
 }
 
 #[test]
+fn load_balancing_is_random_by_default_maglev_on_request_and_an_unknown_value_is_an_error() {
+    use crate::model::LoadBalancing;
+    let c = run(&[]).unwrap();
+    assert_eq!(c.proxier.load_balancing, LoadBalancing::Random);
+    assert_eq!(c.ipvs.load_balancing, LoadBalancing::Random);
+    for mode in ["iptables", "nftables", "ipvs"] {
+        let c = run(&["--load-balancing", "maglev", "--proxy-mode", mode]).unwrap();
+        assert_eq!(c.proxier.load_balancing, LoadBalancing::Maglev, "{mode}");
+        assert_eq!(c.ipvs.load_balancing, LoadBalancing::Maglev, "{mode}");
+        assert!(c.warnings.is_empty(), "{mode}: {:?}", c.warnings);
+    }
+    let c = run(&["--load-balancing=maglev", "--proxy-mode", "userspace"]).unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w == "--load-balancing=maglev has no effect in userspace mode: its listeners pick endpoints in turn"),
+        "{:?}",
+        c.warnings
+    );
+    let e = run(&["--load-balancing", "ring"]).unwrap_err().to_string();
+    assert!(
+        e.contains("--load-balancing") && e.contains("\"ring\"") && e.contains("random or maglev"),
+        "{e}"
+    );
+}
+
+#[test]
 fn reset_dead_endpoint_connections_is_off_by_default_and_warned_where_it_cannot_work() {
     let warned = |c: &Config| {
         c.warnings

@@ -99,6 +99,47 @@ pub struct ServicePort {
     /// The Service's `metadata.creationTimestamp` (Unix seconds): when two Services claim
     /// one address and port, the older one owns it.
     pub created: Option<i64>,
+    /// How new connections pick an endpoint, as the Service's
+    /// `kube-nlproxy.io/load-balancing` annotation says; `None` without the annotation (the
+    /// proxy's default applies).
+    pub load_balancing: Option<LoadBalancing>,
+}
+
+/// How a service port spreads new connections over its endpoints (our extension; upstream
+/// has only [`LoadBalancing::Random`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum LoadBalancing {
+    /// Each new connection to a uniformly random endpoint, as upstream kube-proxy.
+    #[default]
+    Random,
+    /// Maglev consistent hashing of the connection's addresses and ports: every node picks
+    /// the same endpoint for the same connection, and a change of one endpoint of N moves
+    /// about 1/N of the connections.
+    Maglev,
+}
+
+impl LoadBalancing {
+    /// The annotation's and the flag's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadBalancing::Random => "random",
+            LoadBalancing::Maglev => "maglev",
+        }
+    }
+    /// Parses the annotation's or the flag's value; `None` for anything else.
+    pub fn parse(s: &str) -> Option<LoadBalancing> {
+        match s {
+            "random" => Some(LoadBalancing::Random),
+            "maglev" => Some(LoadBalancing::Maglev),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LoadBalancing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl ServicePort {
@@ -118,6 +159,7 @@ impl ServicePort {
             internal_policy_local: false,
             health_check_node_port: None,
             created: None,
+            load_balancing: None,
         }
     }
 

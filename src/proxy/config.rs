@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use crate::model::net::Cidr;
-use crate::model::{NodeInfo, Protocol};
+use crate::model::{LoadBalancing, NodeInfo, Protocol};
 
 /// Our table's default name (the nftables mode's table; other modes add a suffix).
 pub const DEFAULT_TABLE: &str = "kube-nlproxy";
@@ -225,6 +225,9 @@ pub struct ProxierConfig {
     /// with KUBE-FIREWALL's "block incoming localnet connections" rule (kubernetes#90259):
     /// new IPv4 connections to 127.0.0.0/8 from other sources that no DNAT made are dropped.
     pub localnet_guard: bool,
+    /// How service ports without the `kube-nlproxy.io/load-balancing` annotation pick an
+    /// endpoint (`--load-balancing`).
+    pub load_balancing: LoadBalancing,
 }
 
 impl Default for ProxierConfig {
@@ -239,6 +242,7 @@ impl Default for ProxierConfig {
             drop_invalid: false,
             loopback_nodeports: LoopbackPolicy::default(),
             localnet_guard: false,
+            load_balancing: LoadBalancing::Random,
         }
     }
 }

@@ -255,6 +255,26 @@ fn ipvsadm_service(k: &VsKey) -> String {
     format!("{flag} {}", std::net::SocketAddr::new(k.addr, k.port))
 }
 
+/// ipvsadm's names (`-b`) of a virtual server's scheduler flags: `mh` and `sh` name the
+/// first two (fallback, port), any other scheduler numbers them.
+fn sched_flag_names(scheduler: &str, flags: u32) -> Vec<&'static str> {
+    use crate::kernel::ipvs::uapi::{IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2, IP_VS_SVC_F_SCHED3};
+    let (first, second) = match scheduler {
+        "mh" => ("mh-fallback", "mh-port"),
+        "sh" => ("sh-fallback", "sh-port"),
+        _ => ("flag-1", "flag-2"),
+    };
+    [
+        (IP_VS_SVC_F_SCHED1, first),
+        (IP_VS_SVC_F_SCHED2, second),
+        (IP_VS_SVC_F_SCHED3, "flag-3"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| flags & bit != 0)
+    .map(|(_, name)| name)
+    .collect()
+}
+
 /// The IPVS part of the drift: virtual servers (scheduler, persistence) and real servers
 /// (weights) of `plan` against the kernel's, and the VIPs of the dummy link.
 pub fn ipvs_drift(
@@ -269,21 +289,22 @@ pub fn ipvs_drift(
         live.iter().map(|e| (e.0.key(), e)).collect();
     for (k, want) in &plan.services {
         let svc = ipvsadm_service(k);
-        let persist = |p: u32| {
-            if p > 0 {
-                format!(" -p {p}")
-            } else {
-                String::new()
+        // ipvsadm's options for the scheduler, its flags and persistence.
+        let sched = |vs: &VirtualServer| {
+            let mut s = format!("-s {}", vs.scheduler);
+            let flags = sched_flag_names(&vs.scheduler, vs.sched_flags);
+            if !flags.is_empty() {
+                s += &format!(" -b {}", flags.join(","));
             }
+            if vs.persistence > 0 {
+                s += &format!(" -p {}", vs.persistence);
+            }
+            s
         };
         match live_by.get(k) {
             None => {
                 diffs.push(format!("virtual server {k} ({}): missing", want.service));
-                ops.push(format!(
-                    "-A {svc} -s {}{}",
-                    want.vs.scheduler,
-                    persist(want.vs.persistence)
-                ));
+                ops.push(format!("-A {svc} {}", sched(&want.vs)));
                 for d in want.dests.values() {
                     ops.push(format!(
                         "-a {svc} -r {} -m -w {}",
@@ -293,16 +314,13 @@ pub fn ipvs_drift(
                 }
             }
             Some((vs, dests)) => {
-                if vs.scheduler != want.vs.scheduler || vs.persistence != want.vs.persistence {
+                if !vs.same_settings(&want.vs) {
                     diffs.push(format!(
-                        "virtual server {k}: scheduler {} persistence {}, planned {} {}",
-                        vs.scheduler, vs.persistence, want.vs.scheduler, want.vs.persistence
+                        "virtual server {k}: {}, planned {}",
+                        sched(vs),
+                        sched(&want.vs)
                     ));
-                    ops.push(format!(
-                        "-E {svc} -s {}{}",
-                        want.vs.scheduler,
-                        persist(want.vs.persistence)
-                    ));
+                    ops.push(format!("-E {svc} {}", sched(&want.vs)));
                 }
                 let have: BTreeMap<(IpAddr, u16), &RealServer> =
                     dests.iter().map(|d| ((d.addr, d.port), d)).collect();
@@ -812,6 +830,7 @@ kube_nlproxy_sync_last_result 0\n";
             protocol: 6,
             scheduler: "rr".into(),
             persistence: 0,
+            sched_flags: 0,
         };
         let rs = |a: &str, w| RealServer {
             weight: w,

@@ -81,7 +81,7 @@ fn service_full(w: &mut MsgWriter, vs: &VirtualServer) {
         IP_VS_SVC_F_PERSISTENT
     } else {
         0
-    };
+    } | (vs.sched_flags & IP_VS_SVC_F_SCHED_MASK);
     let mut f = Vec::with_capacity(8);
     f.extend_from_slice(&flags.to_ne_bytes());
     f.extend_from_slice(&u32::MAX.to_ne_bytes());
@@ -239,6 +239,7 @@ pub fn decode_service(m: &RawMsg<'_>) -> Result<VirtualServer, DecodeError> {
         } else {
             0
         },
+        sched_flags: flags & IP_VS_SVC_F_SCHED_MASK,
     })
 }
 
@@ -287,6 +288,7 @@ mod tests {
             protocol: 6,
             scheduler: "rr".into(),
             persistence: 10800,
+            sched_flags: 0,
         }
     }
 

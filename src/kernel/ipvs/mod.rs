@@ -21,9 +21,19 @@ pub struct VirtualServer {
     pub scheduler: String,
     /// Persistence (ClientIP affinity) timeout in seconds; 0 = none.
     pub persistence: u32,
+    /// The scheduler's own flags (`IP_VS_SVC_F_SCHED1..3` bits; see
+    /// [`uapi::IP_VS_SVC_F_SCHED1`]); 0 for every scheduler but a Maglev Service's `mh`.
+    pub sched_flags: u32,
 }
 
 impl VirtualServer {
+    /// Whether `o` schedules as this one does (scheduler, its flags, persistence); the key
+    /// aside.
+    pub fn same_settings(&self, o: &VirtualServer) -> bool {
+        self.scheduler == o.scheduler
+            && self.sched_flags == o.sched_flags
+            && self.persistence == o.persistence
+    }
     pub fn key(&self) -> VsKey {
         VsKey {
             addr: self.addr,

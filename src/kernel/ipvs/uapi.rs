@@ -38,3 +38,11 @@ pub const DEST_ACTIVE_CONNS: u16 = 7;
 pub const DEST_INACT_CONNS: u16 = 8;
 pub const DEST_ADDR_FAMILY: u16 = 11;
 pub const IP_VS_SVC_F_PERSISTENT: u32 = 0x1;
+/// Scheduler flags 1-3 (`IP_VS_SVC_F_SCHED1..3`); for `mh`, flag 1 is `mh-fallback` (a
+/// real server at weight 0 passes its flows to the next one) and flag 2 `mh-port` (the
+/// source port is hashed too, not only the source address).
+pub const IP_VS_SVC_F_SCHED1: u32 = 0x8;
+pub const IP_VS_SVC_F_SCHED2: u32 = 0x10;
+pub const IP_VS_SVC_F_SCHED3: u32 = 0x20;
+pub const IP_VS_SVC_F_SCHED_MASK: u32 =
+    IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2 | IP_VS_SVC_F_SCHED3;

@@ -12,7 +12,11 @@ use super::{obj_name, parse_ip, ObjectWarnings, LABEL_SERVICE_PROXY_NAME};
 use crate::model::intern::{self, ArcStr};
 use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
-use crate::model::{Protocol, ServicePort, ServicePortName};
+use crate::model::{LoadBalancing, Protocol, ServicePort, ServicePortName};
+
+/// The annotation that picks a Service's load balancing (our extension): `maglev` or
+/// `random`.
+pub const ANNOTATION_LOAD_BALANCING: &str = "kube-nlproxy.io/load-balancing";
 
 /// Upstream's default ClientIP affinity timeout (three hours), also used in place of one out
 /// of range.
@@ -53,6 +57,7 @@ pub fn convert_service(svc: &Service, warnings: &mut Vec<ObjectWarning>) -> Vec<
         external_policy_local: spec.external_traffic_policy.as_deref() == Some("Local"),
         internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
         created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+        load_balancing: load_balancing_of(svc, &mut warn),
     };
     service_ports_of(svc, spec, &shared, &mut warn)
 }
@@ -174,6 +179,23 @@ fn health_check_node_port_of(spec: &ServiceSpec, warn: &mut ObjectWarnings) -> O
     }
 }
 
+/// The `kube-nlproxy.io/load-balancing` annotation; `None` without it, and for a value
+/// other than `maglev` or `random` (named in a warning: the proxy's default applies).
+fn load_balancing_of(svc: &Service, warn: &mut ObjectWarnings) -> Option<LoadBalancing> {
+    let value = svc
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ANNOTATION_LOAD_BALANCING)?;
+    let parsed = LoadBalancing::parse(value.trim());
+    if parsed.is_none() {
+        warn.push(format!(
+            "annotation {ANNOTATION_LOAD_BALANCING}: unknown value {value:?} (want maglev or random); the default applies"
+        ));
+    }
+    parsed
+}
+
 /// What every port of one Service carries alike.
 struct SharedByPorts {
     cluster_ips: Vec<IpAddr>,
@@ -186,6 +208,7 @@ struct SharedByPorts {
     external_policy_local: bool,
     internal_policy_local: bool,
     created: Option<i64>,
+    load_balancing: Option<LoadBalancing>,
 }
 
 impl SharedByPorts {
@@ -207,6 +230,7 @@ impl SharedByPorts {
             internal_policy_local: self.internal_policy_local,
             health_check_node_port: self.health_check_node_port,
             created: self.created,
+            load_balancing: self.load_balancing,
         }
     }
 }
@@ -365,5 +389,34 @@ mod tests {
         );
         assert_eq!(p.node_port, Some(30080));
         assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn the_load_balancing_annotation_picks_maglev_or_random_and_warns_on_anything_else() {
+        let with = |value: Option<&str>| {
+            let mut s = svc("  clusterIP: 10.0.0.1\n  ports: [{port: 80}, {name: b, port: 81}]\n");
+            s.metadata.annotations =
+                value.map(|v| [(ANNOTATION_LOAD_BALANCING.to_string(), v.to_string())].into());
+            let mut w = Vec::new();
+            let ports = convert_service(&s, &mut w);
+            let lb: Vec<_> = ports.iter().map(|p| p.load_balancing).collect();
+            (lb, w)
+        };
+        let (lb, w) = with(Some("maglev"));
+        assert_eq!(lb, vec![Some(LoadBalancing::Maglev); 2], "every port");
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(with(Some("random")).0, vec![Some(LoadBalancing::Random); 2]);
+        assert_eq!(
+            with(None).0,
+            vec![None; 2],
+            "no annotation: the default applies"
+        );
+        let (lb, w) = with(Some("Maglev-ish"));
+        assert_eq!(lb, vec![None; 2], "the Service stays, with the default");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(
+            w[0].to_string(),
+            "Service ns/s: annotation kube-nlproxy.io/load-balancing: unknown value \"Maglev-ish\" (want maglev or random); the default applies"
+        );
     }
 }

@@ -24,7 +24,7 @@ pub struct Applied {
 }
 
 /// The first round: each planned virtual server the kernel lacks is added, one whose
-/// scheduler or persistence differs is updated; each with its key.
+/// scheduler, its flags or persistence differs is updated; each with its key.
 pub fn virtual_server_ops(
     plan: &IpvsPlan,
     current: &BTreeMap<VsKey, Applied>,
@@ -33,9 +33,7 @@ pub fn virtual_server_ops(
     for (key, d) in &plan.services {
         let op = match current.get(key) {
             None => IpvsOp::AddService(d.vs.clone()),
-            Some(c) if c.vs.scheduler != d.vs.scheduler || c.vs.persistence != d.vs.persistence => {
-                IpvsOp::UpdateService(d.vs.clone())
-            }
+            Some(c) if !c.vs.same_settings(&d.vs) => IpvsOp::UpdateService(d.vs.clone()),
             Some(_) => continue,
         };
         out.push((*key, op));
@@ -144,6 +142,7 @@ mod tests {
             protocol,
             scheduler: scheduler.into(),
             persistence: 0,
+            sched_flags: 0,
         }
     }
 

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use crate::kernel::nft::Cidr;
 use crate::model::topology::categorize_family;
-use crate::model::{ProxyState, ServicePort, ServicePortName};
+use crate::model::{LoadBalancing, ProxyState, ServicePort, ServicePortName};
 use crate::proxy::{FamilyNodePorts, NodePortAddresses};
 
 use crate::kernel::ipvs::{RealServer, VirtualServer, VsKey};
@@ -28,6 +28,9 @@ pub struct IpvsConfig {
     pub graceful_termination: std::time::Duration,
     /// The dummy link holding the VIPs.
     pub dummy_link: String,
+    /// How service ports without the `kube-nlproxy.io/load-balancing` annotation pick a
+    /// real server: `Maglev` is the `mh` scheduler, `Random` the configured one.
+    pub load_balancing: LoadBalancing,
 }
 
 impl Default for IpvsConfig {
@@ -41,6 +44,7 @@ impl Default for IpvsConfig {
             udp_timeout: 0,
             graceful_termination: std::time::Duration::from_secs(15 * 60),
             dummy_link: DUMMY_LINK.into(),
+            load_balancing: LoadBalancing::Random,
         }
     }
 }
@@ -118,6 +122,18 @@ fn dests_of(eps: &[crate::model::Endpoint]) -> BTreeMap<(IpAddr, u16), RealServe
         .collect()
 }
 
+/// The scheduler and its flags for `sp`: a Maglev service port (its annotation, or the
+/// default) is IPVS's own Maglev, `mh`, hashing the source port too (`mh-port`, as nftables
+/// mode's hash of both addresses and ports) and passing a weight-0 (draining) real server's
+/// new flows to the next one (`mh-fallback`); any other the configured scheduler.
+fn scheduler_of(sp: &ServicePort, cfg: &IpvsConfig) -> (String, u32) {
+    use crate::kernel::ipvs::uapi::{IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2};
+    match sp.load_balancing.unwrap_or(cfg.load_balancing) {
+        LoadBalancing::Maglev => ("mh".into(), IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2),
+        LoadBalancing::Random => (cfg.scheduler.clone(), 0),
+    }
+}
+
 fn add(
     plan: &mut IpvsPlan,
     sp: &ServicePort,
@@ -127,12 +143,14 @@ fn add(
     kind: VsKind,
     dests: &BTreeMap<(IpAddr, u16), RealServer>,
 ) {
+    let (scheduler, sched_flags) = scheduler_of(sp, cfg);
     let vs = VirtualServer {
         addr,
         port,
         protocol: sp.name.protocol.number(),
-        scheduler: cfg.scheduler.clone(),
+        scheduler,
         persistence: sp.affinity_timeout.unwrap_or(0),
+        sched_flags,
     };
     let key = vs.key();
     // Two services claiming one address and port: the first in build_plan's order (older
@@ -297,6 +315,38 @@ mod tests {
         let plan = build_plan(&st, &IpvsConfig::default(), &[ip("192.168.50.1")]);
         let keys: Vec<String> = plan.services.keys().map(|k| k.to_string()).collect();
         assert_eq!(keys, ["tcp 10.96.0.10:80"]);
+    }
+
+    #[test]
+    fn a_maglev_service_port_is_scheduled_by_mh_with_port_and_fallback_the_others_as_configured() {
+        use crate::kernel::ipvs::uapi::{IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2};
+        let eps = || vec![Endpoint::ready(ip("10.244.1.2"), 8080, true)];
+        let mut annotated = ServicePort::new(spn("maglev"), ip("10.96.0.10"), 80);
+        annotated.load_balancing = Some(LoadBalancing::Maglev);
+        let mut opted_out = ServicePort::new(spn("random"), ip("10.96.0.11"), 80);
+        opted_out.load_balancing = Some(LoadBalancing::Random);
+        let plain = ServicePort::new(spn("plain"), ip("10.96.0.12"), 80);
+        let st = state(vec![(annotated, eps()), (opted_out, eps()), (plain, eps())]);
+        let sched = |cfg: &IpvsConfig| -> Vec<(String, u32)> {
+            build_plan(&st, cfg, &[])
+                .services
+                .values()
+                .map(|d| (d.vs.scheduler.clone(), d.vs.sched_flags))
+                .collect()
+        };
+        let mh = ("mh".to_string(), IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2);
+        let wlc = ("wlc".to_string(), 0);
+        let mut cfg = IpvsConfig {
+            scheduler: "wlc".into(),
+            ..IpvsConfig::default()
+        };
+        assert_eq!(sched(&cfg), [mh.clone(), wlc.clone(), wlc.clone()]);
+        cfg.load_balancing = LoadBalancing::Maglev;
+        assert_eq!(
+            sched(&cfg),
+            [mh.clone(), wlc, mh],
+            "the default applies to the plain one"
+        );
     }
 
     #[test]

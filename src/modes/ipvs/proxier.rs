@@ -765,6 +765,7 @@ mod tests {
             protocol: 6,
             scheduler: "wlc".into(),
             persistence: 0,
+            sched_flags: 0,
         };
         r.ipvs().add_service(&foreign).unwrap();
         // On a node address but outside the NodePort range: not ours either.
@@ -802,6 +803,7 @@ mod tests {
             protocol: 6,
             scheduler: "rr".into(),
             persistence: 0,
+            sched_flags: 0,
         };
         r.ipvs().add_service(&stale).unwrap();
         r.force_full_sync();
@@ -849,6 +851,7 @@ mod tests {
             protocol: 6,
             scheduler: "wlc".into(),
             persistence: 0,
+            sched_flags: 0,
         };
         r.ipvs().add_service(&foreign).unwrap();
         r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
