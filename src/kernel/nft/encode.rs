@@ -98,7 +98,7 @@ pub fn key_type(key: &[Field], family: Family) -> u32 {
                 Family::Ip6 => TYPE_IP6ADDR,
             },
             Field::L4Proto => TYPE_INET_PROTOCOL,
-            Field::Dport => TYPE_INET_SERVICE,
+            Field::Dport | Field::Sport => TYPE_INET_SERVICE,
             Field::Random(_) => TYPE_INTEGER,
         };
         (acc << TYPE_BITS) | t
@@ -529,6 +529,24 @@ pub fn encode_kexpr(w: &mut MsgWriter, k: &KExpr) {
             w.attr_be32(3, super::uapi::NFT_NG_RANDOM);
             w.attr_be32(4, *offset);
         }
+        KExpr::Hash {
+            sreg,
+            dreg,
+            len,
+            modulus,
+            seed,
+            offset,
+        } => {
+            // Every attribute, in nft's order: the seed always (without it the kernel draws
+            // a random one per rule), the offset even when 0.
+            w.attr_be32(NFTA_HASH_SREG, *sreg);
+            w.attr_be32(NFTA_HASH_DREG, *dreg);
+            w.attr_be32(NFTA_HASH_LEN, *len);
+            w.attr_be32(NFTA_HASH_MODULUS, *modulus);
+            w.attr_be32(NFTA_HASH_SEED, *seed);
+            w.attr_be32(NFTA_HASH_OFFSET, *offset);
+            w.attr_be32(NFTA_HASH_TYPE, NFT_HASH_JENKINS);
+        }
         KExpr::Cmp { sreg, op, data } => {
             w.attr_be32(1, *sreg);
             w.attr_be32(2, *op);
@@ -695,6 +713,17 @@ mod tests {
     }
     use crate::kernel::netlink::msg::{parse_msgs, Attrs};
     use crate::kernel::nft::{KeyValue, Transaction};
+
+    #[test]
+    fn sport_keys_are_inet_services() {
+        assert_eq!(key_type(&[Field::Sport], Family::Ip), TYPE_INET_SERVICE);
+        assert_eq!(
+            key_type(&[Field::Saddr, Field::Sport], Family::Ip6),
+            (TYPE_IP6ADDR << TYPE_BITS) | TYPE_INET_SERVICE
+        );
+        assert_eq!(key_len(&[Field::Sport], Family::Ip), 2);
+        assert_eq!(key_len(&[Field::Saddr, Field::Sport], Family::Ip), 8);
+    }
 
     fn el(set: &str, i: u8) -> Element {
         Element::new(

@@ -71,12 +71,39 @@ impl FakeTable {
     }
 }
 
+/// Why the kernel would refuse a `jhash` DNAT (`nft_jhash_init`), as an errno and a reason:
+/// an empty key (`len` 0), a key past the last register, a modulus of 0, or slots past
+/// `u32::MAX`.
+fn invalid_hash(e: &Expr, family: Family) -> Option<(i32, &'static str)> {
+    let Expr::DnatHash {
+        key,
+        modulus,
+        offset,
+        ..
+    } = e
+    else {
+        return None;
+    };
+    // The key is loaded from NFT_REG32_04: 12 32-bit registers, 48 bytes, to the last.
+    let len: usize = key.iter().map(|f| f.reg_len(family)).sum();
+    if key.is_empty() || len > 48 {
+        return Some((libc::ERANGE, "jhash key of 0 or more than 48 bytes"));
+    }
+    if *modulus == 0 {
+        return Some((libc::ERANGE, "jhash modulus 0"));
+    }
+    if offset.checked_add(modulus - 1).is_none() {
+        return Some((libc::EOVERFLOW, "jhash slots past 2^32"));
+    }
+    None
+}
+
 impl FakeNftables {
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn apply_op(t: &mut FakeTable, op: &Op) -> Result<(), Error> {
+    fn apply_op(t: &mut FakeTable, family: Family, op: &Op) -> Result<(), Error> {
         use libc::{EBUSY, EEXIST, EINVAL, ENOENT};
         match (op, op.object()) {
             (Op::Add(_), Object::Table(tb)) => t.comment = tb.comment.clone(),
@@ -123,6 +150,9 @@ impl FakeNftables {
                     return Err(reject(op, ENOENT, "no such chain"));
                 }
                 for e in &r.exprs {
+                    if let Some((errno, why)) = invalid_hash(e, family) {
+                        return Err(reject(op, errno, why));
+                    }
                     if let Some(c) = e.chain_ref() {
                         if !t.chains.contains_key(c) {
                             return Err(reject(op, ENOENT, &format!("jump to missing chain {c}")));
@@ -136,7 +166,9 @@ impl FakeNftables {
                         // lookup needs the map whose data it uses.
                         let fits = match e {
                             Expr::Vmap { .. } => fs.set.map,
-                            Expr::DnatMap { .. } => fs.set.endpoints && fs.set.key.is_empty(),
+                            Expr::DnatMap { .. } | Expr::DnatHash { .. } => {
+                                fs.set.endpoints && fs.set.key.is_empty()
+                            }
                             Expr::DnatLookup { key, .. } => fs.set.endpoints && fs.set.key == *key,
                             Expr::InSet { key, .. } => !fs.set.endpoints || fs.set.key == *key,
                             _ => !fs.set.map && !fs.set.endpoints,
@@ -225,7 +257,7 @@ impl FakeNftables {
                                 (f, k),
                                 (Field::Saddr | Field::Daddr, KeyValue::Addr(_))
                                     | (Field::L4Proto, KeyValue::Proto(_))
-                                    | (Field::Dport, KeyValue::Port(_))
+                                    | (Field::Dport | Field::Sport, KeyValue::Port(_))
                                     | (Field::Random(_), KeyValue::Slot(_))
                             )
                         })
@@ -368,7 +400,7 @@ impl Nftables for FakeNftables {
             let t = next
                 .get_mut(&key)
                 .ok_or_else(|| reject(op, libc::ENOENT, "no such table"))?;
-            Self::apply_op(t, op)?;
+            Self::apply_op(t, tx.family, op)?;
         }
         self.tables = next;
         self.last_transaction = Some(tx.clone());
@@ -508,5 +540,76 @@ mod tests {
         let mut tx = Transaction::new(Family::Ip, "t");
         tx.add(e);
         assert!(f.apply(&tx).unwrap_err().is_exists());
+    }
+
+    /// A `jhash` DNAT needs a slot-keyed endpoint map (as `DnatMap`), and a rule the kernel
+    /// would take (`nft_jhash_init`).
+    #[test]
+    fn a_jhash_dnat_needs_a_slot_map_and_a_valid_hash() {
+        let mut f = FakeNftables::new();
+        let mut tx = Transaction::new(Family::Ip, "t");
+        base(&mut tx);
+        tx.add(Set::endpoint_map("slots"));
+        tx.add(Set::endpoint_map_by(
+            "by-addr",
+            vec![Field::Daddr, Field::L4Proto, Field::Dport],
+        ));
+        f.apply(&tx).unwrap();
+        let hash = |key: Vec<Field>, modulus, offset, map: &str| {
+            let mut tx = Transaction::new(Family::Ip, "t");
+            tx.add(Rule::new(
+                "a",
+                vec![Expr::DnatHash {
+                    key,
+                    modulus,
+                    seed: 1,
+                    offset,
+                    map: map.into(),
+                }],
+            ));
+            tx
+        };
+        let maglev = || vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport];
+        let errno = |f: &mut FakeNftables, tx| f.apply(&tx).unwrap_err().errno();
+        assert_eq!(errno(&mut f, hash(maglev(), 7, 0, "m")), Some(libc::EINVAL));
+        assert_eq!(
+            errno(&mut f, hash(maglev(), 7, 0, "by-addr")),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            errno(&mut f, hash(maglev(), 7, 0, "nope")),
+            Some(libc::ENOENT)
+        );
+        assert_eq!(
+            errno(&mut f, hash(vec![], 7, 0, "slots")),
+            Some(libc::ERANGE)
+        );
+        assert_eq!(
+            errno(&mut f, hash(maglev(), 0, 0, "slots")),
+            Some(libc::ERANGE)
+        );
+        assert_eq!(
+            errno(&mut f, hash(maglev(), 7, u32::MAX - 5, "slots")),
+            Some(libc::EOVERFLOW)
+        );
+        // Past the last register: four IPv6 addresses are 64 bytes from NFT_REG32_04.
+        let mut six = Transaction::new(Family::Ip6, "t");
+        six.add(super::super::Table {
+            family: Family::Ip6,
+            name: "t".into(),
+            comment: None,
+        });
+        six.add(Chain::regular("a"));
+        six.add(Set::endpoint_map("slots"));
+        six.ops
+            .extend(hash(vec![Field::Saddr; 4], 7, 0, "slots").ops);
+        assert_eq!(errno(&mut f, six), Some(libc::ERANGE));
+        assert_eq!(f.applied, 1, "nothing of a refused transaction applied");
+        f.apply(&hash(maglev(), 7, u32::MAX - 6, "slots")).unwrap();
+        assert_eq!(f.rules(Family::Ip, "t", "a").unwrap().len(), 1);
+        // The map is in use.
+        let mut del = Transaction::new(Family::Ip, "t");
+        del.delete(Set::endpoint_map("slots"));
+        assert!(f.apply(&del).unwrap_err().is_busy());
     }
 }

@@ -83,7 +83,9 @@ pub fn jhash(key: &[u8], initval: u32) -> u32 {
 /// registers' bytes): the kernel scales the hash with `reciprocal_scale`, not `%`.
 pub fn nft_jhash(key: &[u8], modulus: u32, seed: u32, offset: u32) -> u32 {
     let h = jhash(key, seed);
-    ((u64::from(h) * u64::from(modulus)) >> 32) as u32 + offset
+    // u32 arithmetic as the kernel's: the sum wraps (the kernel refuses rules whose slots
+    // would, but a listed rule is input all the same).
+    (((u64::from(h) * u64::from(modulus)) >> 32) as u32).wrapping_add(offset)
 }
 
 #[cfg(test)]

@@ -269,7 +269,7 @@ pub fn typed_key(set: &Set, family: Family, bytes: &[u8]) -> Option<super::Key> 
                 Family::Ip6 => std::net::IpAddr::from(<[u8; 16]>::try_from(v).ok()?),
             }),
             Field::L4Proto => KeyValue::Proto(v[0]),
-            Field::Dport => KeyValue::Port(u16::from_be_bytes([v[0], v[1]])),
+            Field::Dport | Field::Sport => KeyValue::Port(u16::from_be_bytes([v[0], v[1]])),
             Field::Random(_) => KeyValue::Slot(u32::from_ne_bytes(v.try_into().ok()?)),
         })
         .ok()?;
@@ -430,6 +430,25 @@ pub fn canonical_rule(exprs: &[KExpr], data_len: &dyn Fn(&str) -> usize) -> Vec<
                 offset,
                 dreg: write(dreg, 4, &mut map),
             },
+            KExpr::Hash {
+                sreg,
+                dreg,
+                len,
+                modulus,
+                seed,
+                offset,
+            } => {
+                // The key is read from where it was loaded; the 32-bit result is a write.
+                let sreg = read(sreg, &map);
+                KExpr::Hash {
+                    sreg,
+                    dreg: write(dreg, 4, &mut map),
+                    len,
+                    modulus,
+                    seed,
+                    offset,
+                }
+            }
             KExpr::Cmp { sreg, op, data } => KExpr::Cmp {
                 sreg: read(sreg, &map),
                 op,
@@ -603,5 +622,62 @@ mod tests {
             data: vec![10],
         };
         assert_ne!(canonical_rule(&ours, &none), canonical_rule(&other, &none));
+    }
+
+    /// A hash reads its key where it was loaded and writes its result: where a program put
+    /// the key does not matter, its seed, modulus and offset do.
+    #[test]
+    fn hash_registers_are_renumbered_and_its_parameters_kept() {
+        use crate::kernel::nft::{lower::lower, Expr, Family, Field};
+        let rule = |seed| {
+            lower(
+                &[Expr::DnatHash {
+                    key: vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+                    modulus: 251,
+                    seed,
+                    offset: 1000,
+                    map: "m".into(),
+                }],
+                Family::Ip,
+            )
+        };
+        let ours = rule(7);
+        // The same rule with the key four registers further on.
+        let moved: Vec<KExpr> = ours
+            .iter()
+            .map(|e| match e.clone() {
+                KExpr::Payload {
+                    base,
+                    offset,
+                    len,
+                    dreg,
+                } => KExpr::Payload {
+                    base,
+                    offset,
+                    len,
+                    dreg: dreg + 4,
+                },
+                KExpr::Hash {
+                    sreg,
+                    dreg,
+                    len,
+                    modulus,
+                    seed,
+                    offset,
+                } => KExpr::Hash {
+                    sreg: sreg + 4,
+                    dreg,
+                    len,
+                    modulus,
+                    seed,
+                    offset,
+                },
+                e => e,
+            })
+            .collect();
+        assert_ne!(ours, moved);
+        let len = |_: &str| 8;
+        assert_eq!(canonical_rule(&ours, &len), canonical_rule(&moved, &len));
+        assert_ne!(canonical_rule(&ours, &len), canonical_rule(&rule(8), &len));
     }
 }

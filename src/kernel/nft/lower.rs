@@ -37,6 +37,16 @@ pub enum KExpr {
         offset: u32,
         dreg: u32,
     },
+    /// `jhash` (`NFT_HASH_JENKINS`) of `len` bytes from `sreg` into `dreg`:
+    /// `reciprocal_scale(jhash(regs, len, seed), modulus) + offset`.
+    Hash {
+        sreg: u32,
+        dreg: u32,
+        len: u32,
+        modulus: u32,
+        seed: u32,
+        offset: u32,
+    },
     /// `op`: 0 eq, 1 neq.
     Cmp {
         sreg: u32,
@@ -93,6 +103,7 @@ impl KExpr {
             KExpr::Ct { .. } => "ct",
             KExpr::Fib { .. } => "fib",
             KExpr::Numgen { .. } => "numgen",
+            KExpr::Hash { .. } => "hash",
             KExpr::Cmp { .. } => "cmp",
             KExpr::Bitwise { .. } => "bitwise",
             KExpr::Lookup { .. } => "lookup",
@@ -136,6 +147,12 @@ fn load(field: Field, family: Family, dreg: u32) -> KExpr {
             len: 2,
             dreg,
         },
+        Field::Sport => KExpr::Payload {
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 0,
+            len: 2,
+            dreg,
+        },
         Field::Random(modulus) => KExpr::Numgen {
             modulus,
             offset: 0,
@@ -144,9 +161,40 @@ fn load(field: Field, family: Family, dreg: u32) -> KExpr {
     }
 }
 
+/// The field `k` loads and the register it loads it into: the inverse of [`load`] (for
+/// naming what a kernel expression read, e.g. a hash's key).
+pub fn loaded_field(k: &KExpr, family: Family) -> Option<(Field, u32)> {
+    let dreg = match k {
+        KExpr::Payload { dreg, .. } | KExpr::Meta { dreg, .. } => *dreg,
+        KExpr::Numgen {
+            modulus,
+            offset: 0,
+            dreg,
+        } => return Some((Field::Random(*modulus), *dreg)),
+        _ => return None,
+    };
+    [
+        Field::Saddr,
+        Field::Daddr,
+        Field::L4Proto,
+        Field::Dport,
+        Field::Sport,
+    ]
+    .into_iter()
+    .find(|f| load(*f, family, dreg) == *k)
+    .map(|f| (f, dreg))
+}
+
 /// Loads a concatenation into consecutive 32-bit registers from `REG32_00`.
 fn load_concat(key: &[Field], family: Family, out: &mut Vec<KExpr>) {
-    let mut reg = REG32_00;
+    load_concat_at(key, family, REG32_00, out);
+}
+
+/// Loads a concatenation into consecutive 32-bit registers from `first`, each field in
+/// whole registers (the kernel zeroes the unused bytes of a partly written one,
+/// `nft_payload_eval`).
+fn load_concat_at(key: &[Field], family: Family, first: u32, out: &mut Vec<KExpr>) {
+    let mut reg = first;
     for f in key {
         out.push(load(*f, family, reg));
         reg += (f.reg_len(family) / 4) as u32;
@@ -397,6 +445,28 @@ fn lower_one(e: &Expr, family: Family, out: &mut Vec<KExpr>) {
             });
             dnat_to_looked_up(map, family, r, out);
         }
+        Expr::DnatHash {
+            key,
+            modulus,
+            seed,
+            offset,
+            map,
+        } => {
+            // As nft 1.0 allocates them: the hash's result in NFT_REG_1, the key from
+            // NFT_REG_2 (`[ hash reg 1 = jhash(reg 2, 16, SEED) % mod M offset O ]`). A
+            // concatenation hashes its padded registers, a lone field only its own bytes
+            // (`jhash(reg 2, 2, …)` for `th sport`), as a set key's length counts them.
+            load_concat_at(key, family, REG32_04, out);
+            out.push(KExpr::Hash {
+                sreg: REG32_04,
+                dreg: r,
+                len: super::encode::key_len(key, family),
+                modulus: *modulus,
+                seed: *seed,
+                offset: *offset,
+            });
+            dnat_to_looked_up(map, family, r, out);
+        }
         Expr::DnatLookup { key, map } => {
             load_concat(key, family, out);
             dnat_to_looked_up(map, family, r, out);
@@ -464,6 +534,139 @@ mod tests {
         assert_eq!(k.len(), 3);
         assert!(matches!(&k[1], KExpr::Bitwise { mask, .. } if mask == &vec![255, 0, 0, 0]));
         assert!(matches!(&k[2], KExpr::Cmp { op: 1, data, .. } if data == &vec![10, 0, 0, 0]));
+    }
+
+    fn maglev_key() -> Vec<Field> {
+        vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport]
+    }
+
+    fn dnat_hash(offset: u32) -> Expr {
+        Expr::DnatHash {
+            key: maglev_key(),
+            modulus: 1021,
+            seed: 0x4b4e_4c50,
+            offset,
+            map: "endpoints-3".into(),
+        }
+    }
+
+    /// What nft 1.0.6 sends for `dnat ip to jhash ip saddr . th sport . ip daddr . th dport
+    /// mod 1021 seed 0x4b4e4c50 offset 2048 map @endpoints-3` (`nft --debug=netlink`): the
+    /// key from reg 2 (NFT_REG32_04), each field in whole 32-bit registers, 16 bytes
+    /// hashed into reg 1, then the map lookup and the nat of `DnatMap`.
+    #[test]
+    fn a_jhash_dnat_lowers_as_nft_sends_it() {
+        let payload = |base, offset, len, dreg| KExpr::Payload {
+            base,
+            offset,
+            len,
+            dreg,
+        };
+        let (nh, th) = (NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER);
+        let tail = |len, proto_reg, family: Family| {
+            vec![
+                KExpr::Hash {
+                    sreg: 12,
+                    dreg: 8,
+                    len,
+                    modulus: 1021,
+                    seed: 0x4b4e_4c50,
+                    offset: 2048,
+                },
+                KExpr::Lookup {
+                    set: "endpoints-3".into(),
+                    sreg: 8,
+                    dreg: Some(8),
+                    flags: 0,
+                },
+                KExpr::Nat {
+                    kind: NFT_NAT_DNAT,
+                    family: family.nfproto() as u32,
+                    reg_addr: 8,
+                    reg_proto: Some(proto_reg),
+                },
+            ]
+        };
+        // [ payload load 4b @ network header + 12 => reg 2 ]
+        // [ payload load 2b @ transport header + 0 => reg 13 ]
+        // [ payload load 4b @ network header + 16 => reg 14 ]
+        // [ payload load 2b @ transport header + 2 => reg 15 ]
+        // [ hash reg 1 = jhash(reg 2, 16, 0x4b4e4c50) % mod 1021 offset 2048 ]
+        // [ lookup reg 1 set endpoints-3 dreg 1 ]
+        // [ nat dnat ip addr_min reg 1 proto_min reg 9 ]
+        let mut ip = vec![
+            payload(nh, 12, 4, 12),
+            payload(th, 0, 2, 13),
+            payload(nh, 16, 4, 14),
+            payload(th, 2, 2, 15),
+        ];
+        ip.extend(tail(16, 9, Family::Ip));
+        assert_eq!(lower(&[dnat_hash(2048)], Family::Ip), ip);
+        // ip6: [ payload load 16b @ network header + 8 => reg 2 ], sport => reg 3 (16),
+        // daddr 16b + 24 => reg 17, dport => reg 21, jhash(reg 2, 40, …), proto_min reg 2.
+        let mut ip6 = vec![
+            payload(nh, 8, 16, 12),
+            payload(th, 0, 2, 16),
+            payload(nh, 24, 16, 17),
+            payload(th, 2, 2, 21),
+        ];
+        ip6.extend(tail(40, 12, Family::Ip6));
+        assert_eq!(lower(&[dnat_hash(2048)], Family::Ip6), ip6);
+    }
+
+    /// nft hashes a lone field's own bytes, not its padded register: `jhash ip saddr` is
+    /// `jhash(reg 2, 4, …)`, `jhash th sport` `jhash(reg 2, 2, …)`, `jhash ip6 saddr`
+    /// `jhash(reg 2, 16, …)`; a concatenation its registers (`ip saddr . ip daddr . meta
+    /// l4proto . th sport . th dport`: 20).
+    #[test]
+    fn a_lone_field_hashes_its_own_bytes_a_concatenation_its_registers() {
+        let len = |key: Vec<Field>, family| {
+            let e = Expr::DnatHash {
+                key,
+                modulus: 7,
+                seed: 5,
+                offset: 0,
+                map: "e".into(),
+            };
+            lower(&[e], family).into_iter().find_map(|k| match k {
+                KExpr::Hash { len, sreg: 12, .. } => Some(len),
+                _ => None,
+            })
+        };
+        assert_eq!(len(vec![Field::Saddr], Family::Ip), Some(4));
+        assert_eq!(len(vec![Field::Sport], Family::Ip), Some(2));
+        assert_eq!(len(vec![Field::Saddr], Family::Ip6), Some(16));
+        let five = vec![
+            Field::Saddr,
+            Field::Daddr,
+            Field::L4Proto,
+            Field::Sport,
+            Field::Dport,
+        ];
+        assert_eq!(len(five, Family::Ip), Some(20));
+    }
+
+    #[test]
+    fn loaded_field_names_what_load_loads() {
+        for family in Family::all() {
+            for f in [
+                Field::Saddr,
+                Field::Daddr,
+                Field::L4Proto,
+                Field::Dport,
+                Field::Sport,
+                Field::Random(5),
+            ] {
+                assert_eq!(loaded_field(&load(f, family, 13), family), Some((f, 13)));
+            }
+        }
+        let odd = KExpr::Payload {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 9,
+            len: 1,
+            dreg: 8,
+        };
+        assert_eq!(loaded_field(&odd, Family::Ip), None);
     }
 
     #[test]

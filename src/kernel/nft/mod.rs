@@ -168,6 +168,8 @@ pub enum Field {
     L4Proto,
     /// `th dport` (TCP, UDP, SCTP destination port).
     Dport,
+    /// `th sport` (TCP, UDP, SCTP source port): a key component of [`Expr::DnatHash`].
+    Sport,
     /// `numgen random mod N`: 0..N uniformly, a 32-bit integer in host byte order. Only as
     /// the last component of an endpoint map's key (see [`Expr::DnatLookup`]).
     Random(u32),
@@ -179,7 +181,7 @@ impl Field {
         match self {
             Field::Saddr | Field::Daddr => family.addr_len(),
             Field::L4Proto => 1,
-            Field::Dport => 2,
+            Field::Dport | Field::Sport => 2,
             Field::Random(_) => 4,
         }
     }
@@ -527,6 +529,22 @@ pub enum Expr {
         offset: u32,
         map: String,
     },
+    /// `dnat to jhash KEY mod MODULUS seed SEED offset OFFSET map @MAP`: the endpoint in slot
+    /// OFFSET + reciprocal_scale(jhash(KEY's registers, their length, SEED), MODULUS) of an
+    /// endpoint map keyed by slot (as [`Expr::DnatMap`] uses), so one flow always picks the
+    /// same slot, on every node (Maglev). KEY is loaded as nft loads a concatenation, each
+    /// field padded to 32 bits, and those bytes are hashed: 16 for `ip saddr . th sport .
+    /// ip daddr . th dport`, 40 for ip6 (a lone field, as in nft, only its own bytes: 2
+    /// for `th sport`); see [`jhash::nft_jhash`]. The seed is always sent: without
+    /// `NFTA_HASH_SEED` the kernel draws a random seed per rule, and nodes would disagree
+    /// on the slot.
+    DnatHash {
+        key: Vec<Field>,
+        modulus: u32,
+        seed: u32,
+        offset: u32,
+        map: String,
+    },
     /// `dnat to KEY map @MAP`: to the endpoint that an endpoint map keyed by packet fields
     /// holds for the packet's KEY; no match when it holds none. A KEY ending in
     /// [`Field::Random`] picks one of N elements of the packet's address and port.
@@ -549,9 +567,10 @@ impl Expr {
     pub fn set_ref(&self) -> Option<&str> {
         match self {
             Expr::InSet { set, .. } | Expr::UpdateSet { set, .. } => Some(set),
-            Expr::Vmap { map, .. } | Expr::DnatMap { map, .. } | Expr::DnatLookup { map, .. } => {
-                Some(map)
-            }
+            Expr::Vmap { map, .. }
+            | Expr::DnatMap { map, .. }
+            | Expr::DnatHash { map, .. }
+            | Expr::DnatLookup { map, .. } => Some(map),
             _ => None,
         }
     }

@@ -26,7 +26,8 @@ fn field() -> impl Strategy<Value = Field> {
         Just(Field::Saddr),
         Just(Field::Daddr),
         Just(Field::L4Proto),
-        Just(Field::Dport)
+        Just(Field::Dport),
+        Just(Field::Sport)
     ]
 }
 
@@ -87,6 +88,20 @@ fn expr(family: Family) -> impl Strategy<Value = Expr> {
                 map,
             }
         }),
+        (
+            proptest::collection::vec(field(), 1..4),
+            1u32..10_000,
+            any::<u32>(),
+            any::<u32>(),
+            "[a-z-]{1,20}"
+        )
+            .prop_map(|(key, modulus, seed, offset, map)| Expr::DnatHash {
+                key,
+                modulus,
+                seed,
+                offset,
+                map,
+            }),
         "[a-z-]{1,20}".prop_map(|set| Expr::UpdateSet {
             set,
             key: Field::Saddr

@@ -8,12 +8,14 @@ use super::{
     Transaction, Verdict,
 };
 
-fn field(f: Field, family: Family) -> String {
+/// A field as nft names it (`ip saddr`, `th dport`).
+pub fn field(f: Field, family: Family) -> String {
     match f {
         Field::Saddr => format!("{family} saddr"),
         Field::Daddr => format!("{family} daddr"),
         Field::L4Proto => "meta l4proto".into(),
         Field::Dport => "th dport".into(),
+        Field::Sport => "th sport".into(),
         Field::Random(m) => format!("numgen random mod {m}"),
     }
 }
@@ -30,7 +32,7 @@ fn type_name(f: Field, family: Family) -> &'static str {
         (Field::Saddr | Field::Daddr, Family::Ip) => "ipv4_addr",
         (Field::Saddr | Field::Daddr, Family::Ip6) => "ipv6_addr",
         (Field::L4Proto, _) => "inet_proto",
-        (Field::Dport, _) => "inet_service",
+        (Field::Dport | Field::Sport, _) => "inet_service",
         (Field::Random(_), _) => "integer",
     }
 }
@@ -99,6 +101,25 @@ pub fn expr(e: &Expr, family: Family) -> String {
             offset,
             map,
         } => format!("dnat {family} to numgen random mod {modulus} offset {offset} map @{map}"),
+        Expr::DnatHash {
+            key,
+            modulus,
+            seed,
+            offset,
+            map,
+        } => {
+            // As `nft list` prints it: the seed in hex, no `offset 0`. (After a `meta l4proto
+            // tcp` nft folds that match into the ports and prints `tcp sport`, `tcp dport`.)
+            let offset = if *offset == 0 {
+                String::new()
+            } else {
+                format!(" offset {offset}")
+            };
+            format!(
+                "dnat {family} to jhash {} mod {modulus} seed {seed:#x}{offset} map @{map}",
+                concat(key, family)
+            )
+        }
         Expr::DnatLookup { key, map } => {
             format!("dnat {family} to {} map @{map}", concat(key, family))
         }
@@ -310,6 +331,35 @@ mod tests {
              add map ip kube-nlproxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
              add element ip kube-nlproxy service-ips { 10.96.0.1 . tcp . 443 : goto svc }\n\
              add rule ip kube-nlproxy svc numgen random mod 2 0 meta l4proto tcp dnat to 10.244.1.2:8443\n"
+        );
+    }
+
+    /// As `nft list` prints a rule it loaded from `dnat ip to jhash … map @M` (the seed in
+    /// hex, `offset 0` left out).
+    #[test]
+    fn renders_a_jhash_dnat_as_nft_lists_it() {
+        let hash = |family, offset, seed| {
+            let r = Rule::new(
+                "c",
+                vec![Expr::DnatHash {
+                    key: vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+                    modulus: 1021,
+                    seed,
+                    offset,
+                    map: "endpoints-3".into(),
+                }],
+            );
+            rule_body(&r, family)
+        };
+        assert_eq!(
+            hash(Family::Ip, 2048, 0x4b4e_4c50),
+            "dnat ip to jhash ip saddr . th sport . ip daddr . th dport mod 1021 \
+             seed 0x4b4e4c50 offset 2048 map @endpoints-3"
+        );
+        assert_eq!(
+            hash(Family::Ip6, 0, 0),
+            "dnat ip6 to jhash ip6 saddr . th sport . ip6 daddr . th dport mod 1021 \
+             seed 0x0 map @endpoints-3"
         );
     }
 }

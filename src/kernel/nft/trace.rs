@@ -1,6 +1,7 @@
 //! A packet tracer over the [`FakeNftables`] ruleset (after upstream's `tracePacket` test
 //! helper): follows a packet through our chains and reports every possible outcome, taking
-//! both branches at each `numgen`. Pure; used by unit tests to check behaviour, not text.
+//! both branches at each `numgen`, and at a `jhash` the packet's one slot when it has a
+//! source port, every slot when not. Pure; used by unit tests to check behaviour, not text.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -13,6 +14,9 @@ pub struct Packet {
     pub saddr: IpAddr,
     pub daddr: IpAddr,
     pub proto: u8,
+    /// The source port, when the test cares which slot a `jhash` picks; `None` follows
+    /// every slot (see [`Expr::DnatHash`] below).
+    pub sport: Option<u16>,
     pub dport: u16,
     /// Input interface name (empty for locally generated packets).
     pub iif: String,
@@ -59,6 +63,11 @@ impl Tracer<'_> {
             Field::Daddr => KeyValue::Addr(self.pkt.daddr),
             Field::L4Proto => KeyValue::Proto(self.pkt.proto),
             Field::Dport => KeyValue::Port(self.pkt.dport),
+            Field::Sport => KeyValue::Port(
+                self.pkt
+                    .sport
+                    .expect("a rule keys on th sport: give the traced packet a sport"),
+            ),
             // One of its values; a lookup keyed by it follows each (see `DnatLookup`).
             Field::Random(_) => KeyValue::Slot(0),
         }
@@ -256,6 +265,38 @@ impl Tracer<'_> {
                     out.push(self.dnat_to(target, mark));
                 }
             }
+            Expr::DnatHash {
+                key,
+                modulus,
+                seed,
+                offset,
+                map,
+            } => {
+                // With every field of the key known, the one slot the kernel's jhash picks
+                // (over the key as the registers hold it, each field of a concatenation
+                // padded to 32 bits, a lone field unpadded);
+                // a packet without a source port, like `DnatMap`, every slot: tests of
+                // which endpoints a Service can reach need no port.
+                let known = key.iter().all(|f| match f {
+                    Field::Sport => self.pkt.sport.is_some(),
+                    Field::Random(_) => false,
+                    _ => true,
+                });
+                let (first, n) = if known {
+                    let mut bytes = super::lower::key_bytes(self.key(key));
+                    bytes.truncate(super::encode::key_len(key, self.family) as usize);
+                    (super::jhash::nft_jhash(&bytes, *modulus, *seed, *offset), 1)
+                } else {
+                    (*offset, *modulus)
+                };
+                for slot in (0..n).map_while(|i| first.checked_add(i)) {
+                    let target = self
+                        .fake
+                        .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
+                        .and_then(|e| e.target());
+                    out.push(self.dnat_to(target, mark));
+                }
+            }
             Expr::Redirect { port } => out.push((mark, RuleEnd::Term(Outcome::Redirect(*port)))),
             Expr::Reject => out.push((mark, RuleEnd::Term(Outcome::Reject))),
             Expr::UpdateSet { .. } | Expr::Counter => self.exprs(rest, mark, depth, out),
@@ -295,4 +336,87 @@ pub fn trace(
             Flow::Term(o) => o,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::nft::jhash::nft_jhash;
+    use crate::kernel::nft::lower::key_bytes;
+    use crate::kernel::nft::{
+        Chain, ElemData, Element, Nftables, Rule, Set, Table, Target, Transaction,
+    };
+
+    /// Chain `c`: `dnat to jhash ip saddr . th sport . ip daddr . th dport mod 5 seed 9
+    /// offset 10 map @slots`, slot s holding 10.244.0.s:80.
+    fn hashed() -> FakeNftables {
+        let mut tx = Transaction::new(Family::Ip, "t");
+        tx.add(Table {
+            family: Family::Ip,
+            name: "t".into(),
+            comment: None,
+        });
+        tx.add(Chain::regular("c"));
+        tx.add(Set::endpoint_map("slots"));
+        for s in 10..15u8 {
+            tx.add(Element::new(
+                "slots".into(),
+                vec![KeyValue::Slot(s.into())],
+                ElemData::Target(Target::new(IpAddr::from([10, 244, 0, s]), 80)),
+                None,
+            ));
+        }
+        tx.add(Rule::new(
+            "c",
+            vec![Expr::DnatHash {
+                key: vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+                modulus: 5,
+                seed: 9,
+                offset: 10,
+                map: "slots".into(),
+            }],
+        ));
+        let mut f = FakeNftables::new();
+        f.apply(&tx).unwrap();
+        f
+    }
+
+    fn packet(sport: Option<u16>) -> Packet {
+        Packet {
+            saddr: IpAddr::from([10, 0, 0, 1]),
+            daddr: IpAddr::from([10, 96, 0, 1]),
+            proto: 6,
+            sport,
+            dport: 443,
+            iif: "eth0".into(),
+            local_addrs: vec![],
+        }
+    }
+
+    fn dnat(last: u8) -> Outcome {
+        Outcome::Dnat {
+            addr: IpAddr::from([10, 244, 0, last]),
+            port: 80,
+            masquerade: false,
+        }
+    }
+
+    #[test]
+    fn a_jhash_dnat_takes_one_slot_with_a_source_port_and_every_slot_without() {
+        let f = hashed();
+        let every: BTreeSet<Outcome> = (10..15).map(dnat).collect();
+        assert_eq!(trace(&f, Family::Ip, "t", "c", 0, &packet(None)), every);
+        let sport = 40000;
+        let key = key_bytes([
+            KeyValue::Addr(IpAddr::from([10, 0, 0, 1])),
+            KeyValue::Port(sport),
+            KeyValue::Addr(IpAddr::from([10, 96, 0, 1])),
+            KeyValue::Port(443),
+        ]);
+        let slot = nft_jhash(&key, 5, 9, 10) as u8;
+        assert_eq!(
+            trace(&f, Family::Ip, "t", "c", 0, &packet(Some(sport))),
+            BTreeSet::from([dnat(slot)])
+        );
+    }
 }

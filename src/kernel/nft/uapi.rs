@@ -94,6 +94,9 @@ pub const TYPE_INTEGER: u32 = 4;
 pub const REG_VERDICT: u32 = 0;
 /// First 32-bit data register (`NFT_REG32_00`); concatenations fill consecutive ones.
 pub const REG32_00: u32 = 8;
+/// `NFT_REG32_04`, the first of the second 128-bit register (`NFT_REG_2`): where nft loads
+/// a `jhash` key, its result going to `NFT_REG_1`.
+pub const REG32_04: u32 = 12;
 pub const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 pub const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 pub const NFT_META_MARK: u32 = 3;
@@ -116,6 +119,16 @@ pub const NFTA_FIB_F_DADDR: u32 = 2;
 pub const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
 pub const RTN_LOCAL: u32 = 2;
 pub const NFT_NG_RANDOM: u32 = 1;
+// nft_hash_attributes
+pub const NFTA_HASH_SREG: u16 = 1;
+pub const NFTA_HASH_DREG: u16 = 2;
+pub const NFTA_HASH_LEN: u16 = 3;
+pub const NFTA_HASH_MODULUS: u16 = 4;
+pub const NFTA_HASH_SEED: u16 = 5;
+pub const NFTA_HASH_OFFSET: u16 = 6;
+pub const NFTA_HASH_TYPE: u16 = 7;
+/// `nft_hash_types`: `jhash` over registers (`NFT_HASH_SYM` hashes the flow dissector's keys).
+pub const NFT_HASH_JENKINS: u32 = 0;
 pub const NFT_NAT_DNAT: u32 = 1;
 pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 1 << 4;
 pub const NFT_REJECT_ICMP_UNREACH: u32 = 0;

@@ -71,6 +71,7 @@ fn pkt(src: &str, dst: &str, dport: u16) -> Packet {
         saddr: ip(src),
         daddr: ip(dst),
         proto: 6,
+        sport: None,
         dport,
         iif: "eth0".into(),
         local_addrs: vec![ip(NODE_IP)],

@@ -4,8 +4,9 @@
 
 use std::net::IpAddr;
 
+use crate::kernel::nft::jhash::nft_jhash;
 use crate::kernel::nft::live::{LiveChain, LiveData, LiveRule};
-use crate::kernel::nft::lower::KExpr;
+use crate::kernel::nft::lower::{loaded_field, KExpr};
 use crate::kernel::nft::uapi::*;
 use crate::kernel::nft::{Family, Verdict};
 
@@ -262,6 +263,9 @@ impl Eval<'_> {
                     }
                     return out;
                 }
+                // No fork: the kernel's hash is a function of the packet, computed here as
+                // it computes it, so the branch goes on with the very slot it picks.
+                KExpr::Hash { .. } => self.hash(e, &exprs[..k], &mut st),
                 e => self.expr(e, &mut st),
             };
             match r {
@@ -511,8 +515,64 @@ impl Eval<'_> {
             }
             KExpr::Counter => {}
             KExpr::Numgen { .. } => unreachable!("numgen forks in exprs()"),
+            KExpr::Hash { .. } => unreachable!("hash is run by exprs(), which knows its key"),
         }
         Ok(Flow::Next)
+    }
+
+    /// `jhash`: `nft_jhash_eval` over the key registers, the padding bytes included (the
+    /// kernel zeroes them on each load, as [`Self::write`] does). Notes the hash and the
+    /// slot, the key named by the loads before it in the rule (`before`).
+    fn hash(&self, e: &KExpr, before: &[KExpr], st: &mut State) -> Result<Flow, String> {
+        let KExpr::Hash {
+            sreg,
+            dreg,
+            len,
+            modulus,
+            seed,
+            offset,
+        } = e
+        else {
+            return Err(format!("not a hash: {e:?}"));
+        };
+        let key = Self::read(st, *sreg, *len as usize)?;
+        let slot = nft_jhash(&key, *modulus, *seed, *offset);
+        Self::write(st, *dreg, &slot.to_ne_bytes())?;
+        st.notes.push(format!(
+            "jhash {} mod {modulus} = {} → slot {slot}",
+            self.key_text(before, *sreg, *len),
+            slot.wrapping_sub(*offset)
+        ));
+        Ok(Flow::Next)
+    }
+
+    /// The fields in registers `sreg`.. (`len` bytes) as nft names them (`ip saddr . th
+    /// sport`), from the last load into each before the hash; `reg N` for a register no
+    /// field of ours was loaded into.
+    fn key_text(&self, before: &[KExpr], sreg: u32, len: u32) -> String {
+        let family = self.table.family;
+        let end = sreg.saturating_add(len.div_ceil(4));
+        let mut parts = Vec::new();
+        let mut r = sreg;
+        while r < end {
+            let field = before
+                .iter()
+                .rev()
+                .filter_map(|k| loaded_field(k, family))
+                .find(|(_, dreg)| *dreg == r)
+                .map(|(f, _)| f);
+            match field {
+                Some(f) => {
+                    parts.push(crate::kernel::nft::render::field(f, family));
+                    r += (f.reg_len(family) / 4) as u32;
+                }
+                None => {
+                    parts.push(format!("reg {r}"));
+                    r += 1;
+                }
+            }
+        }
+        parts.join(" . ")
     }
 
     /// Every base chain of this hook, in priority order; accept moves on to the next one.

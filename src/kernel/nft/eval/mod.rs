@@ -1,8 +1,9 @@
 //! Evaluates a packet through a [`LiveTable`] the way nf_tables does: the kernel's own
-//! register machine (payload, meta, ct, fib, cmp, bitwise, lookup, immediate, numgen, nat,
-//! masq, redir, reject, dynset), over the base chains of each hook the packet meets in
+//! register machine (payload, meta, ct, fib, cmp, bitwise, lookup, immediate, numgen, hash,
+//! nat, masq, redir, reject, dynset), over the base chains of each hook the packet meets in
 //! order (prerouting, then input or forward, then postrouting; or output then
-//! postrouting). Every branch a `numgen` can take is followed, with its probability. An
+//! postrouting). Every branch a `numgen` can take is followed, with its probability; a
+//! `jhash` is computed as the kernel computes it, so it takes the packet's one slot. An
 //! expression, key or set it does not model ends that branch as [`End::Unknown`], naming the
 //! rule: reported, never guessed. Pure; `explain` runs it over the live kernel's table.
 //!
@@ -369,5 +370,116 @@ mod tests {
             .map(|p| p.probability)
             .sum();
         assert!((drop - 0.25).abs() < 1e-9, "{o:?}");
+    }
+
+    /// A nat prerouting chain whose one rule DNATs by `jhash` into slots 16..23 of an
+    /// endpoint map, slot `s` holding endpoint `s % 3` (10.244.{s%3}.5:8080).
+    fn hash_table(family: Family) -> LiveTable {
+        use crate::kernel::nft::{
+            Chain, ElemData, Element, Expr, Field, KeyValue, Rule, Set, Target,
+        };
+        let chain = Chain::base("pre", ChainType::Nat, Hook::Prerouting, -100);
+        let rule = Rule::new(
+            "pre",
+            vec![
+                Expr::L4Proto(6),
+                Expr::DnatHash {
+                    key: vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+                    modulus: 7,
+                    seed: 0x4b4e_4c50,
+                    offset: 16,
+                    map: "eps".into(),
+                },
+            ],
+        );
+        let elements: Vec<Element> = (16..23u32)
+            .map(|s| {
+                Element::new(
+                    "eps".into(),
+                    vec![KeyValue::Slot(s)],
+                    ElemData::Target(Target::new(endpoint(family, s), 8080)),
+                    None,
+                )
+            })
+            .collect();
+        LiveTable::from_typed(
+            family,
+            "t",
+            [(chain, vec![rule])].iter(),
+            [Set::endpoint_map("eps")].iter(),
+            elements.iter(),
+        )
+    }
+
+    fn endpoint(family: Family, slot: u32) -> IpAddr {
+        match family {
+            Family::Ip => IpAddr::from([10, 244, (slot % 3) as u8, 5]),
+            Family::Ip6 => format!("fd00:244:{}::5", slot % 3).parse().unwrap(),
+        }
+    }
+
+    /// The evaluator hashes what the kernel hashes: the key's registers, each field padded
+    /// to 32 bits, so it predicts the one slot a packet takes, with certainty.
+    #[test]
+    fn a_jhash_dnat_takes_the_slot_the_kernel_computes() {
+        use crate::kernel::nft::jhash::nft_jhash;
+        for family in Family::all() {
+            let t = hash_table(family);
+            let (saddr, daddr): (IpAddr, IpAddr) = match family {
+                Family::Ip => ("10.0.0.1".parse().unwrap(), "10.96.0.1".parse().unwrap()),
+                Family::Ip6 => ("fd00::1".parse().unwrap(), "fd00:96::1".parse().unwrap()),
+            };
+            let ip = |a: IpAddr| match a {
+                IpAddr::V4(a) => a.octets().to_vec(),
+                IpAddr::V6(a) => a.octets().to_vec(),
+            };
+            let mut reached = std::collections::BTreeSet::new();
+            for sport in [1u16, 40000, 40001, 65535] {
+                let pkt = Packet {
+                    saddr,
+                    daddr,
+                    sport,
+                    ..packet()
+                };
+                // saddr . sport . daddr . dport, as the registers hold them (16 or 40 bytes).
+                let mut key = ip(saddr);
+                key.extend(sport.to_be_bytes());
+                key.extend([0, 0]);
+                key.extend(ip(daddr));
+                key.extend(80u16.to_be_bytes());
+                key.extend([0, 0]);
+                assert_eq!(key.len(), if family == Family::Ip { 16 } else { 40 });
+                let slot = nft_jhash(&key, 7, 0x4b4e_4c50, 16);
+                let paths = evaluate(&t, &Host::default(), &pkt);
+                assert_eq!(paths.len(), 1, "{paths:?}");
+                let p = &paths[0];
+                assert_eq!(p.probability, 1.0);
+                let ep = endpoint(family, slot);
+                assert_eq!(p.dnat, Some((ep, 8080)));
+                let f = family.name();
+                let sock = std::net::SocketAddr::new(ep, 8080);
+                assert_eq!(
+                    p.steps[0].action,
+                    format!(
+                        "jhash {f} saddr . th sport . {f} daddr . th dport mod 7 = {} → slot {slot}, \
+                         dnat to {sock}",
+                        slot - 16
+                    )
+                );
+                reached.insert(slot);
+            }
+            assert!(reached.len() > 1, "{reached:?}");
+        }
+    }
+
+    /// An empty slot fails the lookup, and with it the rule, as in the kernel.
+    #[test]
+    fn a_jhash_into_an_empty_slot_matches_nothing() {
+        let mut t = hash_table(Family::Ip);
+        t.sets.get_mut("eps").unwrap().elements.clear();
+        let paths = evaluate(&t, &Host::default(), &packet());
+        assert_eq!(paths.len(), 1);
+        assert_eq!(paths[0].dnat, None);
+        assert!(paths[0].steps.is_empty(), "{paths:?}");
     }
 }
