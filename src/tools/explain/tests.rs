@@ -11,12 +11,65 @@ use crate::proxy::{LocalDetector, ProxierConfig};
 pub(crate) struct FakeView {
     /// Whether the host has routes (none at all: nothing is routed, not even outside).
     pub routes: bool,
+    /// Our table is [`jhash_table`] instead of the planned one.
+    pub jhash: bool,
 }
 
 impl Default for FakeView {
     fn default() -> Self {
-        FakeView { routes: true }
+        FakeView {
+            routes: true,
+            jhash: false,
+        }
     }
+}
+
+/// `default/maglev` (10.96.0.20:80): one rule that DNATs by `jhash` into slots 2048..2055 of
+/// an endpoint map over three endpoints, as a Maglev service port is planned.
+fn jhash_table(family: Family) -> LiveTable {
+    use crate::kernel::nft::{
+        Chain, ChainType, CmpOp, ElemData, Element, Expr, Field, Hook, KeyValue, Rule, Set, Target,
+    };
+    let chain = Chain::base("nat-prerouting", ChainType::Nat, Hook::Prerouting, -100);
+    let rule = Rule::new(
+        "nat-prerouting",
+        vec![
+            Expr::Addr {
+                field: Field::Daddr,
+                op: CmpOp::Eq,
+                value: "10.96.0.20/32".parse().unwrap(),
+            },
+            Expr::L4Proto(proto::TCP),
+            Expr::DnatHash {
+                key: vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+                modulus: 7,
+                seed: 0x4b4e_4c50,
+                offset: 2048,
+                map: "endpoints-1".into(),
+            },
+        ],
+    )
+    .with_comment("default/maglev:http");
+    let eps = ["10.244.1.5", "10.244.2.5", "10.244.1.6"];
+    let elements: Vec<Element> = [0, 1, 2, 0, 1, 2, 0]
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            Element::new(
+                "endpoints-1".into(),
+                vec![KeyValue::Slot(2048 + i as u32)],
+                ElemData::Target(Target::new(eps[*e].parse().unwrap(), 8080)),
+                None,
+            )
+        })
+        .collect();
+    LiveTable::from_typed(
+        family,
+        crate::proxy::names::DEFAULT_TABLE,
+        [(chain, vec![rule])].iter(),
+        [Set::endpoint_map("endpoints-1")].iter(),
+        elements.iter(),
+    )
 }
 
 fn planned(family: Family) -> LiveTable {
@@ -46,7 +99,15 @@ impl KernelView for FakeView {
         )))
     }
     fn table(&mut self, family: Family, name: &str) -> Result<Option<(LiveTable, u32)>, ToolError> {
-        Ok((name == crate::proxy::names::DEFAULT_TABLE).then(|| (planned(family), 7)))
+        if name != crate::proxy::names::DEFAULT_TABLE {
+            return Ok(None);
+        }
+        let table = if self.jhash {
+            jhash_table(family)
+        } else {
+            planned(family)
+        };
+        Ok(Some((table, 7)))
     }
     fn ipvs(
         &mut self,
@@ -161,7 +222,10 @@ fn a_source_without_a_route_arrives_as_from_outside_and_says_so() {
     // No route to outside either: an interface no rule names.
     let mut notes = Vec::new();
     let iif = unrouted_source_iif(
-        &mut FakeView { routes: false },
+        &mut FakeView {
+            routes: false,
+            ..Default::default()
+        },
         "10.244.9.7".parse().unwrap(),
         Family::Ip,
         &mut notes,
@@ -274,4 +338,53 @@ fn to_parses_both_families_and_protocols() {
         parse_to("10.0.0.1:80").unwrap(),
         ("10.0.0.1".parse().unwrap(), 80, proto::TCP)
     );
+}
+
+/// A `jhash` DNAT is no coin toss: the report shows the hash of the packet's key, the slot
+/// and the one endpoint in it, the very one the kernel's `nft_jhash_eval` picks.
+#[test]
+fn golden_text_for_a_jhash_dnat_shows_the_hash_the_slot_and_the_endpoint() {
+    let a: Vec<String> = ["--from", "10.244.1.3", "--to", "10.96.0.20:80"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut view = FakeView {
+        jhash: true,
+        ..Default::default()
+    };
+    let r = explain(
+        &mut view,
+        &args::parse("explain", USAGE, FLAGS, &a).unwrap(),
+    )
+    .unwrap();
+    let got = render_text(&r);
+    super::super::golden("explain-jhash.txt", &got);
+    // The slot by hand: 10.244.1.3 . 40000 . 10.96.0.20 . 80, each padded to 32 bits.
+    let key = [10, 244, 1, 3, 0x9c, 0x40, 0, 0, 10, 96, 0, 20, 0, 80, 0, 0];
+    let slot = crate::kernel::nft::jhash::nft_jhash(&key, 7, 0x4b4e_4c50, 2048);
+    let eps = ["10.244.1.5", "10.244.2.5", "10.244.1.6"];
+    let want = format!(
+        "{}:8080",
+        eps[[0, 1, 2, 0, 1, 2, 0][(slot - 2048) as usize]]
+    );
+    let o = &r.tables[0].outcomes;
+    assert_eq!(o.len(), 1, "one flow, one endpoint: {o:?}");
+    assert_eq!(o[0].destination.as_deref(), Some(want.as_str()));
+    assert_eq!(o[0].probability, 1.0);
+    assert!(
+        o[0].path[0]
+            .action
+            .contains(&format!("= {} → slot {slot}, dnat to {want}", slot - 2048)),
+        "{:?}",
+        o[0].path
+    );
+    // Another source port, maybe another slot: still exactly one.
+    let mut b = a.clone();
+    b.extend(["--sport".to_string(), "40001".to_string()]);
+    let r = explain(
+        &mut view,
+        &args::parse("explain", USAGE, FLAGS, &b).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(r.tables[0].outcomes.len(), 1);
 }
