@@ -76,7 +76,8 @@ impl Reply {
     }
 }
 
-pub(crate) fn parse_greeting(s: &str) -> Reply {
+/// A backend's greeting (`NAME PEER-IP`) as a [`Reply`].
+pub fn parse_greeting(s: &str) -> Reply {
     let mut it = s.split_whitespace();
     match (it.next(), it.next().and_then(|p| p.parse().ok())) {
         (Some(n), Some(peer)) => Reply::Answered {
@@ -87,7 +88,8 @@ pub(crate) fn parse_greeting(s: &str) -> Reply {
     }
 }
 
-pub(crate) fn classify(e: &std::io::Error) -> Reply {
+/// A socket error as a [`Reply`]: refused, timed out, or another error.
+pub fn classify(e: &std::io::Error) -> Reply {
     match e.kind() {
         ErrorKind::ConnectionRefused => Reply::Refused,
         ErrorKind::TimedOut | ErrorKind::WouldBlock => Reply::Timeout,

@@ -10,6 +10,10 @@ use kube_nlproxy::kernel::nft::{
 };
 use netlink_tests::ns::{require_root, NetNs};
 
+/// `jhash` DNAT (Maglev): nft's own encoding of it, and real flows against the evaluator.
+#[path = "nft_kernel/jhash.rs"]
+mod jhash;
+
 fn sample(family: Family) -> Transaction {
     let (a, b, net) = match family {
         Family::Ip => ("10.96.0.10", "10.244.1.2", "10.0.0.0/8"),
@@ -152,6 +156,35 @@ fn sample(family: Family) -> Transaction {
             },
         ],
     ));
+    // Maglev: the slot by a jhash of the flow's addresses and ports, the seed always sent
+    // (0 too), `offset 0` left out when nft lists it; a lone field hashes its own 2 bytes.
+    for (key, seed, offset) in [
+        (
+            vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+            0x4b4e_4c50,
+            2048,
+        ),
+        (
+            vec![Field::Saddr, Field::Sport, Field::Daddr, Field::Dport],
+            0,
+            0,
+        ),
+        (vec![Field::Sport], 7, 4),
+    ] {
+        tx.add(Rule::new(
+            "svc1",
+            vec![
+                Expr::L4Proto(6),
+                Expr::DnatHash {
+                    key,
+                    modulus: 1021,
+                    seed,
+                    offset,
+                    map: "endpoints".into(),
+                },
+            ],
+        ));
+    }
     for (slot, port) in [(4u32, 8080u16), (5, 8443)] {
         tx.add(Element::new(
             "endpoints".into(),
@@ -272,6 +305,13 @@ fn netlink_batch_matches_nft_f_of_rendered_text() {
             "netlink and nft -f disagree for {family}:\n--- ours\n{a}\n--- nft -f\n{b}"
         );
         assert!(a.contains("numgen random mod 2"), "{a}");
+        assert!(
+            a.contains(&format!(
+                "dnat {family} to jhash {family} saddr . tcp sport . {family} daddr . tcp dport \
+                 mod 1021 seed 0x4b4e4c50 offset 2048 map @endpoints"
+            )),
+            "{a}"
+        );
         assert!(
             a.contains("ct state invalid counter packets 0 bytes 0 drop"),
             "{a}"
