@@ -254,6 +254,35 @@ mod guest {
         );
     }
 
+    /// `kube-nlproxy.io/load-balancing: maglev` in IPVS mode: IPVS's own Maglev, `mh`, with
+    /// the source port hashed too (`mh-port`) and draining real servers passed over
+    /// (`mh-fallback`), whatever the configured scheduler; connections from many source
+    /// ports of one client spread over the endpoints.
+    #[test]
+    #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+    fn maglev_annotation_is_mh_hashing_the_source_port_too() {
+        let c = web_cluster();
+        let yaml = web_yaml("").replace(
+            "metadata: {name: web, namespace: default}",
+            "metadata: {name: web, namespace: default, annotations: {kube-nlproxy.io/load-balancing: maglev}}",
+        );
+        assert!(yaml.contains("maglev"), "{yaml}");
+        c.sync_once(&yaml, &["--proxy-mode", "ipvs", "--ipvs-scheduler", "wlc"]);
+        let list = ipvsadm(&c);
+        assert!(list.contains("TCP 10.96.0.10:80 mh"), "{list}");
+        assert!(list.contains(&format!("TCP {NODE_IP}:30080 mh")), "{list}");
+        assert!(
+            list.contains("mh-fallback") && list.contains("mh-port"),
+            "{list}"
+        );
+        let replies = tcp_probes(&c.ext, sa(NODE_IP, 30080), 20);
+        assert_eq!(
+            names(&replies).len(),
+            2,
+            "source ports spread the flows: {replies:?}"
+        );
+    }
+
     #[test]
     #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
     fn traffic_policies_local() {

@@ -64,8 +64,13 @@ pub fn plan_against(
     for (name, chain) in &live.chains {
         for r in &chain.rules {
             let Ok(exprs) = &r.exprs else { continue };
+            // A random pick's or a Maglev table's block: `numgen`/`jhash … mod M offset O`
+            // into an endpoint map.
             for w in exprs.windows(2) {
                 if let [KExpr::Numgen {
+                    modulus, offset, ..
+                }
+                | KExpr::Hash {
                     modulus, offset, ..
                 }, KExpr::Lookup { set, .. }] = w
                 {

@@ -9,6 +9,7 @@ modes (default: the full run, ~35 min):
   --churn-only [SECONDS]         10k x 10 through the real apiserver, then the churn row
   --daemon-only [SERVICES]       the daemon rows from manifests
   --scale-only [NxE]             the in-process scale shapes
+  --maglev-only [NxE]            Maglev against random load balancing (default 10000x10)
   --partial-only | --latency-only | --conntrack-only
   --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream";
 
@@ -18,6 +19,7 @@ const KNOWN: &[&str] = &[
     "--daemon-only",
     "--scale-only",
     "--partial-only",
+    "--maglev-only",
     "--latency-only",
     "--conntrack-only",
     "--side-by-side-shape",
@@ -28,6 +30,12 @@ const KNOWN: &[&str] = &[
 
 /// Endpoints per Service in the synthetic clusters, unless a shape says otherwise.
 pub const EPS: usize = 10;
+
+/// The Maglev rows' cluster: issue #39's 10k Services, of [`EPS`] endpoints.
+pub const MAGLEV_SHAPE: Shape = Shape {
+    services: 10_000,
+    endpoints: EPS,
+};
 
 /// A workload: `services` Services with `endpoints` endpoints each ("5000x50" on the
 /// command line).
@@ -82,6 +90,8 @@ pub enum Mode {
     Scale { shape: Option<Shape> },
     /// The one-endpoint change at 10k.
     Partial,
+    /// Maglev against random load balancing on `shape` (10k × 10 unless given).
+    Maglev { shape: Shape },
     /// The connect latency rows.
     Latency,
     /// The conntrack reconcile row.
@@ -102,6 +112,7 @@ impl Mode {
             Mode::Daemon { .. }
             | Mode::Scale { .. }
             | Mode::Partial
+            | Mode::Maglev { .. }
             | Mode::SideBySide
             | Mode::SideBySideShape { .. }
             | Mode::Churn { .. } => &["nft"],
@@ -171,6 +182,12 @@ pub fn parse(args: &[String]) -> Result<Args, ArgsError> {
     } else if has("--scale-only") {
         Mode::Scale {
             shape: after("--scale-only").and_then(Shape::parse),
+        }
+    } else if has("--maglev-only") {
+        Mode::Maglev {
+            shape: after("--maglev-only")
+                .and_then(Shape::parse)
+                .unwrap_or(MAGLEV_SHAPE),
         }
     } else if has("--partial-only") {
         Mode::Partial
@@ -326,6 +343,21 @@ mod tests {
                     services: 45_000,
                     endpoints: 1
                 })
+            }
+        );
+        assert_eq!(
+            mode("--maglev-only"),
+            Mode::Maglev {
+                shape: MAGLEV_SHAPE
+            }
+        );
+        assert_eq!(
+            mode("--maglev-only 1000x3"),
+            Mode::Maglev {
+                shape: Shape {
+                    services: 1000,
+                    endpoints: 3
+                }
             }
         );
         assert_eq!(mode("--churn-only"), Mode::Churn { secs: 60 });

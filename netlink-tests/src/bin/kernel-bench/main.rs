@@ -21,6 +21,7 @@ mod daemon;
 mod harness;
 mod ipvs;
 mod latency;
+mod maglev;
 mod nftables;
 mod procfs;
 mod side_by_side;
@@ -78,6 +79,7 @@ fn measure(args: Args, table: &mut Table) {
             nftables::full_sync_rows(table, sizes.full_sync, sizes.upstream_layout);
             nftables::partial_row(table, 10_000);
             nftables::scale_rows(table, nftables::SCALE_SHAPES);
+            maglev::maglev_rows(table, args::MAGLEV_SHAPE);
             latency::latency_rows(table, sizes.latency, sizes.connects);
             conntrack::conntrack_row(table);
             daemon::daemon_rows(table, sizes.daemon, sizes.daemon_churn_secs);
@@ -110,6 +112,7 @@ fn measure(args: Args, table: &mut Table) {
             nftables::scale_rows(table, &shapes);
         }
         Mode::Partial => nftables::partial_row(table, 10_000),
+        Mode::Maglev { shape } => maglev::maglev_rows(table, shape),
         Mode::Latency => latency::latency_rows(table, sizes.latency, sizes.connects),
         Mode::Conntrack => conntrack::conntrack_row(table),
         Mode::Ipvs { ours_only } => {

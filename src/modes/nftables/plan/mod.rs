@@ -138,8 +138,10 @@ pub fn build_ruleset_counted(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::nft::{render, Expr, Rule};
-    use crate::model::{Protocol, ServicePortName};
+    use std::collections::BTreeMap;
+
+    use crate::kernel::nft::{render, Expr, KeyValue, Object, Op, Rule};
+    use crate::model::{LoadBalancing, Protocol, ServicePortName};
     use crate::proxy::{plan_transaction, LocalDetector};
 
     fn ip(s: &str) -> IpAddr {
@@ -204,6 +206,162 @@ mod tests {
         assert!(t.contains("numgen random mod 2 offset"), "{t}");
         assert!(t.contains("map @endpoints-"), "{t}");
         assert!(!t.contains("balance-2"), "{t}");
+    }
+
+    /// The state of [`state`] with `n` endpoints and the port's load balancing set.
+    fn maglev_state(n: usize, lb: Option<LoadBalancing>) -> ProxyState {
+        let ips: Vec<String> = (0..n).map(|i| format!("10.180.0.{}", i + 1)).collect();
+        let mut st = state(&ips.iter().map(String::as_str).collect::<Vec<_>>());
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).load_balancing = lb;
+        st
+    }
+
+    /// The Maglev rule of a ruleset (modulus, offset, map) and how many slots of that
+    /// block each endpoint address holds.
+    fn maglev_of(rs: &Ruleset) -> Option<(u32, u32, BTreeMap<IpAddr, usize>)> {
+        let (modulus, offset, map) = rs.chains().find_map(|(_, rules)| {
+            rules.iter().flat_map(|r| &r.exprs).find_map(|e| match e {
+                Expr::DnatHash {
+                    key,
+                    modulus,
+                    seed,
+                    offset,
+                    map,
+                } => {
+                    assert_eq!(*key, balance::maglev_key());
+                    assert_eq!(seed, &balance::MAGLEV_SEED);
+                    Some((*modulus, *offset, map.clone()))
+                }
+                _ => None,
+            })
+        })?;
+        let mut owners = BTreeMap::new();
+        for e in rs.elements() {
+            if &**e.set() != map.as_str() {
+                continue;
+            }
+            let (Some(KeyValue::Slot(slot)), Some(target)) = (e.key.get(0), e.target()) else {
+                panic!("not an endpoint-map element: {e:?}");
+            };
+            assert!((offset..offset + modulus).contains(&slot), "{slot}");
+            *owners.entry(target.ip()).or_default() += 1;
+        }
+        Some((modulus, offset, owners))
+    }
+
+    #[test]
+    fn a_maglev_port_hashes_into_its_table_by_annotation_or_default_and_affinity_wins() {
+        let cfg = ProxierConfig::default();
+        let rs = build_ruleset(
+            &maglev_state(3, Some(LoadBalancing::Maglev)),
+            &cfg,
+            Family::Ip,
+        );
+        let (m, _, owners) = maglev_of(&rs).expect("a Maglev rule");
+        assert_eq!(
+            m, 509,
+            "the smallest table with 100 entries for each of 3 endpoints"
+        );
+        assert_eq!(owners.len(), 3, "{owners:?}");
+        assert_eq!(
+            owners.values().sum::<usize>(),
+            509,
+            "every entry is an element"
+        );
+        let (lo, hi) = (
+            owners.values().min().unwrap(),
+            owners.values().max().unwrap(),
+        );
+        assert!(hi - lo <= 1, "balanced within one entry: {owners:?}");
+        // One endpoint is a table too (no shared fast path): the next endpoint only adds.
+        let one = build_ruleset(
+            &maglev_state(1, Some(LoadBalancing::Maglev)),
+            &cfg,
+            Family::Ip,
+        );
+        let smallest = maglev_of(&one).unwrap().2.values().sum::<usize>();
+        assert_eq!(smallest, 251, "the smallest table");
+        // The default applies to ports without the annotation, and the annotation overrides it.
+        let maglev_default = ProxierConfig {
+            load_balancing: LoadBalancing::Maglev,
+            ..ProxierConfig::default()
+        };
+        let rs = build_ruleset(&maglev_state(3, None), &maglev_default, Family::Ip);
+        assert!(maglev_of(&rs).is_some());
+        assert!(maglev_of(&build_ruleset(&maglev_state(3, None), &cfg, Family::Ip)).is_none());
+        let opted_out = maglev_state(3, Some(LoadBalancing::Random));
+        assert!(maglev_of(&build_ruleset(&opted_out, &maglev_default, Family::Ip)).is_none());
+        // ClientIP affinity: the affinity cascade, as for a random port.
+        let mut st = maglev_state(3, Some(LoadBalancing::Maglev));
+        let sp = st.services.values_mut().next().unwrap();
+        std::sync::Arc::make_mut(sp).affinity_timeout = Some(600);
+        let rs = build_ruleset(&st, &cfg, Family::Ip);
+        assert!(maglev_of(&rs).is_none());
+        assert!(
+            render_text(&rs).contains("update @affinity-"),
+            "{}",
+            render_text(&rs)
+        );
+    }
+
+    fn render_text(rs: &Ruleset) -> String {
+        render::transaction(&plan_transaction(None, rs, None, &[]).tx)
+    }
+
+    #[test]
+    fn removing_one_of_ten_maglev_endpoints_rewrites_only_the_entries_that_change_owner() {
+        let cfg = ProxierConfig::default();
+        let before = build_ruleset(
+            &maglev_state(10, Some(LoadBalancing::Maglev)),
+            &cfg,
+            Family::Ip,
+        );
+        let after = build_ruleset(
+            &maglev_state(9, Some(LoadBalancing::Maglev)),
+            &cfg,
+            Family::Ip,
+        );
+        let (m, offset, owners) = maglev_of(&before).unwrap();
+        assert_eq!(
+            (m, offset),
+            (maglev_of(&after).unwrap().0, maglev_of(&after).unwrap().1)
+        );
+        let gone = owners[&ip("10.180.0.10")];
+        let tx = plan_transaction(Some(&before), &after, None, &[]).tx;
+        assert!(
+            tx.ops
+                .iter()
+                .all(|op| matches!(op.object(), Object::Element(_))),
+            "elements only, no rule: {}",
+            render::transaction(&tx)
+        );
+        // Each changed entry of the table is a delete and an add; besides, the removed
+        // endpoint's hairpin element goes.
+        let in_table = |op: &&Op| matches!(op.object(), Object::Element(e) if e.set().starts_with("endpoints-"));
+        let count = |verb: &str| {
+            tx.ops
+                .iter()
+                .filter(in_table)
+                .filter(|op| op.verb() == verb)
+                .count()
+        };
+        let changed = count("add");
+        assert_eq!(changed, count("delete"), "rewritten in place");
+        assert!(
+            changed >= gone,
+            "at least the removed endpoint's {gone} entries: {changed}"
+        );
+        assert!(
+            changed <= 3 * gone,
+            "about 1/N of the {m} entries: {changed} of {m}"
+        );
+        assert_eq!(
+            tx.ops.len(),
+            2 * changed + 1,
+            "{}",
+            render::transaction(&tx)
+        );
     }
 
     #[test]

@@ -10,14 +10,14 @@ use crate::kernel::nft::{
     shared_name, Chain, Cidr, CmpOp, ElemData, Element, Expr, Family, Field, Key, KeyValue, Name,
     Rule, Target, Verdict,
 };
-use crate::model::{Endpoint, NodeInfo, ServicePort};
+use crate::model::{Endpoint, LoadBalancing, NodeInfo, ServicePort};
 
 use crate::proxy::names::*;
 use crate::proxy::rules::{cidrs_of, from_pod, goto, jump, of_family};
 use crate::proxy::{Fragment, ProxierConfig};
 
 use super::super::SlotAllocator;
-use super::balance::balance_rules;
+use super::balance::Balance;
 use super::{elem, key};
 
 /// Adds one service port's objects in `family` to `rs` (nothing when it has no ClusterIP
@@ -92,16 +92,23 @@ impl PortRules<'_> {
         key(ip, self.proto, self.sp.port)
     }
 
+    /// How this port picks an endpoint: its annotation, else the proxy's default.
+    fn load_balancing(&self) -> LoadBalancing {
+        self.sp.load_balancing.unwrap_or(self.cfg.load_balancing)
+    }
+
     /// "From a local pod": a source prefix, or an input interface.
     fn pod_source(&self, op: CmpOp) -> Option<Expr> {
         from_pod(&self.cfg.local_detector, self.family, op)
     }
 
     /// Whether the port needs nothing of its own: no affinity, no Local policy, no
-    /// external destination, no endpoint on this node.
+    /// external destination, no endpoint on this node, random load balancing (a Maglev
+    /// table belongs to its chain).
     fn nothing_of_its_own(&self) -> bool {
         let sp = self.sp;
         sp.affinity_timeout.is_none()
+            && self.load_balancing() == LoadBalancing::Random
             && !sp.internal_policy_local
             && !sp.externally_accessible()
             && self.cat.local.is_empty()
@@ -225,7 +232,13 @@ impl PortRules<'_> {
             if masquerades {
                 rules.extend(self.masquerade_cluster_ip(chain));
             }
-            balance_rules(chain, sp, eps, rs, &mut rules, slots);
+            let balance = Balance {
+                chain,
+                sp,
+                eps,
+                load_balancing: self.load_balancing(),
+            };
+            balance.rules(rs, &mut rules, slots);
             rs.chain(Chain::regular(chain), rules);
         }
         Reach {

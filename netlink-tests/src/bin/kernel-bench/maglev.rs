@@ -1,0 +1,162 @@
+//! Maglev against random load balancing (issue #39): the same cluster with every Service
+//! annotated `maglev` and with none, each synced in a throwaway namespace: the full sync,
+//! a one-endpoint change, the elements programmed, and the memory each costs the kernel
+//! and our process (I/O: netlink, `/proc`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kube_nlproxy::model::fixtures::synthetic_state;
+use kube_nlproxy::model::{LoadBalancing, ProxyState};
+use netlink_tests::ns::NetNs;
+
+use crate::args::Shape;
+use crate::harness::{median, netlink_proxier};
+use crate::procfs::{mib, usage};
+use crate::table::{render_ratio, render_time, render_time_ratio, Row, Table, Target};
+
+/// What one variant cost.
+struct Cost {
+    full: Duration,
+    change: Duration,
+    elements: usize,
+    /// Growth of the kernel's slab and vmalloc memory with the table in place, KiB.
+    kernel_kb: u64,
+    /// Growth of our peak RSS over the sync, KiB.
+    process_kb: u64,
+}
+
+/// `shape` with every Service's load balancing set to `lb`, and the same with endpoint 0
+/// of the middle Service moved to `moved` (the one-endpoint change).
+fn states(shape: Shape, lb: LoadBalancing) -> (ProxyState, ProxyState) {
+    let mut st = synthetic_state(shape.services, shape.endpoints);
+    for sp in st.services.values_mut() {
+        Arc::make_mut(sp).load_balancing = Some(lb);
+    }
+    let mut changed = st.clone();
+    let k = changed
+        .endpoints
+        .keys()
+        .nth(shape.services / 2)
+        .unwrap()
+        .clone();
+    Arc::make_mut(changed.endpoints.get_mut(&k).unwrap())[0].ip = "10.250.0.1".parse().unwrap();
+    (st, changed)
+}
+
+/// `Slab` + `VmallocUsed` of `/proc/meminfo`, KiB: where nftables keeps sets and elements.
+fn kernel_kb() -> u64 {
+    let m = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    ["Slab:", "VmallocUsed:"]
+        .iter()
+        .filter_map(|k| {
+            m.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+fn measure(shape: Shape, lb: LoadBalancing) -> Cost {
+    let (st, changed) = states(shape, lb);
+    let (st, changed) = (Arc::new(st), Arc::new(changed));
+    let me = std::process::id();
+    // Peak RSS from here on (proc(5): writing 5 to clear_refs resets VmHWM).
+    std::fs::write(format!("/proc/{me}/clear_refs"), "5").ok();
+    let rss0 = usage(me).rss_kb;
+    let kernel0 = kernel_kb();
+    let ns = NetNs::new("kbm");
+    let (full, elements, kernel, mut changes) = ns.run(move || {
+        let mut s = netlink_proxier();
+        let t0 = Instant::now();
+        let stats = s.sync_shared(&st).unwrap();
+        let full = t0.elapsed();
+        let elements = stats.elements;
+        let kernel = kernel_kb().saturating_sub(kernel0);
+        let mut v = Vec::new();
+        for round in 0..20 {
+            let next = if round % 2 == 0 { &changed } else { &st };
+            let t0 = Instant::now();
+            let stats = s.sync_shared(next).unwrap();
+            v.push(t0.elapsed());
+            assert!(!stats.full, "a one-endpoint change is a partial sync");
+        }
+        (full, elements, kernel, v)
+    });
+    let process_kb = usage(me).peak_kb.saturating_sub(rss0);
+    drop(ns);
+    Cost {
+        full,
+        change: median(&mut changes),
+        elements,
+        kernel_kb: kernel,
+        process_kb,
+    }
+}
+
+/// Random first, then Maglev, on `shape`: four rows, each with random as the baseline.
+pub fn maglev_rows(table: &mut Table, shape: Shape) {
+    let label = shape.label();
+    let random = measure(shape, LoadBalancing::Random);
+    eprintln!("maglev bench {label}: random done");
+    let maglev = measure(shape, LoadBalancing::Maglev);
+    eprintln!("maglev bench {label}: maglev done");
+    let note = Target::Note("(the price of Maglev: a table of ~100 entries per endpoint)");
+    table.push(
+        Row::new(
+            format!("full sync {label}, every Service Maglev: ours vs the same with random"),
+            render_time(maglev.full),
+        )
+        .baseline(render_time(random.full))
+        .ratio(render_time_ratio(random.full, maglev.full, 1))
+        .target(note),
+    );
+    table.push(
+        Row::new(
+            format!("one-endpoint change with {label} Maglev present (median of 20) vs random"),
+            render_time(maglev.change),
+        )
+        .baseline(render_time(random.change))
+        .ratio(render_time_ratio(random.change, maglev.change, 1))
+        .target(Target::Note(
+            "(only the entries that change owner are rewritten)",
+        )),
+    );
+    table.push(
+        Row::new(
+            format!("elements programmed, {label}: Maglev vs random"),
+            maglev.elements.to_string(),
+        )
+        .baseline(random.elements.to_string())
+        .ratio(render_ratio(
+            random.elements as f64,
+            maglev.elements as f64,
+            1,
+        ))
+        .target(Target::Note(
+            "(1021 table entries per Service of 10 endpoints)",
+        )),
+    );
+    table.push(
+        Row::new(
+            format!("memory with {label} programmed, Maglev vs random: kernel (slab + vmalloc) / our peak RSS growth"),
+            format!(
+                "{:.0} / {:.0} MiB",
+                mib(maglev.kernel_kb),
+                mib(maglev.process_kb)
+            ),
+        )
+        .baseline(format!(
+            "{:.0} / {:.0} MiB",
+            mib(random.kernel_kb),
+            mib(random.process_kb)
+        ))
+        .ratio(render_ratio(
+            (random.kernel_kb + random.process_kb) as f64,
+            (maglev.kernel_kb + maglev.process_kb) as f64,
+            1,
+        ))
+        .target(Target::Note("(system-wide slab: other activity adds noise)")),
+    );
+}
