@@ -822,6 +822,47 @@ kube_nlproxy_sync_last_result 0\n";
     }
 
     #[test]
+    fn ipvs_drift_of_a_scheduler_names_its_flags_as_ipvsadm_does() {
+        use crate::kernel::ipvs::uapi::{IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2};
+        use crate::modes::ipvs::plan::{DesiredVs, VsKind};
+        let live = VirtualServer {
+            addr: "10.96.0.10".parse().unwrap(),
+            port: 80,
+            protocol: 6,
+            scheduler: "rr".into(),
+            persistence: 0,
+            sched_flags: 0,
+        };
+        let want = VirtualServer {
+            scheduler: "mh".into(),
+            sched_flags: IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2,
+            ..live.clone()
+        };
+        let mut plan = IpvsPlan::default();
+        plan.services.insert(
+            want.key(),
+            DesiredVs {
+                vs: want.clone(),
+                kind: VsKind::ClusterIp,
+                service: crate::model::ServicePortName {
+                    namespace: "default".into(),
+                    name: "web".into(),
+                    port: "http".into(),
+                    protocol: crate::model::Protocol::Tcp,
+                },
+                dests: Default::default(),
+            },
+        );
+        let vips: BTreeSet<IpAddr> = plan.vips.clone();
+        let (diffs, ops) = ipvs_drift(&plan, &[(live, vec![])], &vips, "kube-ipvs0");
+        assert_eq!(
+            diffs,
+            ["virtual server tcp 10.96.0.10:80: -s rr, planned -s mh -b mh-fallback,mh-port"]
+        );
+        assert_eq!(ops, ["-E -t 10.96.0.10:80 -s mh -b mh-fallback,mh-port"]);
+    }
+
+    #[test]
     fn ipvs_drift_names_each_difference_and_its_ipvsadm_change() {
         use crate::modes::ipvs::plan::{DesiredVs, VsKind};
         let vs = |port| VirtualServer {
