@@ -8,15 +8,15 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use kube_nlproxy::kernel::conntrack::Flow;
 use kube_nlproxy::kernel::nft::encode::encode_transaction;
 use kube_nlproxy::kernel::nft::Family;
-use kube_nlproxy::model::convert::{
-    assemble, build_state, convert_service, convert_slice, Snapshot,
-};
 use kube_nlproxy::model::fixtures::synthetic_state;
 use kube_nlproxy::model::{Protocol, ProxyState};
 use kube_nlproxy::modes::nftables::plan::{build_service, release_service_slots};
 use kube_nlproxy::modes::nftables::{build_ruleset, build_ruleset_with_slots, SlotAllocator};
 use kube_nlproxy::proxy::conntrack::{service_destinations, stale_flows};
 use kube_nlproxy::proxy::{plan_changes, plan_transaction, Change, ProxierConfig};
+use kube_nlproxy::source::convert::{
+    assemble, build_state, convert_service, convert_slice, Snapshot,
+};
 use std::sync::Arc;
 
 fn state(services: usize, eps: usize, proto: Protocol) -> ProxyState {

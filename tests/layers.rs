@@ -124,6 +124,26 @@ fn each_layer_imports_only_layers_below_it() {
     assert!(bad.is_empty(), "layering violations:\n{}", bad.join("\n"));
 }
 
+/// The model is the proxy's own view of the cluster: API objects are converted in the source
+/// layer (`source::convert`), so nothing under `src/model/` names a k8s-openapi type.
+#[test]
+fn the_model_knows_no_api_type() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(files.len() > 5, "{files:?}");
+    let bad: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            std::fs::read_to_string(f)
+                .expect("readable source")
+                .contains("k8s_openapi")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(bad.is_empty(), "the model names API types: {bad:?}");
+}
+
 #[test]
 fn no_import_circles() {
     let g = graph();

@@ -501,8 +501,8 @@ impl Drop for ApiServer {
 
 /// JSON builders for the objects tests serve.
 pub mod obj {
-    use kube_nlproxy::model::fixtures::slices::endpoint_slice;
-    pub use kube_nlproxy::model::fixtures::slices::{slice_endpoint, SliceEndpoint};
+    use kube_nlproxy::source::fixtures::endpoint_slice;
+    pub use kube_nlproxy::source::fixtures::{slice_endpoint, SliceEndpoint};
     use serde_json::{json, Value};
 
     /// A ServiceCIDR (cluster-scoped).

@@ -378,8 +378,8 @@ pub mod yaml {
     use std::fmt::Write;
 
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    use kube_nlproxy::model::fixtures::slices::{endpoint_slice, SERVICE_NAME_LABEL};
-    pub use kube_nlproxy::model::fixtures::slices::{slice_endpoint, SliceEndpoint};
+    use kube_nlproxy::source::fixtures::{endpoint_slice, SERVICE_NAME_LABEL};
+    pub use kube_nlproxy::source::fixtures::{slice_endpoint, SliceEndpoint};
 
     /// A Service. `ports` are (name, protocol, port, nodePort or 0); `extra` is YAML spliced
     /// into `spec` (indented two spaces).

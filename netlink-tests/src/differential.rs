@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_nlproxy::model::fixtures::slices::{
-    endpoint_slice, slice_endpoint, SliceBuilder, SliceEndpoint,
-};
+use kube_nlproxy::source::fixtures::{endpoint_slice, slice_endpoint, SliceBuilder, SliceEndpoint};
 use serde_json::{json, Value};
 
 use crate::backend::{tcp_probe_here, udp_probe, Reply};

@@ -9,10 +9,10 @@ use kube_nlproxy::config::DetectLocal;
 use kube_nlproxy::kernel::nft::lower::{key_bytes, lower, target_bytes, KExpr};
 use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
 use kube_nlproxy::kernel::nft::{FakeNftables, Family, Nftables};
-use kube_nlproxy::model::convert::build_state;
 use kube_nlproxy::model::ProxyState;
 use kube_nlproxy::modes::nftables::NftablesProxier;
 use kube_nlproxy::proxy::{names, LocalDetector, ProxierConfig};
+use kube_nlproxy::source::convert::build_state;
 use kube_nlproxy::source::manifest;
 use netlink_tests::ns::{require_root, NetNs};
 

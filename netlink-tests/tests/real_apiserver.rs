@@ -13,7 +13,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, ListParams, PostParams};
-use kube_nlproxy::model::fixtures::slices::{endpoint_slice, slice_endpoint, SliceEndpoint};
+use kube_nlproxy::source::fixtures::{endpoint_slice, slice_endpoint, SliceEndpoint};
 
 use netlink_tests::backend::{tcp_probe, tcp_probes, Reply};
 use netlink_tests::cluster::{sa, NODE_IP};

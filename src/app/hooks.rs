@@ -27,7 +27,7 @@ pub struct Hooks {
     prev: Option<Arc<ProxyState>>,
     observed_triggers: BTreeMap<crate::model::ServicePortName, SystemTime>,
     first_sync_logged: bool,
-    reported_collisions: std::collections::BTreeSet<crate::model::convert::Collision>,
+    reported_collisions: std::collections::BTreeSet<crate::model::collisions::Collision>,
 }
 
 impl Hooks {
@@ -52,7 +52,7 @@ impl Hooks {
         if self.warnings.is_none() {
             return;
         }
-        let now: std::collections::BTreeSet<_> = crate::model::convert::collisions_of(state)
+        let now: std::collections::BTreeSet<_> = crate::model::collisions::collisions_of(state)
             .into_iter()
             .collect();
         if let Some(w) = &self.warnings {

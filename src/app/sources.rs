@@ -10,8 +10,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::{gates, Config, ProxyMode};
-use crate::model::convert::build_state;
 use crate::model::ProxyState;
+use crate::source::convert::build_state;
 use crate::source::kube as kube_source;
 use crate::source::manifest::{self, ManifestCache};
 use crate::source::SourceEnd;

@@ -2,16 +2,13 @@
 //! 80/TCP named `http`, and `eps` ready endpoints 10.244.0.0 + i·eps + j on port 8080 (none
 //! local). Pure.
 //!
-//! For tests only: named builders of endpoints (`endpoints`, unit tests), and of
-//! EndpointSlice objects ([`slices`], shared with `netlink-tests` through the `testing`
-//! feature).
+//! For tests only: named builders of endpoints (`endpoints`, unit tests). The builder of
+//! EndpointSlice objects is the source layer's (`source::fixtures`).
 
 use std::net::Ipv4Addr;
 
 #[cfg(test)]
 pub(crate) mod endpoints;
-#[cfg(any(test, feature = "testing"))]
-pub mod slices;
 
 use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 

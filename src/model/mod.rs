@@ -1,7 +1,7 @@
 //! The proxy's view of the cluster, independent of where objects come from: service ports and
 //! their endpoints, with upstream kube-proxy's names. Pure: no sockets, no clocks.
 
-pub mod convert;
+pub mod collisions;
 #[cfg(any(test, feature = "testing"))]
 pub mod fixtures;
 pub mod intern;

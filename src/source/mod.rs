@@ -1,6 +1,10 @@
-//! Where Kubernetes objects come from. Today: YAML manifests (`--manifests`), the standalone
-//! mode used by the quick start and tests. Every source produces [`Snapshot`]s.
+//! Where Kubernetes objects come from: YAML manifests (`--manifests`) or the API server
+//! (`kube/`). Every source produces [`Snapshot`]s, and `convert/` turns API objects into the
+//! model's service ports and endpoints: the model knows no API type.
 
+pub mod convert;
+#[cfg(any(test, feature = "testing"))]
+pub mod fixtures;
 pub mod kube;
 pub mod manifest;
 #[cfg(test)]
@@ -8,8 +12,8 @@ mod proptests;
 pub mod rest_client;
 pub mod yaml;
 
-pub use crate::model::convert::Snapshot;
 use crate::model::warning::ObjectWarning;
+pub use convert::Snapshot;
 
 /// Logs a problem with one object as one line: a fixed message, the object in upstream's
 /// field for its kind (`service="ns/name"`, `endpointSlice=…`, `node=…`, `serviceCIDR=…`),

@@ -983,7 +983,7 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
 ///   above check. Our own golden output (`netlink-tests/tests/golden`) and the
 ///   kernel-vs-`nft -f` differential tests pin our layout instead.
 /// - TestBuildServiceMap*, TestUpdateEndpointsMap, TestBadIPs: upstream's change trackers;
-///   the conversion tests in `model::convert` cover the same inputs (headless, ExternalName,
+///   the conversion tests in `source::convert` cover the same inputs (headless, ExternalName,
 ///   updates, bad IPs skipped with a warning).
 /// - TestHealthCheckNodePortWhenTerminating, TestNoEndpointsMetric: `serve::service_health`
 ///   and the metrics hooks (`no_local_endpoints` per family) cover them.
@@ -1887,24 +1887,21 @@ pub(super) mod upstream_flows {
     }
 
     /// TestLoadBalancer, every flow: two ingress IPs behind loadBalancerSourceRanges
-    /// 192.168.0.0/24 and " 203.0.113.0/25" (the space is upstream's regression check,
-    /// trimmed by the conversion); the NodePort bypasses the ranges, the node and the LB IPs
-    /// themselves (SNATted hairpin) are allowed.
+    /// 192.168.0.0/24 and 203.0.113.0/25 (upstream writes the second with a leading space,
+    /// its regression check of the conversion, which `source::convert` tests); the NodePort
+    /// bypasses the ranges, the node and the LB IPs themselves (SNATted hairpin) are allowed.
     #[test]
     fn load_balancer() {
-        let svc: k8s_openapi::api::core::v1::Service = serde_saphyr::from_str(
-            "apiVersion: v1\nkind: Service\nmetadata: {name: svc1, namespace: ns1}\n\
-             spec: {type: LoadBalancer, clusterIP: 172.30.0.41, ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3001}],\n\
-             \x20 loadBalancerSourceRanges: ['192.168.0.0/24', ' 203.0.113.0/25']}\n\
-             status: {loadBalancer: {ingress: [{ip: 1.2.3.4}, {ip: 5.6.7.8}]}}\n",
-        )
-        .unwrap();
-        let mut w = Vec::new();
-        let ports = crate::model::convert::convert_service(&svc, &mut w);
-        assert!(w.is_empty(), "{w:?}");
+        let mut sp = ServicePort::new(spn("ns1", "svc1"), ip("172.30.0.41"), 80);
+        sp.node_port = Some(3001);
+        sp.load_balancer_ips = vec![ip("1.2.3.4"), ip("5.6.7.8")];
+        sp.load_balancer_source_ranges = ["192.168.0.0/24", "203.0.113.0/25"]
+            .iter()
+            .map(|c| c.parse().unwrap())
+            .collect();
         let mut s = syncer();
         s.sync(&state(vec![(
-            ports[0].clone(),
+            sp,
             vec![Endpoint::ready(ip("10.180.0.1"), 80, true)],
         )]))
         .unwrap();
@@ -2156,6 +2153,8 @@ pub(super) mod upstream_flows {
 
     /// TestLoadBalancerIngressRouteTypeProxy: an ingress IP with `ipMode: Proxy` is not
     /// programmed (the load balancer proxies to the node itself); `VIP` and no ipMode are.
+    /// The service ports are what `source::convert` makes of each (its
+    /// `load_balancer_ingress_ip_modes` test).
     #[test]
     fn load_balancer_ingress_ip_mode_proxy() {
         for (case, cluster_ip, lb_ip, mode, programmed) in [
@@ -2169,22 +2168,14 @@ pub(super) mod upstream_flows {
             ("ipMode VIP", "10.20.30.42", "1.2.3.5", Some("VIP"), true),
             ("ipMode nil", "10.20.30.43", "1.2.3.6", None, true),
         ] {
-            let ip_mode = mode.map(|m| format!(", ipMode: {m}")).unwrap_or_default();
-            let svc: k8s_openapi::api::core::v1::Service = serde_saphyr::from_str(&format!(
-                "apiVersion: v1\nkind: Service\nmetadata: {{name: svc1, namespace: ns1}}\n\
-                 spec: {{type: LoadBalancer, clusterIP: {cluster_ip}, ports: [{{name: p80, port: 80, protocol: TCP, nodePort: 3001}}]}}\n\
-                 status: {{loadBalancer: {{ingress: [{{ip: {lb_ip}{ip_mode}}}]}}}}\n"
-            ))
-            .unwrap();
-            let mut w = Vec::new();
-            let ports = crate::model::convert::convert_service(&svc, &mut w);
-            assert_eq!(ports.len(), 1, "{case}: {w:?}");
+            let mut sp = ServicePort::new(spn("ns1", "svc1"), ip(cluster_ip), 80);
+            sp.node_port = Some(3001);
+            if mode != Some("Proxy") {
+                sp.load_balancer_ips = vec![ip(lb_ip)];
+            }
             let mut s = syncer();
-            s.sync(&state(vec![(
-                ports[0].clone(),
-                vec![ep("10.180.0.1", true)],
-            )]))
-            .unwrap();
+            s.sync(&state(vec![(sp, vec![ep("10.180.0.1", true)])]))
+                .unwrap();
             let out = nat(&mut s, &pkt("203.0.113.9", lb_ip, 80));
             let dnat_to_endpoint = out.iter().any(|o| matches!(o, Outcome::Dnat { .. }));
             assert_eq!(dnat_to_endpoint, programmed, "{case}: {out:?}");

@@ -23,14 +23,14 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 
-use crate::model::convert::Collision;
-use crate::model::convert::{
-    assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
-};
+use crate::model::collisions::Collision;
 use crate::model::intern::ArcStr;
 use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
 use crate::model::{Lineage, NodeInfo, ProxyState, ServicePort, ServicePortName};
+use crate::source::convert::{
+    assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
+};
 
 mod events;
 mod first_sync;
@@ -236,7 +236,7 @@ fn state_now(stores: &mut Stores, node: &str, collisions: &mut BTreeSet<Collisio
     for w in &warnings {
         super::log_object_warning(w);
     }
-    let now: BTreeSet<Collision> = crate::model::convert::collisions_of(&state)
+    let now: BTreeSet<Collision> = crate::model::collisions::collisions_of(&state)
         .into_iter()
         .collect();
     for c in now.difference(collisions) {
@@ -448,17 +448,17 @@ mod tests {
 
     /// Two Services (one with two ports), their slices (one endpoint listed twice, one on
     /// this node, a trigger time) and a headless Service's slice.
-    fn objects() -> crate::model::convert::Snapshot {
+    fn objects() -> crate::source::convert::Snapshot {
         fn v<T: serde::de::DeserializeOwned>(j: serde_json::Value) -> T {
             serde_json::from_value(j).unwrap()
         }
-        use crate::model::fixtures::slices::{endpoint_slice, slice_endpoint};
+        use crate::source::fixtures::{endpoint_slice, slice_endpoint};
         let slice = |name: &str, svc: &str, ips: &[&str], node: &str| {
             endpoint_slice("ns", svc, name)
                 .port("http", 8080)
                 .endpoints(ips.iter().map(|ip| slice_endpoint(ip).node(node)))
         };
-        crate::model::convert::Snapshot {
+        crate::source::convert::Snapshot {
             services: vec![
                 v(
                     serde_json::json!({"metadata": {"name": "web", "namespace": "ns"},
@@ -489,7 +489,7 @@ mod tests {
     }
 
     /// Stores holding `fx` after its first list, as on this node.
-    fn listed(fx: &crate::model::convert::Snapshot, node: &str) -> Stores {
+    fn listed(fx: &crate::source::convert::Snapshot, node: &str) -> Stores {
         let mut s = Stores::default();
         for u in [
             Update::Service(Change::Init),
@@ -529,7 +529,7 @@ mod tests {
         let mut s = listed(&fx, node);
         let mut w = Vec::new();
         let from_stores = s.state(node, &mut w);
-        let (built, _) = crate::model::convert::build_state(&fx, node);
+        let (built, _) = crate::source::convert::build_state(&fx, node);
         assert_eq!(from_stores, built);
         let web: Vec<String> = built
             .endpoints

@@ -229,7 +229,7 @@ pub(super) fn merge_endpoints<'a>(eps: impl Iterator<Item = &'a Endpoint>) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::convert::tests::parse;
+    use crate::source::convert::tests::parse;
 
     /// The API source keeps a slice's conversion as long as the slice exists: its list of
     /// ports holds no spare room.

@@ -324,7 +324,7 @@ fn port_of<'a>(p: &'a ServicePortSpec, warn: &mut ObjectWarnings) -> Option<Chec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::convert::tests::{parse, svc};
+    use crate::source::convert::tests::{parse, svc};
 
     #[test]
     fn bad_ports_are_skipped_with_warnings_and_good_ones_kept() {
@@ -417,6 +417,30 @@ mod tests {
         assert_eq!(
             w[0].to_string(),
             "Service ns/s: annotation kube-nlproxy.io/load-balancing: unknown value \"Maglev-ish\" (want maglev or random); the default applies"
+        );
+    }
+
+    /// The conversion half of upstream's TestLoadBalancerIngressRouteTypeProxy and
+    /// TestLoadBalancer: an ingress IP with `ipMode: Proxy` is left out, `VIP` and none are
+    /// kept; a source range written with a leading space is read.
+    #[test]
+    fn load_balancer_ingress_ip_modes_and_a_spaced_source_range() {
+        let mut s = svc(
+            "  type: LoadBalancer\n  clusterIP: 172.30.0.41\n  loadBalancerSourceRanges: ['192.168.0.0/24', ' 203.0.113.0/25']\n  ports: [{name: p80, port: 80, nodePort: 3001}]\n",
+        );
+        s.status = Some(parse(
+            "loadBalancer: {ingress: [{ip: 1.2.3.4, ipMode: Proxy}, {ip: 1.2.3.5, ipMode: VIP}, {ip: 1.2.3.6}]}",
+        ));
+        let mut w = Vec::new();
+        let p = &convert_service(&s, &mut w)[0];
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(
+            p.load_balancer_ips,
+            ["1.2.3.5", "1.2.3.6"].map(|a| a.parse::<IpAddr>().unwrap())
+        );
+        assert_eq!(
+            p.load_balancer_source_ranges,
+            ["192.168.0.0/24", "203.0.113.0/25"].map(|c| c.parse::<Cidr>().unwrap())
         );
     }
 }

@@ -7,7 +7,6 @@
 mod service;
 mod slices;
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -18,9 +17,10 @@ use k8s_openapi::api::networking::v1::ServiceCIDR;
 pub use self::service::convert_service;
 use self::slices::merge_endpoints;
 pub use self::slices::{convert_slice, parse_rfc3339, SliceEndpoints, ANNOTATION_TRIGGER_TIME};
-use super::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
+use crate::model::collisions::collisions;
 use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
+use crate::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 
 /// Label that hands a Service to another proxy.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
@@ -168,7 +168,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<ObjectW
 /// same name replaces an earlier one), their endpoints from every slice (one copy of an
 /// endpoint that two slices list, the ready one when they disagree), trigger times, and the
 /// union of the service CIDRs. Collisions between service ports are left to the caller
-/// ([`collisions_of`]): the API source assembles a state per change and names only new
+/// ([`collisions_of`](crate::model::collisions::collisions_of)): the API source assembles a state per change and names only new
 /// ones.
 pub fn assemble<'a>(
     node: NodeInfo,
@@ -268,96 +268,6 @@ pub fn convert_service_cidr(o: &ServiceCIDR, warnings: &mut Vec<ObjectWarning>) 
         }
     }
     out
-}
-
-/// Two service ports claiming one key: the owner (older Service, then namespace/name, the
-/// order the rulesets use) gets the traffic.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Collision {
-    /// `1.2.3.4:80/tcp` or `NodePort 30080/tcp`.
-    pub key: String,
-    pub owner: ServicePortName,
-    pub other: ServicePortName,
-}
-
-impl std::fmt::Display for Collision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Services {} and {} both claim {}; {} gets that traffic (the older Service, then by namespace/name)",
-            self.owner, self.other, self.key, self.owner
-        )
-    }
-}
-
-/// Service ports that claim the same address and port, or the same NodePort: the API server
-/// does not prevent it for externalIPs and LoadBalancer IPs, and manifests can say anything.
-/// One per clash, naming both. Pure.
-pub fn collisions_of(state: &ProxyState) -> Vec<Collision> {
-    let mut out = Vec::new();
-    // The rulesets' order: older first (ports without a creation time last), then name.
-    let mut ports: Vec<(&ServicePortName, &ServicePort)> =
-        state.services.iter().map(|(n, sp)| (n, &**sp)).collect();
-    ports.sort_by_key(|&(n, sp)| (sp.created.is_none(), sp.created, n));
-    let mut addrs: BTreeMap<(IpAddr, u8, u16), &ServicePortName> = BTreeMap::new();
-    let mut node_ports: BTreeMap<(u8, u16), &ServicePortName> = BTreeMap::new();
-    for (spn, sp) in ports {
-        let proto = spn.protocol.number();
-        let mut mine = std::collections::BTreeSet::new();
-        for ip in sp
-            .cluster_ips
-            .iter()
-            .chain(&sp.external_ips)
-            .chain(&sp.load_balancer_ips)
-        {
-            if !mine.insert(*ip) {
-                continue; // the same Service naming an address twice is no clash
-            }
-            match addrs.get(&(*ip, proto, sp.port)) {
-                Some(owner) => out.push(Collision {
-                    key: format!(
-                        "{}/{}",
-                        std::net::SocketAddr::new(*ip, sp.port),
-                        spn.protocol.lower()
-                    ),
-                    owner: (*owner).clone(),
-                    other: spn.clone(),
-                }),
-                None => {
-                    addrs.insert((*ip, proto, sp.port), spn);
-                }
-            }
-        }
-        if let Some(np) = sp.node_port {
-            match node_ports.get(&(proto, np)) {
-                Some(owner) => out.push(Collision {
-                    key: format!("NodePort {np}/{}", spn.protocol.lower()),
-                    owner: (*owner).clone(),
-                    other: spn.clone(),
-                }),
-                None => {
-                    node_ports.insert((proto, np), spn);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// [`collisions_of`] as warnings on the Service that loses the traffic.
-pub fn collisions(state: &ProxyState) -> Vec<ObjectWarning> {
-    collisions_of(state)
-        .iter()
-        .map(Collision::warning)
-        .collect()
-}
-
-impl Collision {
-    /// The warning on the Service that loses the traffic.
-    pub fn warning(&self) -> ObjectWarning {
-        let object = format!("{}/{}", self.other.namespace, self.other.name);
-        ObjectWarning::new("Service", object, self.to_string())
-    }
 }
 
 #[cfg(test)]
@@ -605,7 +515,7 @@ mod tests {
             ..Default::default()
         };
         let (state, _) = build_state(&snap, "n");
-        let c = collisions_of(&state);
+        let c = crate::model::collisions::collisions_of(&state);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].owner.name, "b-older");
         assert_eq!(c[0].other.name, "a-newer");
