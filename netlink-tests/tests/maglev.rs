@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use netlink_tests::backend::udp_backend;
 use netlink_tests::cluster::{sa, yaml, Cluster, EXT_IP, NODE_IP};
+use netlink_tests::differential::explain_json;
 use netlink_tests::ns::NetNs;
 
 const CLUSTER_IP: &str = "10.96.0.80";
@@ -122,6 +123,37 @@ fn round(c: &Cluster) -> BTreeMap<u16, String> {
     FLOWS.map(|p| (p, send_from(&c.ext, p))).collect()
 }
 
+/// `explain` of a flow through the live tables: one outcome, certain, through the jhash
+/// step, to the endpoint that answered that very flow.
+fn explain_names_the_endpoint_that_answered(c: &Cluster, answered: &BTreeMap<u16, String>) {
+    let to = format!("{NODE_IP}:{NODE_PORT}/udp");
+    for (port, pod) in answered.iter().take(8) {
+        let sport = port.to_string();
+        let r = explain_json(&c.node, &["--from", EXT_IP, "--sport", &sport, "--to", &to])
+            .unwrap_or_else(|e| panic!("explain of the flow from port {port}: {e}"));
+        let outcomes = r["tables"][0]["outcomes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(outcomes.len(), 1, "a hash is no branch: {r:#}");
+        let o = &outcomes[0];
+        assert_eq!(o["probability"].as_f64(), Some(1.0), "{r:#}");
+        let n = pod.trim_start_matches("pod-");
+        assert_eq!(
+            o["destination"].as_str(),
+            Some(format!("10.244.1.{n}:8080").as_str()),
+            "explain of port {port} names the endpoint that answered it: {r:#}"
+        );
+        let steps = o["path"].as_array().cloned().unwrap_or_default();
+        assert!(
+            steps
+                .iter()
+                .any(|s| s["action"].as_str().is_some_and(|a| a.contains("jhash"))),
+            "the hash step is shown: {r:#}"
+        );
+    }
+}
+
 #[test]
 fn every_node_picks_the_same_endpoint_for_a_flow_and_a_removal_moves_few_others() {
     let a = node();
@@ -153,6 +185,7 @@ fn every_node_picks_the_same_endpoint_for_a_flow_and_a_removal_moves_few_others(
     let on_a = round(&a);
     let on_b = round(&b);
     assert_eq!(on_a, on_b, "the same flow, the same endpoint on both nodes");
+    explain_names_the_endpoint_that_answered(&a, &on_a);
     let mut per_pod: BTreeMap<&str, usize> = BTreeMap::new();
     for name in on_a.values() {
         *per_pod.entry(name).or_default() += 1;
