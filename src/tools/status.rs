@@ -821,6 +821,16 @@ kube_nlproxy_sync_last_result 0\n";
         super::super::golden("diff-drift.txt", &render_text(&report(true), true));
     }
 
+    /// default/web:http, TCP.
+    fn web_http() -> crate::model::ServicePortName {
+        crate::model::ServicePortName {
+            namespace: "default".into(),
+            name: "web".into(),
+            port: "http".into(),
+            protocol: crate::model::Protocol::Tcp,
+        }
+    }
+
     #[test]
     fn ipvs_drift_of_a_scheduler_names_its_flags_as_ipvsadm_does() {
         use crate::kernel::ipvs::uapi::{IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2};
@@ -844,12 +854,7 @@ kube_nlproxy_sync_last_result 0\n";
             DesiredVs {
                 vs: want.clone(),
                 kind: VsKind::ClusterIp,
-                service: crate::model::ServicePortName {
-                    namespace: "default".into(),
-                    name: "web".into(),
-                    port: "http".into(),
-                    protocol: crate::model::Protocol::Tcp,
-                },
+                service: web_http(),
                 dests: Default::default(),
             },
         );
@@ -883,12 +888,7 @@ kube_nlproxy_sync_last_result 0\n";
             DesiredVs {
                 vs: vs(80),
                 kind: VsKind::ClusterIp,
-                service: crate::model::ServicePortName {
-                    namespace: "default".into(),
-                    name: "web".into(),
-                    port: "http".into(),
-                    protocol: crate::model::Protocol::Tcp,
-                },
+                service: web_http(),
                 dests: [("10.244.1.2", 1), ("10.244.2.2", 1)]
                     .iter()
                     .map(|(a, w)| ((a.parse().unwrap(), 8080), rs(a, *w)))

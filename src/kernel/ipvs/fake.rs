@@ -11,6 +11,9 @@ pub struct FakeIpvs {
     pub timeouts: Option<Timeouts>,
     /// Count of mutating calls, to check that a no-op sync sends nothing.
     pub writes: usize,
+    /// Schedulers this kernel lacks: a virtual server using one is refused with ENOENT, as
+    /// `ip_vs_add_service` refuses one whose `ip_vs_<name>` module cannot be loaded.
+    pub missing_schedulers: Vec<String>,
 }
 
 fn kernel(errno: i32, op: &str) -> Error {
@@ -61,6 +64,9 @@ impl Ipvs for FakeIpvs {
     }
     fn add_service(&mut self, vs: &VirtualServer) -> Result<(), Error> {
         self.writes += 1;
+        if self.missing_schedulers.contains(&vs.scheduler) {
+            return Err(kernel(libc::ENOENT, "add virtual server"));
+        }
         if self.services.contains_key(&vs.key()) {
             return Err(kernel(libc::EEXIST, "add virtual server"));
         }
@@ -69,6 +75,9 @@ impl Ipvs for FakeIpvs {
     }
     fn update_service(&mut self, vs: &VirtualServer) -> Result<(), Error> {
         self.writes += 1;
+        if self.missing_schedulers.contains(&vs.scheduler) {
+            return Err(kernel(libc::ENOENT, "update virtual server"));
+        }
         match self.services.get_mut(&vs.key()) {
             Some((v, _)) => {
                 *v = vs.clone();

@@ -31,6 +31,9 @@ pub struct IpvsConfig {
     /// How service ports without the `kube-nlproxy.io/load-balancing` annotation pick a
     /// real server: `Maglev` is the `mh` scheduler, `Random` the configured one.
     pub load_balancing: LoadBalancing,
+    /// Whether the kernel has the `mh` scheduler, as far as we know: cleared when it refused
+    /// one (no `ip_vs_mh`), and Maglev service ports then use the configured scheduler.
+    pub mh_scheduler: bool,
 }
 
 impl Default for IpvsConfig {
@@ -45,6 +48,7 @@ impl Default for IpvsConfig {
             graceful_termination: std::time::Duration::from_secs(15 * 60),
             dummy_link: DUMMY_LINK.into(),
             load_balancing: LoadBalancing::Random,
+            mh_scheduler: true,
         }
     }
 }
@@ -125,14 +129,20 @@ fn dests_of(eps: &[crate::model::Endpoint]) -> BTreeMap<(IpAddr, u16), RealServe
 /// The scheduler and its flags for `sp`: a Maglev service port (its annotation, or the
 /// default) is IPVS's own Maglev, `mh`, hashing the source port too (`mh-port`, as nftables
 /// mode's hash of both addresses and ports) and passing a weight-0 (draining) real server's
-/// new flows to the next one (`mh-fallback`); any other the configured scheduler.
+/// new flows to the next one (`mh-fallback`); any other, and every one on a kernel without
+/// `mh`, the configured scheduler.
 fn scheduler_of(sp: &ServicePort, cfg: &IpvsConfig) -> (String, u32) {
     use crate::kernel::ipvs::uapi::{IP_VS_SVC_F_SCHED1, IP_VS_SVC_F_SCHED2};
     match sp.load_balancing.unwrap_or(cfg.load_balancing) {
-        LoadBalancing::Maglev => ("mh".into(), IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2),
-        LoadBalancing::Random => (cfg.scheduler.clone(), 0),
+        LoadBalancing::Maglev if cfg.mh_scheduler => {
+            (MH.into(), IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2)
+        }
+        _ => (cfg.scheduler.clone(), 0),
     }
 }
+
+/// IPVS's Maglev scheduler (`ip_vs_mh`, Linux 4.18).
+pub const MH: &str = "mh";
 
 fn add(
     plan: &mut IpvsPlan,
@@ -344,8 +354,14 @@ mod tests {
         cfg.load_balancing = LoadBalancing::Maglev;
         assert_eq!(
             sched(&cfg),
-            [mh.clone(), wlc, mh],
+            [mh.clone(), wlc.clone(), mh],
             "the default applies to the plain one"
+        );
+        cfg.mh_scheduler = false;
+        assert_eq!(
+            sched(&cfg),
+            [wlc.clone(), wlc.clone(), wlc],
+            "a kernel without mh: the configured scheduler"
         );
     }
 

@@ -30,6 +30,16 @@ use super::table;
 /// addresses in this range are ours even when their Service is gone.
 pub const NODEPORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
 
+/// Whether `op` set up an `mh` virtual server and the kernel answered that it has no such
+/// scheduler (ENOENT: `ip_vs_add_service` found no `ip_vs_mh`).
+fn refuses_mh(op: &IpvsOp, r: &Result<(), crate::kernel::ipvs::Error>) -> bool {
+    let mh = match op {
+        IpvsOp::AddService(vs) | IpvsOp::UpdateService(vs) => vs.scheduler == super::plan::MH,
+        _ => false,
+    };
+    mh && matches!(r, Err(e) if e.errno() == Some(libc::ENOENT))
+}
+
 /// Keeps IPVS, the dummy link and the companion table in step with the model.
 pub struct IpvsProxier<I: Ipvs, L: Links, N: Nftables> {
     ipvs: I,
@@ -333,10 +343,20 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
         let (keys, round): (Vec<VsKey>, Vec<IpvsOp>) =
             virtual_server_ops(plan, &current).into_iter().unzip();
         let mut not_added: BTreeSet<VsKey> = BTreeSet::new();
+        let mut mh_refused = false;
         for ((op, key), r) in round.iter().zip(&keys).zip(self.ipvs.apply(&round)) {
+            mh_refused |= refuses_mh(op, &r);
             if !note(r, stats) && matches!(op, IpvsOp::AddService(_)) {
                 not_added.insert(*key);
             }
+        }
+        if mh_refused && self.cfg.mh_scheduler {
+            // Planned again at the next sync, which the failure of this one brings soon.
+            self.cfg.mh_scheduler = false;
+            tracing::warn!(
+                scheduler = %self.cfg.scheduler,
+                "The kernel has no IPVS mh scheduler (module ip_vs_mh); Maglev Services use the configured scheduler"
+            );
         }
         let diff = real_server_diff(plan, &current, &not_added, |a| self.excluded(a));
         for (vs, d) in &diff.planned {
@@ -827,6 +847,31 @@ mod tests {
         let (vs, dests) = &r.ipvs().services[&key("10.96.0.10", 80, 6)];
         assert_eq!(vs.persistence, 10800);
         assert_eq!(dests.len(), 1, "real servers kept across the update");
+    }
+
+    /// A kernel without `ip_vs_mh`: the first sync's Maglev virtual server is refused and
+    /// the sync fails; the next one programs it with the configured scheduler, and stays.
+    #[test]
+    fn maglev_on_a_kernel_without_mh_falls_back_to_the_configured_scheduler() {
+        let mut r = reconciler();
+        r.ipvs().missing_schedulers = vec!["mh".into()];
+        let mut st = state(&["10.244.1.2"], Protocol::Tcp);
+        std::sync::Arc::make_mut(st.services.values_mut().next().unwrap()).load_balancing =
+            Some(crate::model::LoadBalancing::Maglev);
+        assert!(
+            r.sync(&st).is_err(),
+            "the refused virtual server fails the sync"
+        );
+        assert!(r.ipvs().services.is_empty());
+        r.sync(&st).unwrap();
+        let (vs, dests) = &r.ipvs().services[&key("10.96.0.10", 80, 6)];
+        assert_eq!((vs.scheduler.as_str(), vs.sched_flags), ("rr", 0));
+        assert_eq!(dests.len(), 1);
+        r.sync(&st).unwrap();
+        assert_eq!(
+            r.ipvs().services[&key("10.96.0.10", 80, 6)].0.scheduler,
+            "rr"
+        );
     }
 
     #[test]
