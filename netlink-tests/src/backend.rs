@@ -204,11 +204,16 @@ pub fn tcp_probes(ns: &NetNs, dst: SocketAddr, n: usize) -> Vec<Reply> {
 
 /// One UDP request from `ns` (from an ephemeral port); a reject reads as [`Reply::Refused`].
 pub fn udp_probe(ns: &NetNs, dst: SocketAddr) -> Reply {
+    let any: SocketAddr = if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+        .parse()
+        .unwrap();
+    udp_probe_from(ns, any, dst)
+}
+
+/// One UDP request from `ns`, sent from `src` (a fixed port sends one flow again).
+pub fn udp_probe_from(ns: &NetNs, src: SocketAddr, dst: SocketAddr) -> Reply {
     ns.run(move || {
-        let bind: SocketAddr = if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
-            .parse()
-            .unwrap();
-        let s = UdpSocket::bind(bind).unwrap();
+        let s = UdpSocket::bind(src).unwrap_or_else(|e| panic!("bind udp {src}: {e}"));
         s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         // Connected, so that an ICMP port unreachable (a reject) reads as refused; the
         // reply of a DNAT'd request comes from `dst` again (conntrack undoes the NAT).

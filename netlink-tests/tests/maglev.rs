@@ -8,10 +8,8 @@
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
-use std::time::Duration;
 
-use netlink_tests::backend::udp_backend;
+use netlink_tests::backend::{udp_backend, udp_probe_from, Reply};
 use netlink_tests::cluster::{sa, yaml, Cluster, EXT_IP, NODE_IP};
 use netlink_tests::differential::explain_json;
 use netlink_tests::ns::NetNs;
@@ -98,23 +96,10 @@ fn node() -> Cluster {
 
 /// One datagram from `EXT_IP:sport` to the NodePort; the name of the pod that answered.
 fn send_from(ext: &NetNs, sport: u16) -> String {
-    let dst = sa(NODE_IP, NODE_PORT);
-    ext.run(move || {
-        let src: SocketAddr = sa(EXT_IP, sport);
-        let s = UdpSocket::bind(src).unwrap_or_else(|e| panic!("bind {src}: {e}"));
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        s.connect(dst).unwrap();
-        s.send(b"hello").unwrap();
-        let mut buf = [0u8; 256];
-        match s.recv(&mut buf) {
-            Ok(n) => String::from_utf8_lossy(&buf[..n])
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string(),
-            Err(e) => panic!("flow from port {sport}: no answer: {e}"),
-        }
-    })
+    match udp_probe_from(ext, sa(EXT_IP, sport), sa(NODE_IP, NODE_PORT)) {
+        Reply::Answered { name, .. } => name,
+        other => panic!("flow from port {sport}: {other:?}"),
+    }
 }
 
 /// Which pod answered the flow of each source port, as new connections.

@@ -344,6 +344,33 @@ mod tests {
         assert_eq!(types, vec![1, 2, 11]);
     }
 
+    /// A Maglev virtual server: `mh` with mh-fallback and mh-port in the flags word beside
+    /// the persistent flag, read back as sent (the kernel's own flag bits, such as
+    /// IP_VS_SVC_F_HASHED in its replies, are not ours and are left out).
+    #[test]
+    fn scheduler_flags_are_sent_and_read_back() {
+        let mh = VirtualServer {
+            scheduler: "mh".into(),
+            sched_flags: IP_VS_SVC_F_SCHED1 | IP_VS_SVC_F_SCHED2,
+            ..vs()
+        };
+        let b = encode_service(0x22, CMD_NEW_SERVICE, &mh, 1);
+        let m = parse_msgs(&b).unwrap()[0];
+        let s = Attrs::new(&m.payload[4..]).get(1).unwrap();
+        let flags = s.nested().find(|a| a.ty == SVC_FLAGS).unwrap();
+        assert_eq!(flags.data[..4], (0x1u32 | 0x8 | 0x10).to_ne_bytes());
+        assert_eq!(decode_service(&m).unwrap(), mh);
+        // A reply with the kernel's HASHED bit (0x2) set decodes to the same.
+        let mut hashed = b.clone();
+        let at = hashed
+            .windows(4)
+            .position(|w| w == (0x19u32).to_ne_bytes())
+            .unwrap();
+        hashed[at..at + 4].copy_from_slice(&0x1bu32.to_ne_bytes());
+        let m = parse_msgs(&hashed).unwrap()[0];
+        assert_eq!(decode_service(&m).unwrap(), mh);
+    }
+
     #[test]
     fn ipv6_service_uses_prefix_length_netmask() {
         let mut v = vs();

@@ -143,6 +143,25 @@ impl Tracer<'_> {
         }
     }
 
+    /// DNAT through slots `first..first + n` of endpoint map `map`, one outcome per slot; an
+    /// empty slot makes the lookup (and so the rule) fail.
+    fn dnat_to_slots(
+        &self,
+        map: &str,
+        first: u32,
+        n: u32,
+        mark: u32,
+        out: &mut Vec<(u32, RuleEnd)>,
+    ) {
+        for slot in (0..n).map_while(|i| first.checked_add(i)) {
+            let target = self
+                .fake
+                .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
+                .and_then(|e| e.target());
+            out.push(self.dnat_to(target, mark));
+        }
+    }
+
     /// A DNAT to the endpoint an endpoint map held for the packet; no match without one.
     fn dnat_to(&self, target: Option<std::net::SocketAddr>, mark: u32) -> (u32, RuleEnd) {
         match target {
@@ -255,15 +274,8 @@ impl Tracer<'_> {
                 offset,
                 map,
             } => {
-                // Every slot numgen can produce; an empty slot makes the lookup (and so the
-                // rule) fail.
-                for slot in *offset..offset.saturating_add(*modulus) {
-                    let target = self
-                        .fake
-                        .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
-                        .and_then(|e| e.target());
-                    out.push(self.dnat_to(target, mark));
-                }
+                // Every slot numgen can produce.
+                self.dnat_to_slots(map, *offset, *modulus, mark, out);
             }
             Expr::DnatHash {
                 key,
@@ -289,13 +301,7 @@ impl Tracer<'_> {
                 } else {
                     (*offset, *modulus)
                 };
-                for slot in (0..n).map_while(|i| first.checked_add(i)) {
-                    let target = self
-                        .fake
-                        .lookup(self.family, self.table, map, &[KeyValue::Slot(slot)])
-                        .and_then(|e| e.target());
-                    out.push(self.dnat_to(target, mark));
-                }
+                self.dnat_to_slots(map, first, n, mark, out);
             }
             Expr::Redirect { port } => out.push((mark, RuleEnd::Term(Outcome::Redirect(*port)))),
             Expr::Reject => out.push((mark, RuleEnd::Term(Outcome::Reject))),

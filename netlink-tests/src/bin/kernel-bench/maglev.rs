@@ -12,7 +12,7 @@ use netlink_tests::ns::NetNs;
 
 use crate::args::Shape;
 use crate::harness::{median, netlink_proxier};
-use crate::procfs::mib;
+use crate::procfs::{kernel_kb, mib, settle};
 use crate::table::{render_time, Row, Table, Target};
 
 /// How many times random's cost Maglev's is ("61× random"): the ratio column of these rows
@@ -60,33 +60,15 @@ fn heap_kb() -> u64 {
 }
 
 /// [`kernel_kb`] once the kernel has finished freeing what earlier rows' namespaces held
-/// (their teardown runs on a workqueue after RCU grace periods): two reads 500 ms apart
-/// within 1 MiB, for at most 15 s.
+/// (their teardown runs on a workqueue after RCU grace periods): read every 500 ms, for at
+/// most 15 s.
 fn settled_kernel_kb() -> u64 {
-    let t0 = Instant::now();
-    let mut last = kernel_kb();
-    loop {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = kernel_kb();
-        if now.abs_diff(last) < 1024 || t0.elapsed() > Duration::from_secs(15) {
-            return now;
-        }
-        last = now;
-    }
-}
-
-/// `Slab` + `VmallocUsed` of `/proc/meminfo`, KiB: where nftables keeps sets and elements.
-fn kernel_kb() -> u64 {
-    let m = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    ["Slab:", "VmallocUsed:"]
-        .iter()
-        .filter_map(|k| {
-            m.lines()
-                .find(|l| l.starts_with(k))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
+    settle(
+        Duration::from_millis(500),
+        Duration::from_secs(15),
+        kernel_kb,
+        |kb| *kb,
+    )
 }
 
 fn measure(shape: Shape, lb: LoadBalancing) -> Cost {

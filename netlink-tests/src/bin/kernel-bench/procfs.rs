@@ -56,14 +56,44 @@ pub fn usage(pid: u32) -> Usage {
 /// likely, not shown). Polls every 250 ms until two reads in a row move less than 1 MiB,
 /// for at most 10 s.
 pub fn settled(pid: u32) -> Usage {
+    settle(
+        Duration::from_millis(250),
+        Duration::from_secs(10),
+        || usage(pid),
+        |u| u.rss_kb,
+    )
+}
+
+/// `read` once what `kb` says of it has settled: read every `every` until two reads in a row
+/// differ by less than 1 MiB, or `limit` has passed.
+pub fn settle<T>(
+    every: Duration,
+    limit: Duration,
+    read: impl Fn() -> T,
+    kb: impl Fn(&T) -> u64,
+) -> T {
     let t0 = Instant::now();
-    let mut last = usage(pid);
+    let mut last = read();
     loop {
-        std::thread::sleep(Duration::from_millis(250));
-        let now = usage(pid);
-        if now.rss_kb.abs_diff(last.rss_kb) < 1024 || t0.elapsed() > Duration::from_secs(10) {
+        std::thread::sleep(every);
+        let now = read();
+        if kb(&now).abs_diff(kb(&last)) < 1024 || t0.elapsed() > limit {
             return now;
         }
         last = now;
     }
+}
+
+/// `Slab` + `VmallocUsed` of `/proc/meminfo`, KiB: where nftables keeps sets and elements.
+pub fn kernel_kb() -> u64 {
+    let m = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    ["Slab:", "VmallocUsed:"]
+        .iter()
+        .filter_map(|k| {
+            m.lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
 }
