@@ -309,6 +309,29 @@ mod tests {
         render::transaction(&plan_transaction(None, rs, None, &[]).tx)
     }
 
+    /// `status` and `diff` plan against the live table with its slots: a Maglev chain's block
+    /// is read from its `jhash … offset O` rule, so an unchanged table plans identically.
+    #[test]
+    fn a_plan_against_the_live_table_keeps_a_maglev_tables_slots() {
+        let cfg = ProxierConfig::default();
+        let st = maglev_state(3, Some(LoadBalancing::Maglev));
+        // Slots 0..1024 taken first: the table lands where a fresh allocator would not.
+        let mut slots = SlotAllocator::new();
+        slots.assign("someone-else", 1000);
+        let live_rs = build_ruleset_with_slots(&st, &cfg, Family::Ip, &mut slots);
+        let (_, offset, _) = maglev_of(&live_rs).unwrap();
+        assert_eq!(offset, 1024);
+        let opts = crate::proxy::Options {
+            proxier: cfg,
+            detect_local: crate::proxy::DetectLocal::ClusterCidr(vec![]),
+            sync_period: std::time::Duration::from_secs(30),
+            conntrack_cleanup: true,
+            reset_dead_endpoint_connections: false,
+        };
+        let planned = super::super::plan_against(&opts, &st, &live_rs.as_live());
+        assert_eq!(maglev_of(&planned).unwrap().1, offset);
+    }
+
     #[test]
     fn removing_one_of_ten_maglev_endpoints_rewrites_only_the_entries_that_change_owner() {
         let cfg = ProxierConfig::default();
