@@ -213,3 +213,16 @@ pub mod policy_matrix {
         }
     }
 }
+
+/// The first service port of `st`, to change in place (copied first if another state
+/// shares it).
+pub fn first_service_mut(st: &mut ProxyState) -> &mut ServicePort {
+    let k = st.services.keys().next().expect("a service port").clone();
+    std::sync::Arc::make_mut(st.services.get_mut(&k).expect("listed"))
+}
+
+/// The endpoints of the first service port with any, to change in place.
+pub fn first_endpoints_mut(st: &mut ProxyState) -> &mut Vec<Endpoint> {
+    let k = st.endpoints.keys().next().expect("endpoints").clone();
+    std::sync::Arc::make_mut(st.endpoints.get_mut(&k).expect("listed"))
+}

@@ -14,6 +14,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+pub use imbl::OrdMap;
 pub use intern::ArcStr;
 use net::Cidr;
 
@@ -278,12 +279,12 @@ impl NodeInfo {
 /// change (issue #18).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProxyState {
-    pub services: BTreeMap<ServicePortName, Arc<ServicePort>>,
-    pub endpoints: BTreeMap<ServicePortName, Arc<Vec<Endpoint>>>,
+    pub services: OrdMap<ServicePortName, Arc<ServicePort>>,
+    pub endpoints: OrdMap<ServicePortName, Arc<Vec<Endpoint>>>,
     pub node: NodeInfo,
     /// `endpoints.kubernetes.io/last-change-trigger-time` of each service port's slices (the
     /// latest), for the network programming latency metric.
-    pub trigger_times: BTreeMap<ServicePortName, std::time::SystemTime>,
+    pub trigger_times: OrdMap<ServicePortName, std::time::SystemTime>,
     /// The cluster's service CIDRs (the union of its ServiceCIDR objects): new connections to
     /// addresses inside them that no Service owns are dropped. Empty: nothing is dropped.
     pub service_cidrs: Vec<Cidr>,
@@ -346,11 +347,11 @@ impl Eq for Lineage {}
 /// keep their `Arc`, so a partial sync still finds them unchanged. Pure.
 pub fn without_external_ips(state: &ProxyState) -> ProxyState {
     let mut out = state.clone();
-    for sp in out.services.values_mut() {
+    for (spn, sp) in state.services.iter() {
         if !sp.external_ips.is_empty() {
             let mut p = (**sp).clone();
             p.external_ips.clear();
-            *sp = Arc::new(p);
+            out.services.insert(spn.clone(), Arc::new(p));
         }
     }
     out
@@ -373,40 +374,11 @@ pub fn count_changes(prev: &ProxyState, next: &ProxyState) -> (usize, usize) {
     )
 }
 
-/// How many keys two sorted maps disagree on (present in one only, or with other values): a
-/// merge walk, O(n) with no copies (the sync loop counts every change at 10k Services).
-fn differing<K: Ord, V: PartialEq>(a: &BTreeMap<K, V>, b: &BTreeMap<K, V>) -> usize {
-    use std::cmp::Ordering;
-    let (mut ia, mut ib) = (a.iter().peekable(), b.iter().peekable());
-    let mut n = 0;
-    loop {
-        match (ia.peek(), ib.peek()) {
-            (None, None) => return n,
-            (Some(_), None) => {
-                ia.next();
-                n += 1;
-            }
-            (None, Some(_)) => {
-                ib.next();
-                n += 1;
-            }
-            (Some((ka, va)), Some((kb, vb))) => match ka.cmp(kb) {
-                Ordering::Less => {
-                    ia.next();
-                    n += 1;
-                }
-                Ordering::Greater => {
-                    ib.next();
-                    n += 1;
-                }
-                Ordering::Equal => {
-                    n += usize::from(va != vb);
-                    ia.next();
-                    ib.next();
-                }
-            },
-        }
-    }
+/// How many keys two maps disagree on (present in one only, or with other values): their
+/// diff, which skips the subtrees two states share (a state the API source publishes
+/// shares all but the changed paths with the one before).
+fn differing<K: Ord + Clone, V: PartialEq + Clone>(a: &OrdMap<K, V>, b: &OrdMap<K, V>) -> usize {
+    a.diff(b).count()
 }
 
 #[cfg(test)]

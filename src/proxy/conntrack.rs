@@ -380,7 +380,7 @@ mod tests {
             st.node
                 .labels
                 .insert("topology.kubernetes.io/zone".into(), "zone-a".into());
-            let eps = std::sync::Arc::make_mut(st.endpoints.values_mut().next().unwrap());
+            let eps = crate::model::fixtures::first_endpoints_mut(st);
             eps[0].set_hints(vec!["zone-a".into()], vec![]);
             e.set_hints(vec!["zone-b".into()], vec![]);
         }));

@@ -787,8 +787,7 @@ kube_nlproxy_sync_last_result 0\n";
         use crate::model::{Endpoint, ServicePort, ServicePortName};
         let mut st = crate::model::fixtures::synthetic_state(2, 2);
         // One keeps a chain of its own (a NodePort), the other goes through `balance-2`.
-        let first = st.services.values_mut().next().unwrap();
-        std::sync::Arc::make_mut(first).node_port = Some(30001);
+        crate::model::fixtures::first_service_mut(&mut st).node_port = Some(30001);
         let spn = ServicePortName {
             namespace: "ns".into(),
             name: "one".into(),

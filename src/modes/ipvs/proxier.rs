@@ -798,7 +798,7 @@ mod tests {
         r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
         // An excluded VIP we bound earlier is ours, yet never deleted.
         let mut st = state(&["10.244.1.2"], Protocol::Tcp);
-        let sp = std::sync::Arc::make_mut(st.services.values_mut().next().unwrap());
+        let sp = crate::model::fixtures::first_service_mut(&mut st);
         sp.external_ips = vec![ip("10.200.0.5")];
         r.sync(&st).unwrap();
         assert!(r.ipvs().services.contains_key(&key("10.200.0.5", 80, 6)));
@@ -841,8 +841,7 @@ mod tests {
         let mut r = reconciler();
         r.sync(&state(&["10.244.1.2"], Protocol::Tcp)).unwrap();
         let mut st = state(&["10.244.1.2"], Protocol::Tcp);
-        std::sync::Arc::make_mut(st.services.values_mut().next().unwrap()).affinity_timeout =
-            Some(10800);
+        crate::model::fixtures::first_service_mut(&mut st).affinity_timeout = Some(10800);
         r.sync(&st).unwrap();
         let (vs, dests) = &r.ipvs().services[&key("10.96.0.10", 80, 6)];
         assert_eq!(vs.persistence, 10800);
@@ -856,7 +855,7 @@ mod tests {
         let mut r = reconciler();
         r.ipvs().missing_schedulers = vec!["mh".into()];
         let mut st = state(&["10.244.1.2"], Protocol::Tcp);
-        std::sync::Arc::make_mut(st.services.values_mut().next().unwrap()).load_balancing =
+        crate::model::fixtures::first_service_mut(&mut st).load_balancing =
             Some(crate::model::LoadBalancing::Maglev);
         assert!(
             r.sync(&st).is_err(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::{render, Family, Nftables, Transaction};
-use crate::model::{NodeInfo, ProxyState, ServicePortName};
+use crate::model::{NodeInfo, OrdMap, ProxyState, ServicePortName};
 use crate::proxy::conntrack::reconcile_conntrack;
 use crate::proxy::dead_endpoints::reset_dead_endpoint_connections;
 use crate::proxy::ruleset::Change;
@@ -361,62 +361,21 @@ fn changed_service_ports<'a>(
     out
 }
 
-/// The keys of two sorted maps whose values differ, or that only one has (counted only when
-/// `counts` says its value matters). Values that are one allocation are equal, and so are
-/// their keys: no key comparison for them.
+/// The keys of two maps whose values differ, or that only one has (counted only when
+/// `counts` says its value matters): their diff, which skips every subtree the two maps
+/// share, so states that share all but a few paths compare in O(changes × log n).
 fn changed_keys<'a, V: Eq>(
-    prev: &'a BTreeMap<ServicePortName, Arc<V>>,
-    next: &'a BTreeMap<ServicePortName, Arc<V>>,
+    prev: &'a OrdMap<ServicePortName, Arc<V>>,
+    next: &'a OrdMap<ServicePortName, Arc<V>>,
     counts: impl Fn(&V) -> bool,
 ) -> Vec<&'a ServicePortName> {
-    use std::cmp::Ordering;
-    let (mut a, mut b) = (prev.iter().peekable(), next.iter().peekable());
-    let mut out = Vec::new();
-    loop {
-        match (a.peek(), b.peek()) {
-            (None, None) => return out,
-            (Some((ka, va)), Some((kb, vb))) => {
-                if Arc::ptr_eq(va, vb) {
-                    a.next();
-                    b.next();
-                    continue;
-                }
-                match (*ka).cmp(kb) {
-                    Ordering::Less => {
-                        if counts(va) {
-                            out.push(*ka);
-                        }
-                        a.next();
-                    }
-                    Ordering::Greater => {
-                        if counts(vb) {
-                            out.push(*kb);
-                        }
-                        b.next();
-                    }
-                    Ordering::Equal => {
-                        if va != vb {
-                            out.push(*ka);
-                        }
-                        a.next();
-                        b.next();
-                    }
-                }
-            }
-            (Some((k, v)), None) => {
-                if counts(v) {
-                    out.push(*k);
-                }
-                a.next();
-            }
-            (None, Some((k, v))) => {
-                if counts(v) {
-                    out.push(*k);
-                }
-                b.next();
-            }
-        }
-    }
+    use imbl::ordmap::DiffItem;
+    prev.diff(next)
+        .filter_map(|d| match d {
+            DiffItem::Add(k, v) | DiffItem::Remove(k, v) => counts(v).then_some(k),
+            DiffItem::Update { new: (k, _), .. } => Some(k),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -432,12 +391,16 @@ mod tests {
         assert!(changed_service_ports(&prev, &prev.clone()).is_empty());
         // Equal content in new allocations is no change either.
         let mut rebuilt = prev.clone();
-        for v in rebuilt.services.values_mut() {
-            *v = Arc::new((**v).clone());
-        }
-        for v in rebuilt.endpoints.values_mut() {
-            *v = Arc::new((**v).clone());
-        }
+        rebuilt.services = prev
+            .services
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::new((**v).clone())))
+            .collect();
+        rebuilt.endpoints = prev
+            .endpoints
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::new((**v).clone())))
+            .collect();
         assert!(changed_service_ports(&prev, &rebuilt).is_empty());
         // An absent endpoint list and an empty one are the same.
         let mut emptied = prev.clone();

@@ -237,14 +237,14 @@ mod tests {
     #[test]
     fn a_node_port_without_endpoints_of_the_family_gets_no_listener() {
         let mut state = dual_stack_node_port_state();
-        for eps in state.endpoints.values_mut() {
-            *eps = eps
-                .iter()
-                .filter(|e| e.ip.is_ipv4())
-                .cloned()
-                .collect::<Vec<_>>()
-                .into();
-        }
+        state.endpoints = state
+            .endpoints
+            .iter()
+            .map(|(k, eps)| {
+                let v4: Vec<_> = eps.iter().filter(|e| e.ip.is_ipv4()).cloned().collect();
+                (k.clone(), std::sync::Arc::new(v4))
+            })
+            .collect();
         let tcp = Protocol::Tcp;
         let plan = plan_localhost(&state, &listen(&[tcp], &[tcp]));
         assert_eq!(

@@ -37,9 +37,15 @@ struct Cost {
 /// of the middle Service moved to `moved` (the one-endpoint change).
 fn states(shape: Shape, lb: LoadBalancing) -> (ProxyState, ProxyState) {
     let mut st = synthetic_state(shape.services, shape.endpoints);
-    for sp in st.services.values_mut() {
-        Arc::make_mut(sp).load_balancing = Some(lb);
-    }
+    st.services = st
+        .services
+        .iter()
+        .map(|(k, sp)| {
+            let mut sp = (**sp).clone();
+            sp.load_balancing = Some(lb);
+            (k.clone(), Arc::new(sp))
+        })
+        .collect();
     let mut changed = st.clone();
     let k = changed
         .endpoints

@@ -200,8 +200,7 @@ mod tests {
         assert!(!t.contains("balance-3"), "only the widths in use: {t}");
         // A NodePort: its own chain, one rule over a block of endpoint-map slots.
         let mut st = state(&["10.180.0.1", "10.180.0.2"]);
-        let sp = st.services.values_mut().next().unwrap();
-        std::sync::Arc::make_mut(sp).node_port = Some(30080);
+        crate::model::fixtures::first_service_mut(&mut st).node_port = Some(30080);
         let t = text(&st, &ProxierConfig::default(), Family::Ip);
         assert!(t.contains("numgen random mod 2 offset"), "{t}");
         assert!(t.contains("map @endpoints-"), "{t}");
@@ -212,8 +211,7 @@ mod tests {
     fn maglev_state(n: usize, lb: Option<LoadBalancing>) -> ProxyState {
         let ips: Vec<String> = (0..n).map(|i| format!("10.180.0.{}", i + 1)).collect();
         let mut st = state(&ips.iter().map(String::as_str).collect::<Vec<_>>());
-        let sp = st.services.values_mut().next().unwrap();
-        std::sync::Arc::make_mut(sp).load_balancing = lb;
+        crate::model::fixtures::first_service_mut(&mut st).load_balancing = lb;
         st
     }
 
@@ -294,8 +292,7 @@ mod tests {
         assert!(maglev_of(&build_ruleset(&opted_out, &maglev_default, Family::Ip)).is_none());
         // ClientIP affinity: the affinity cascade, as for a random port.
         let mut st = maglev_state(3, Some(LoadBalancing::Maglev));
-        let sp = st.services.values_mut().next().unwrap();
-        std::sync::Arc::make_mut(sp).affinity_timeout = Some(600);
+        crate::model::fixtures::first_service_mut(&mut st).affinity_timeout = Some(600);
         let rs = build_ruleset(&st, &cfg, Family::Ip);
         assert!(maglev_of(&rs).is_none());
         assert!(
@@ -425,8 +422,7 @@ mod tests {
     #[test]
     fn one_endpoint_with_something_of_its_own_keeps_its_chain_and_an_endpoint_map_slot() {
         let mut st = state(&["10.180.0.1"]);
-        let sp = st.services.values_mut().next().unwrap();
-        std::sync::Arc::make_mut(sp).node_port = Some(30080);
+        crate::model::fixtures::first_service_mut(&mut st).node_port = Some(30080);
         let t = text(&st, &ProxierConfig::default(), Family::Ip);
         assert!(t.contains("numgen random mod 1 offset"), "{t}");
         assert!(t.contains("10.180.0.1 . 8080"), "{t}");
@@ -437,8 +433,7 @@ mod tests {
         );
         // With affinity: the per-endpoint cascade with its affinity set.
         let mut st = state(&["10.180.0.1"]);
-        let sp = st.services.values_mut().next().unwrap();
-        std::sync::Arc::make_mut(sp).affinity_timeout = Some(10800);
+        crate::model::fixtures::first_service_mut(&mut st).affinity_timeout = Some(10800);
         let t = text(&st, &ProxierConfig::default(), Family::Ip);
         assert!(t.contains("dnat to 10.180.0.1:8080"), "{t}");
         assert!(!t.contains("one-endpoint-services { 172"), "{t}");
