@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
 pub use self::service::convert_service;
-use self::slices::merge_endpoints;
+pub use self::slices::merge_endpoints;
 pub use self::slices::{convert_slice, parse_rfc3339, SliceEndpoints, ANNOTATION_TRIGGER_TIME};
 use crate::model::collisions::collisions;
 use crate::model::net::Cidr;

@@ -217,7 +217,7 @@ fn endpoint_of(ep: &EndpointSpec, ip: IpAddr, port: u16, node_name: &str) -> End
 /// and port, and of the copies of one address and port (two slices list an endpoint while
 /// it is being moved between them) the last ready one, else the last. Merging lists that
 /// were merged this way gives what merging their originals gives.
-pub(super) fn merge_endpoints<'a>(eps: impl Iterator<Item = &'a Endpoint>) -> Vec<Endpoint> {
+pub fn merge_endpoints<'a>(eps: impl Iterator<Item = &'a Endpoint>) -> Vec<Endpoint> {
     let mut list: Vec<&Endpoint> = eps.collect();
     // Reversed, then a stable sort puts the later copy first.
     list.reverse();

@@ -53,10 +53,12 @@ pub const SELECTOR: &str =
 /// Services held ~20k copies of a handful of namespaces).
 type Key = (ArcStr, ArcStr);
 
+/// A stored object's key: its namespace ("default" when it names none, as the conversions
+/// do, so that a service port's namespace and name are its Service's key) and name.
 fn key_of<K: Resource>(o: &K) -> Key {
     let m = o.meta();
     (
-        crate::model::intern::shared(m.namespace.as_deref().unwrap_or_default()),
+        crate::model::intern::shared(m.namespace.as_deref().unwrap_or("default")),
         m.name.as_deref().unwrap_or_default().into(),
     )
 }

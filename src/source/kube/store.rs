@@ -159,6 +159,12 @@ impl<V: Clone> Store<V> {
 /// each ServiceCIDR's CIDRs, converted on arrival (at 10k Services × 10 endpoints the
 /// objects themselves took ~165 MiB, and copying and converting all of them per change
 /// ~0.25 s).
+///
+/// A published state is the last one patched where the events since touched it (issue
+/// #36): its maps are persistent, so the copy shares everything else, and a one-endpoint
+/// change costs the same at 1k and 100k Services. The end of a (re)list, and the first
+/// state, are built whole ([`Self::state`]), the same function the patches are checked
+/// against.
 #[derive(Debug, Default)]
 pub struct Stores {
     pub services: Store<Vec<Arc<ServicePort>>>,
@@ -166,12 +172,31 @@ pub struct Stores {
     pub nodes: Store<NodeInfo>,
     /// ServiceCIDRs (Kubernetes 1.33+; an older API server has none to list).
     pub service_cidrs: Store<Vec<Cidr>>,
-    /// The service ports that Service and slice events touched since the last published
-    /// state; `None` when that is not known (nothing published yet, a relist, a Node or
-    /// ServiceCIDR change): the next state then names none.
-    pub(super) touched: Option<BTreeSet<ServicePortName>>,
+    /// The keys of each Service's slices (by the slice's namespace and
+    /// `kubernetes.io/service-name`), sorted: a touched service port's endpoints are merged
+    /// from these, not found by scanning every slice.
+    slices_of: BTreeMap<Key, Vec<Key>>,
+    /// What changed since the last published state.
+    pending: Pending,
+    /// The last published state: the next one is this one patched.
+    last: Option<ProxyState>,
     /// The generation of the last published state (0: none).
     pub(super) published: u64,
+}
+
+/// What the events since the last published state touched.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Service ports whose Service or slices changed (the old version's and the new one's).
+    ports: BTreeSet<ServicePortName>,
+    /// Services whose ports or slices changed: their trigger times are worked out again.
+    services: BTreeSet<Key>,
+    /// This Node changed.
+    node: bool,
+    /// A ServiceCIDR changed.
+    service_cidrs: bool,
+    /// A (re)list ended: the next state is built whole.
+    rebuild: bool,
 }
 
 /// One decoded event of any kind.
@@ -184,32 +209,111 @@ pub enum Update {
 
 impl Stores {
     pub fn apply(&mut self, u: Update) -> bool {
-        self.note_touched(&u);
+        self.note_pending(&u);
         match u {
             Update::Service(e) => self.services.apply(e),
-            Update::Slice(e) => self.slices.apply(e),
+            Update::Slice(e) => {
+                let (key, new) = match &e {
+                    Change::Apply(k, v) => (Some(k.clone()), v.service.clone()),
+                    Change::Delete(k) => (Some(k.clone()), None),
+                    _ => (None, None),
+                };
+                let old = key
+                    .as_ref()
+                    .and_then(|k| self.slices.get(k))
+                    .and_then(|v| v.service.clone());
+                let relisted = matches!(e, Change::InitDone);
+                let changed = self.slices.apply(e);
+                if relisted {
+                    self.index_all_slices();
+                } else if let Some(k) = key {
+                    self.index_slice(&k, old, new);
+                }
+                changed
+            }
             Update::Node(e) => self.nodes.apply(e),
             Update::ServiceCidr(e) => self.service_cidrs.apply(e),
         }
     }
-    /// Adds the service ports `u` changes (the old version's and the new one's) to
-    /// `touched`, before `u` is applied.
-    pub(super) fn note_touched(&mut self, u: &Update) {
-        if self.touched.is_none() {
-            return;
-        }
+    /// Records what `u` touches, before it is applied: the service ports of the version it
+    /// replaces or deletes and of its own, and their Services.
+    fn note_pending(&mut self, u: &Update) {
+        let p = &mut self.pending;
         let names = match u {
             Update::Service(c) => {
                 changed_names(&self.services, c, |v| v.iter().map(|sp| &sp.name).collect())
             }
-            Update::Slice(c) => changed_names(&self.slices, c, |v| {
-                v.ports.iter().map(|(spn, _)| spn).collect()
-            }),
-            Update::Node(_) | Update::ServiceCidr(_) => None,
+            Update::Slice(c) => {
+                // The trigger time applies to every port of the slice's Service.
+                let mut services: Vec<&Key> = Vec::new();
+                if let Change::Apply(k, _) | Change::Delete(k) = c {
+                    services.extend(self.slices.get(k).and_then(|v| v.service.as_ref()));
+                }
+                if let Change::Apply(_, v) = c {
+                    services.extend(v.service.as_ref());
+                }
+                p.services.extend(services.into_iter().cloned());
+                changed_names(&self.slices, c, |v| {
+                    v.ports.iter().map(|(spn, _)| spn).collect()
+                })
+            }
+            Update::Node(c) => {
+                p.node |= !matches!(
+                    c,
+                    Change::Init | Change::InitApply(..) | Change::InitKeep(_)
+                );
+                return;
+            }
+            Update::ServiceCidr(c) => {
+                p.service_cidrs |= !matches!(
+                    c,
+                    Change::Init | Change::InitApply(..) | Change::InitKeep(_)
+                );
+                return;
+            }
         };
-        match (names, self.touched.as_mut()) {
-            (Some(names), Some(touched)) => touched.extend(names),
-            _ => self.touched = None,
+        match names {
+            Some(names) => {
+                p.services.extend(
+                    names
+                        .iter()
+                        .map(|spn| (spn.namespace.clone(), spn.name.clone())),
+                );
+                p.ports.extend(names);
+            }
+            None => p.rebuild = true,
+        }
+    }
+    /// Moves slice `k` from `old`'s list to `new`'s.
+    fn index_slice(&mut self, k: &Key, old: Option<Key>, new: Option<Key>) {
+        if old == new && (new.is_none() || self.slices.get(k).is_some()) {
+            return;
+        }
+        if let Some(o) = old {
+            if let Some(v) = self.slices_of.get_mut(&o) {
+                v.retain(|x| x != k);
+                if v.is_empty() {
+                    self.slices_of.remove(&o);
+                }
+            }
+        }
+        if let Some(n) = new {
+            let v = self.slices_of.entry(n).or_default();
+            if let Err(i) = v.binary_search(k) {
+                v.insert(i, k.clone());
+            }
+        }
+    }
+    /// The index of slices by Service, anew (after a relist).
+    fn index_all_slices(&mut self) {
+        self.slices_of.clear();
+        for (k, v) in &self.slices.objects {
+            if let Some(svc) = &v.service {
+                self.slices_of
+                    .entry(svc.clone())
+                    .or_default()
+                    .push(k.clone());
+            }
         }
     }
     /// Services, EndpointSlices and the Node have been listed: the first sync may happen.
@@ -222,16 +326,19 @@ impl Stores {
     pub fn has_node(&self, node_name: &str) -> bool {
         self.nodes.values().any(|n| n.name == node_name)
     }
-    /// The whole model from what the stores hold; a missing Node's warning goes to `warnings`.
-    pub fn state(&self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
-        let node = self
-            .nodes
+    /// This node's facts (only its name when its Node is not known, with a warning).
+    fn node_info(&self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> NodeInfo {
+        self.nodes
             .values()
             .find(|n| n.name == node_name)
             .cloned()
-            .unwrap_or_else(|| convert_node(None, node_name, warnings));
+            .unwrap_or_else(|| convert_node(None, node_name, warnings))
+    }
+    /// The whole model from what the stores hold, built from scratch; a missing Node's
+    /// warning goes to `warnings`.
+    pub fn state(&self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
         assemble(
-            node,
+            self.node_info(node_name, warnings),
             self.services.values().flatten(),
             self.slices.values(),
             self.service_cidrs.values().flatten().copied().collect(),
@@ -240,21 +347,145 @@ impl Stores {
 }
 
 impl Stores {
-    /// The state to publish: [`Self::state`], numbered, and naming the service ports
-    /// changed since the state published before it (see [`crate::model::Lineage`]).
+    /// The state to publish: the last one patched where the events since touched it (or
+    /// [`Self::state`] when nothing was published yet or a list ended), numbered, and naming
+    /// the service ports changed since the state published before it (see
+    /// [`crate::model::Lineage`]).
     pub fn publish(&mut self, node_name: &str, warnings: &mut Vec<ObjectWarning>) -> ProxyState {
-        let mut state = self.state(node_name, warnings);
-        let generation = Lineage::next_generation();
-        let changed_since = match self.touched.replace(BTreeSet::new()) {
-            Some(touched) if self.published != 0 => Some((self.published, Arc::new(touched))),
-            _ => None,
+        let pending = std::mem::take(&mut self.pending);
+        let mut state = match self.last.take() {
+            Some(last) if !pending.rebuild => self.patched(last, &pending, node_name, warnings),
+            _ => self.state(node_name, warnings),
         };
+        let generation = Lineage::next_generation();
+        let described = !pending.rebuild && !pending.node && !pending.service_cidrs;
+        let changed_since =
+            (described && self.published != 0).then(|| (self.published, Arc::new(pending.ports)));
         state.lineage = Lineage {
             generation,
             changed_since,
         };
         self.published = generation;
+        self.last = Some(state.clone());
         state
+    }
+
+    /// `state` with what `pending` names worked out again from the stores; everything else
+    /// is shared with it. Equal to [`Self::state`] of the same stores (the property tests
+    /// in `proptests.rs` hold it to that).
+    fn patched(
+        &self,
+        mut state: ProxyState,
+        pending: &Pending,
+        node_name: &str,
+        warnings: &mut Vec<ObjectWarning>,
+    ) -> ProxyState {
+        if pending.node {
+            state.node = self.node_info(node_name, warnings);
+        }
+        if pending.service_cidrs {
+            let mut cidrs: Vec<Cidr> = self.service_cidrs.values().flatten().copied().collect();
+            cidrs.sort();
+            cidrs.dedup();
+            state.service_cidrs = cidrs;
+        }
+        for spn in &pending.ports {
+            let svc: Key = (spn.namespace.clone(), spn.name.clone());
+            // Of two ports of one name the later one stays, as in `assemble`.
+            let port = self
+                .services
+                .get(&svc)
+                .and_then(|ports| ports.iter().rev().find(|sp| sp.name == *spn));
+            set_shared(&mut state.services, spn, port.cloned());
+            let endpoints = port.and_then(|_| self.endpoints_of(&svc, spn));
+            set_shared(&mut state.endpoints, spn, endpoints);
+        }
+        for svc in &pending.services {
+            let latest = self
+                .slices_of
+                .get(svc)
+                .into_iter()
+                .flatten()
+                .filter_map(|k| self.slices.get(k)?.trigger_time)
+                .max();
+            let first = ServicePortName {
+                namespace: svc.0.clone(),
+                name: svc.1.clone(),
+                port: "".into(),
+                protocol: crate::model::Protocol::Tcp,
+            };
+            let of_svc = |k: &&ServicePortName| *k.namespace == *svc.0 && *k.name == *svc.1;
+            let stale: Vec<ServicePortName> = state
+                .trigger_times
+                .range(first.clone()..)
+                .map(|(k, _)| k)
+                .take_while(of_svc)
+                .filter(|k| latest.is_none() || !state.services.contains_key(*k))
+                .cloned()
+                .collect();
+            for k in stale {
+                state.trigger_times.remove(&k);
+            }
+            let Some(t) = latest else { continue };
+            let ports: Vec<ServicePortName> = state
+                .services
+                .range(first..)
+                .map(|(k, _)| k)
+                .take_while(of_svc)
+                .cloned()
+                .collect();
+            for k in ports {
+                if state.trigger_times.get(&k) != Some(&t) {
+                    state.trigger_times.insert(k, t);
+                }
+            }
+        }
+        state
+    }
+
+    /// The endpoints of `spn` from its Service's slices, merged as `assemble` merges them
+    /// (one list: shared as it is).
+    fn endpoints_of(
+        &self,
+        svc: &Key,
+        spn: &ServicePortName,
+    ) -> Option<Arc<Vec<crate::model::Endpoint>>> {
+        let lists: Vec<&Arc<Vec<crate::model::Endpoint>>> = self
+            .slices_of
+            .get(svc)?
+            .iter()
+            .filter_map(|k| self.slices.get(k))
+            .flat_map(|s| s.ports.iter().filter(|(n, _)| n == spn).map(|(_, l)| l))
+            .collect();
+        match lists.as_slice() {
+            [] => None,
+            [one] => Some(Arc::clone(one)),
+            _ => Some(Arc::new(crate::source::convert::merge_endpoints(
+                lists.iter().flat_map(|l| l.iter()),
+            ))),
+        }
+    }
+}
+
+/// Sets `k` to `v` in `map` (`None`: removes it), leaving the map untouched when it holds that
+/// very allocation already: an untouched map stays shared with the state before, and
+/// consumers compare it by pointer.
+fn set_shared<V>(
+    map: &mut crate::model::OrdMap<ServicePortName, Arc<V>>,
+    k: &ServicePortName,
+    v: Option<Arc<V>>,
+) {
+    match v {
+        Some(v) => {
+            if !map.get(k).is_some_and(|old| Arc::ptr_eq(old, &v)) {
+                map.insert(k.clone(), v);
+            }
+        }
+        None => {
+            if map.contains_key(k) {
+                map.remove(k);
+            }
+        }
     }
 }
 
