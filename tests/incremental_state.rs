@@ -4,7 +4,9 @@
 //! kept because they could not be decoded; resyncs that publish with nothing new) every
 //! published state equals the state built whole from the same stores, names every service
 //! port that differs from the state before, and programs the same ruleset (nftables mode,
-//! the Fake) as the whole-built states do. Pure: no sockets.
+//! the Fake) as the whole-built states do; the sync loop's trackers that follow the states
+//! by their diffs (no-local-endpoint counts, new collisions) agree with counting whole.
+//! Pure: no sockets.
 #![cfg(feature = "testing")]
 
 use std::collections::BTreeSet;
@@ -14,8 +16,10 @@ use std::time::{Duration, SystemTime};
 
 use kube_nlproxy::kernel::nft::fake::FakeNftables;
 use kube_nlproxy::kernel::nft::Family;
+use kube_nlproxy::model::collisions::{collisions_of, Collision, CollisionTracker};
 use kube_nlproxy::model::intern::ArcStr;
 use kube_nlproxy::model::net::Cidr;
+use kube_nlproxy::model::topology::{count_no_local_endpoints_of, NoLocalEndpoints};
 use kube_nlproxy::model::{Endpoint, NodeInfo, Protocol, ProxyState, ServicePort, ServicePortName};
 use kube_nlproxy::modes::nftables::NftablesProxier;
 use kube_nlproxy::proxy::{DetectLocal, ProxierConfig, DEFAULT_TABLE};
@@ -54,24 +58,32 @@ fn service_value(ns: usize, svc: usize) -> impl Strategy<Value = Vec<Arc<Service
             prop::option::of(30080u16..30082),
             1u8..4,
             prop::option::of(0i64..3),
-            any::<bool>(),
+            (any::<bool>(), any::<bool>(), prop::option::of(1u8..3)),
         ),
         0..4,
     )
     .prop_map(move |ports| {
         ports
             .into_iter()
-            .map(|(port, udp, number, node_port, ip, created, local)| {
-                let ip: IpAddr = format!("10.96.0.{}", ip + 10 * svc as u8)
-                    .parse()
-                    .expect("an address");
-                let mut sp = ServicePort::new(spn(ns, svc, port, udp), ip, number);
-                sp.node_port = node_port;
-                sp.created = created;
-                sp.external_policy_local = local && node_port.is_some();
-                sp.health_check_node_port = sp.external_policy_local.then_some(32000);
-                Arc::new(sp)
-            })
+            .map(
+                |(port, udp, number, node_port, ip, created, (local, itp, external))| {
+                    let ip: IpAddr = format!("10.96.0.{}", ip + 10 * svc as u8)
+                        .parse()
+                        .expect("an address");
+                    let mut sp = ServicePort::new(spn(ns, svc, port, udp), ip, number);
+                    sp.node_port = node_port;
+                    sp.created = created;
+                    sp.external_policy_local = local && node_port.is_some();
+                    sp.health_check_node_port = sp.external_policy_local.then_some(32000);
+                    sp.internal_policy_local = itp;
+                    // Shared by every Service: two claiming one is a collision.
+                    sp.external_ips = external
+                        .map(|i| format!("203.0.113.{i}").parse().expect("an address"))
+                        .into_iter()
+                        .collect();
+                    Arc::new(sp)
+                },
+            )
             .collect()
     })
 }
@@ -268,6 +280,12 @@ proptest! {
         // One proxier fed the published states (partial syncs from their lineage), one fed
         // the states built whole (each a fresh allocation that names nothing).
         let (mut incremental, mut whole) = (proxier(), proxier());
+        // The sync loop's trackers, fed the published states.
+        let mut no_local = NoLocalEndpoints::default();
+        let mut collisions = CollisionTracker::default();
+        no_local.update(&prev);
+        collisions.new_in(&prev);
+        let mut prev_built = stores.state(NODE, &mut w);
         incremental.sync_shared(&prev).expect("first sync");
         whole.sync(&stores.state(NODE, &mut w)).expect("first sync");
         for step in steps.into_iter().chain([Step::Publish]) {
@@ -285,6 +303,15 @@ proptest! {
                 prop_assert_eq!(&prev.node, &next.node, "a Node change names nothing");
                 prop_assert_eq!(&prev.service_cidrs, &next.service_cidrs);
             }
+            prop_assert_eq!(
+                no_local.update(&next),
+                [Family::Ip, Family::Ip6].map(|f| count_no_local_endpoints_of(&built, f))
+            );
+            let appeared: BTreeSet<Collision> = collisions.new_in(&next).into_iter().collect();
+            let before: BTreeSet<Collision> = collisions_of(&prev_built).into_iter().collect();
+            let want: BTreeSet<Collision> = collisions_of(&built).into_iter().filter(|c| !before.contains(c)).collect();
+            prop_assert_eq!(appeared, want);
+            prev_built = built.clone();
             incremental.sync_shared(&next).expect("sync");
             whole.sync(&built).expect("sync");
             prop_assert_eq!(tables(&mut incremental), tables(&mut whole));

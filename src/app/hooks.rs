@@ -25,9 +25,18 @@ pub struct Hooks {
     shared: Shared,
     hc: ServiceHealthServers,
     prev: Option<Arc<ProxyState>>,
-    observed_triggers: BTreeMap<crate::model::ServicePortName, SystemTime>,
     first_sync_logged: bool,
-    reported_collisions: std::collections::BTreeSet<crate::model::collisions::Collision>,
+    collisions: crate::model::collisions::CollisionTracker,
+    /// The state of the last successful sync: what the next one changed is the diff.
+    synced_state: Option<ProxyState>,
+    no_local: crate::model::topology::NoLocalEndpoints,
+    /// The health-check and localhost NodePort plans of the last sync, kept while no
+    /// service port they depend on changes (each is a walk of every service port).
+    hc_plan: BTreeMap<u16, crate::serve::service_health::HcService>,
+    localhost_plan: BTreeMap<
+        crate::modes::userspace::localhost::ListenerKey,
+        crate::modes::userspace::localhost::Forward,
+    >,
 }
 
 impl Hooks {
@@ -38,9 +47,12 @@ impl Hooks {
             hc: ServiceHealthServers::new(shared.health.clone()),
             shared,
             prev: None,
-            observed_triggers: BTreeMap::new(),
             first_sync_logged: false,
-            reported_collisions: Default::default(),
+            collisions: Default::default(),
+            synced_state: None,
+            no_local: Default::default(),
+            hc_plan: BTreeMap::new(),
+            localhost_plan: BTreeMap::new(),
         }
     }
 }
@@ -52,11 +64,9 @@ impl Hooks {
         if self.warnings.is_none() {
             return;
         }
-        let now: std::collections::BTreeSet<_> = crate::model::collisions::collisions_of(state)
-            .into_iter()
-            .collect();
+        let new = self.collisions.new_in(state);
         if let Some(w) = &self.warnings {
-            for c in now.difference(&self.reported_collisions) {
+            for c in new {
                 for spn in [&c.owner, &c.other] {
                     let _ = w.send(crate::source::kube::Warning {
                         reference: k8s_openapi::api::core::v1::ObjectReference {
@@ -74,7 +84,6 @@ impl Hooks {
                 }
             }
         }
-        self.reported_collisions = now;
     }
 }
 
@@ -158,27 +167,36 @@ impl SyncHooks for Hooks {
                 drop(h);
                 // Network programming latency: from the EndpointSlice change to now, once per
                 // trigger time.
+                // Each trigger time once: the ones this state adds or changes against the
+                // last synced one (a diff of shared maps, not a walk of every port).
                 let mut observed = Vec::new();
-                for (spn, t) in &state.trigger_times {
-                    if self.observed_triggers.get(spn) != Some(t) {
-                        if let Ok(d) = now.duration_since(*t) {
-                            observed.push(d);
-                            // Per family of the Service's ClusterIPs, as each upstream
-                            // proxier observes its own.
-                            let mut fams: Vec<Family> = state
-                                .services
-                                .get(spn)
-                                .map(|sp| sp.cluster_ips.iter().map(Family::of).collect())
-                                .unwrap_or_default();
-                            fams.sort();
-                            fams.dedup();
-                            for f in fams {
-                                m.network_programming_duration
-                                    .get_or_create(&FamilyLabel::of(f))
-                                    .observe(d.as_secs_f64());
-                            }
+                let empty = crate::model::OrdMap::new();
+                let before = self
+                    .synced_state
+                    .as_ref()
+                    .map_or(&empty, |p| &p.trigger_times);
+                for d in before.diff(&state.trigger_times) {
+                    use imbl::ordmap::DiffItem;
+                    let (spn, t) = match d {
+                        DiffItem::Add(k, t) | DiffItem::Update { new: (k, t), .. } => (k, t),
+                        DiffItem::Remove(..) => continue,
+                    };
+                    if let Ok(d) = now.duration_since(*t) {
+                        observed.push(d);
+                        // Per family of the Service's ClusterIPs, as each upstream
+                        // proxier observes its own.
+                        let mut fams: Vec<Family> = state
+                            .services
+                            .get(spn)
+                            .map(|sp| sp.cluster_ips.iter().map(Family::of).collect())
+                            .unwrap_or_default();
+                        fams.sort();
+                        fams.dedup();
+                        for f in fams {
+                            m.network_programming_duration
+                                .get_or_create(&FamilyLabel::of(f))
+                                .observe(d.as_secs_f64());
                         }
-                        self.observed_triggers.insert(spn.clone(), *t);
                     }
                 }
                 // Each latency, not only the histogram's buckets (1 s apart around the
@@ -194,11 +212,8 @@ impl SyncHooks for Hooks {
                         "network programming latencies of this sync"
                     );
                 }
-                self.observed_triggers
-                    .retain(|k, _| state.trigger_times.contains_key(k));
-                for f in Family::all() {
-                    let (internal, external) =
-                        crate::model::topology::count_no_local_endpoints_of(state, f);
+                let counts = self.no_local.update(state);
+                for (f, (internal, external)) in [Family::Ip, Family::Ip6].into_iter().zip(counts) {
                     for (policy, n) in [("internal", internal), ("external", external)] {
                         m.no_local_endpoints
                             .get_or_create(&PolicyLabel {
@@ -210,7 +225,12 @@ impl SyncHooks for Hooks {
                 }
                 if let Some((forwarder, listen)) = self.localhost.as_mut() {
                     use crate::modes::userspace::localhost::plan_localhost;
-                    let failed = forwarder.sync(plan_localhost(state, listen));
+                    if touches(self.synced_state.as_ref(), state, |sp| {
+                        sp.node_port.is_some()
+                    }) {
+                        self.localhost_plan = plan_localhost(state, listen);
+                    }
+                    let failed = forwarder.sync(self.localhost_plan.clone());
                     if let Some(lm) = &self.shared.localhost_metrics {
                         for (ip, _, _) in failed {
                             lm.creation_failures
@@ -227,7 +247,12 @@ impl SyncHooks for Hooks {
                         }
                     }
                 }
-                for (port, svc, err) in self.hc.sync(plan_health_checks(state)) {
+                if touches(self.synced_state.as_ref(), state, |sp| {
+                    sp.health_check_node_port.is_some() && sp.external_policy_local
+                }) {
+                    self.hc_plan = plan_health_checks(state);
+                }
+                for (port, svc, err) in self.hc.sync(self.hc_plan.clone()) {
                     if let Some(w) = &self.warnings {
                         let _ = w.send(crate::source::kube::Warning {
                             reference: k8s_openapi::api::core::v1::ObjectReference {
@@ -248,15 +273,57 @@ impl SyncHooks for Hooks {
                         });
                     }
                 }
+                self.synced_state = Some(state.clone());
             }
             Err(_) => m.observe_sync(true, took, false),
         }
     }
 }
 
+/// Whether a plan worked out from `prev` may differ for `state`: no state before, another
+/// node, or a changed service port for which `matters` holds, before or after.
+fn touches(
+    prev: Option<&ProxyState>,
+    state: &ProxyState,
+    matters: impl Fn(&crate::model::ServicePort) -> bool,
+) -> bool {
+    let Some(prev) = prev else { return true };
+    prev.node != state.node
+        || crate::model::changed_service_ports(prev, state)
+            .into_iter()
+            .any(|k| {
+                prev.services.get(k).is_some_and(|sp| matters(sp))
+                    || state.services.get(k).is_some_and(|sp| matters(sp))
+            })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The health-check and localhost plans are worked out again only for a change of a
+    /// service port they depend on, before or after it, or of the node.
+    #[test]
+    fn a_plan_is_worked_out_again_only_when_a_port_it_depends_on_changes() {
+        let prev = crate::model::fixtures::synthetic_state(3, 2);
+        let has_node_port = |sp: &crate::model::ServicePort| sp.node_port.is_some();
+        assert!(touches(None, &prev, has_node_port), "nothing before");
+        assert!(!touches(Some(&prev), &prev.clone(), has_node_port));
+        // Endpoints of a port without a NodePort: no.
+        let mut next = prev.clone();
+        crate::model::fixtures::first_endpoints_mut(&mut next).pop();
+        assert!(!touches(Some(&prev), &next, has_node_port));
+        assert!(touches(Some(&prev), &next, |_| true));
+        // A NodePort added, or taken away: yes, either way round.
+        let mut with_np = prev.clone();
+        crate::model::fixtures::first_service_mut(&mut with_np).node_port = Some(30080);
+        assert!(touches(Some(&prev), &with_np, has_node_port));
+        assert!(touches(Some(&with_np), &prev, has_node_port));
+        // Another node: yes.
+        let mut moved = prev.clone();
+        moved.node.name = "elsewhere".into();
+        assert!(touches(Some(&prev), &moved, has_node_port));
+    }
     use std::sync::Mutex;
 
     /// Log output, captured.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::model::warning::ObjectWarning;
-use crate::model::{ProxyState, ServicePort, ServicePortName};
+use crate::model::{OrdMap, ProxyState, ServicePort, ServicePortName};
 
 /// Two service ports claiming one key: the owner (older Service, then namespace/name, the
 /// order the rulesets use) gets the traffic.
@@ -95,5 +95,32 @@ impl Collision {
     pub fn warning(&self) -> ObjectWarning {
         let object = format!("{}/{}", self.other.namespace, self.other.name);
         ObjectWarning::new("Service", object, self.to_string())
+    }
+}
+
+/// The collisions of the states seen one after another, worked out again only when a state's
+/// service ports are not the very map of the state before (an endpoint change leaves them
+/// shared): [`collisions_of`] sorts every service port.
+#[derive(Debug, Default)]
+pub struct CollisionTracker {
+    services: Option<OrdMap<ServicePortName, std::sync::Arc<ServicePort>>>,
+    current: std::collections::BTreeSet<Collision>,
+}
+
+impl CollisionTracker {
+    /// The collisions of `state` that the state before did not have.
+    pub fn new_in(&mut self, state: &ProxyState) -> Vec<Collision> {
+        if self
+            .services
+            .as_ref()
+            .is_some_and(|s| s.ptr_eq(&state.services))
+        {
+            return Vec::new();
+        }
+        let now: std::collections::BTreeSet<Collision> = collisions_of(state).into_iter().collect();
+        let new = now.difference(&self.current).cloned().collect();
+        self.current = now;
+        self.services = Some(state.services.clone());
+        new
     }
 }

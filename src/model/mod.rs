@@ -357,6 +357,28 @@ pub fn without_external_ips(state: &ProxyState) -> ProxyState {
     out
 }
 
+/// The service ports whose Service or endpoints differ between two states: the diffs of
+/// their maps, which skip every subtree the two share (a state the API source publishes
+/// shares all but the changed paths with the one before: microseconds at 100k service
+/// ports, where a walk of both took milliseconds).
+pub fn changed_service_ports<'a>(
+    prev: &'a ProxyState,
+    next: &'a ProxyState,
+) -> BTreeSet<&'a ServicePortName> {
+    use imbl::ordmap::DiffItem;
+    fn key<'k, V>(d: DiffItem<'k, 'k, ServicePortName, V>) -> &'k ServicePortName {
+        match d {
+            DiffItem::Add(k, _) | DiffItem::Remove(k, _) => k,
+            DiffItem::Update { new: (k, _), .. } => k,
+        }
+    }
+    prev.services
+        .diff(&next.services)
+        .map(key)
+        .chain(prev.endpoints.diff(&next.endpoints).map(key))
+        .collect()
+}
+
 /// How many service ports changed between two states: (services, endpoint sets). These are
 /// the counts behind the `sync_proxy_rules_*_changes` metrics.
 pub fn count_changes(prev: &ProxyState, next: &ProxyState) -> (usize, usize) {
@@ -415,7 +437,7 @@ mod tests {
         let prev = fixtures::synthetic_state(5, 2);
         let mut next = prev.clone();
         let first = prev.services.keys().next().unwrap().clone();
-        let last = prev.services.keys().last().unwrap().clone();
+        let last = prev.services.keys().next_back().unwrap().clone();
         next.services.remove(&first); // removed: its endpoints too
         next.endpoints.remove(&first);
         std::sync::Arc::make_mut(next.services.get_mut(&last).unwrap()).port = 81; // changed

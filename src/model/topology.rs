@@ -142,6 +142,71 @@ pub fn categorize_endpoints(
     out
 }
 
+/// [`count_no_local_endpoints_of`] for IPv4 and IPv6, kept up to date from the service ports
+/// that changed between the states it is given: counted whole for the first state and when
+/// the node changes, otherwise only the changed ports' shares are taken out and put back
+/// (the sync loop counts after every sync; a whole count walked every service port).
+#[derive(Debug, Default)]
+pub struct NoLocalEndpoints {
+    seen: Option<super::ProxyState>,
+    /// (internal, external) for IPv4, then IPv6.
+    counts: [(usize, usize); 2],
+}
+
+impl NoLocalEndpoints {
+    /// The counts of `state`: (internal, external) for IPv4, then IPv6.
+    pub fn update(&mut self, state: &super::ProxyState) -> [(usize, usize); 2] {
+        use super::net::Family;
+        match &self.seen {
+            Some(prev) if prev.node == state.node => {
+                for spn in super::changed_service_ports(prev, state) {
+                    let (old, new) = (share(prev, spn), share(state, spn));
+                    for (c, (o, n)) in self.counts.iter_mut().zip(old.iter().zip(&new)) {
+                        c.0 = c.0 - o.0 + n.0;
+                        c.1 = c.1 - o.1 + n.1;
+                    }
+                }
+            }
+            _ => {
+                self.counts =
+                    [Family::Ip, Family::Ip6].map(|f| count_no_local_endpoints_of(state, f));
+            }
+        }
+        self.seen = Some(state.clone());
+        self.counts
+    }
+}
+
+/// What one service port adds to [`NoLocalEndpoints`]' counts, per family.
+fn share(state: &super::ProxyState, spn: &super::ServicePortName) -> [(usize, usize); 2] {
+    use super::net::Family;
+    let Some(sp) = state.services.get(spn) else {
+        return [(0, 0); 2];
+    };
+    if !sp.internal_policy_local && !sp.external_policy_local {
+        return [(0, 0); 2];
+    }
+    let cat = categorize_endpoints(
+        state.endpoints_of(spn),
+        sp,
+        &state.node.name,
+        state.node.zone(),
+    );
+    if !cat.has_any || !cat.local.is_empty() {
+        return [(0, 0); 2];
+    }
+    [Family::Ip, Family::Ip6].map(|f| {
+        if sp.cluster_ips.iter().any(|ip| Family::of(ip) == f) {
+            (
+                usize::from(sp.internal_policy_local),
+                usize::from(sp.external_policy_local),
+            )
+        } else {
+            (0, 0)
+        }
+    })
+}
+
 /// Service ports whose Local policy finds no local endpoint: (internal, external), for the
 /// `sync_proxy_rules_no_local_endpoints_total` gauge.
 pub fn count_no_local_endpoints(state: &super::ProxyState) -> (usize, usize) {

@@ -23,7 +23,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
 use tokio::sync::{mpsc, watch};
 
-use crate::model::collisions::Collision;
+use crate::model::collisions::CollisionTracker;
 use crate::model::intern::ArcStr;
 use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
@@ -98,7 +98,7 @@ pub async fn run(
     let mut ticker = tokio::time::interval(resync.max(std::time::Duration::from_secs(1)));
     ticker.tick().await;
     let mut pacer = Pacer::new(min_interval);
-    let mut collisions = BTreeSet::new();
+    let mut collisions = CollisionTracker::default();
     let mut progress = tokio::time::interval(WAIT_LOG_PERIOD);
     progress.tick().await;
     loop {
@@ -230,7 +230,7 @@ fn apply_batch(stores: &mut Stores, batch: Vec<watcher::Result<Update>>) -> bool
 
 /// The state the stores hold now, its warnings logged, and each Service collision logged
 /// once, when it appears (not on every change while it lasts).
-fn state_now(stores: &mut Stores, node: &str, collisions: &mut BTreeSet<Collision>) -> ProxyState {
+fn state_now(stores: &mut Stores, node: &str, collisions: &mut CollisionTracker) -> ProxyState {
     let t0 = std::time::Instant::now();
     let mut warnings = Vec::new();
     let state = stores.publish(node, &mut warnings);
@@ -238,13 +238,9 @@ fn state_now(stores: &mut Stores, node: &str, collisions: &mut BTreeSet<Collisio
     for w in &warnings {
         super::log_object_warning(w);
     }
-    let now: BTreeSet<Collision> = crate::model::collisions::collisions_of(&state)
-        .into_iter()
-        .collect();
-    for c in now.difference(collisions) {
+    for c in collisions.new_in(&state) {
         super::log_object_warning(&c.warning());
     }
-    *collisions = now;
     state
 }
 
