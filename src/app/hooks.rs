@@ -350,18 +350,7 @@ mod tests {
     /// it; a later sync of the same trigger time logs nothing.
     #[tokio::test]
     async fn each_trigger_time_is_logged_once_with_its_latency() {
-        let shared = Shared {
-            health: Arc::new(Mutex::new(crate::serve::proxy_health::ProxyHealth::new(
-                Duration::from_secs(60),
-            ))),
-            metrics: Arc::new(crate::serve::metrics::Metrics::new()),
-            configz: Arc::default(),
-            proxy_mode: "nftables".into(),
-            listeners: Default::default(),
-            zpages: Default::default(),
-            localhost_accepted: Default::default(),
-            localhost_metrics: None,
-        };
+        let shared = Shared::detached();
         let mut hooks = Hooks::new(shared);
         let mut state = crate::model::fixtures::synthetic_state(3, 1);
         let spn = state

@@ -37,6 +37,26 @@ pub struct Shared {
     pub localhost_metrics: Option<crate::serve::metrics::LocalhostNodePortMetrics>,
 }
 
+#[cfg(any(test, feature = "testing"))]
+impl Shared {
+    /// What a sync loop shares when nothing serves it: nftables mode, a 60 s health
+    /// timeout, fresh metrics (tests and benchmarks of the hooks).
+    pub fn detached() -> Shared {
+        Shared {
+            health: Arc::new(Mutex::new(ProxyHealth::new(
+                std::time::Duration::from_secs(60),
+            ))),
+            metrics: Arc::new(Metrics::new()),
+            configz: Arc::default(),
+            proxy_mode: "nftables".into(),
+            listeners: Default::default(),
+            zpages: Default::default(),
+            localhost_accepted: Default::default(),
+            localhost_metrics: None,
+        }
+    }
+}
+
 /// What the metrics server's z-pages show.
 #[derive(Debug, Clone, Default)]
 pub struct Zpages {

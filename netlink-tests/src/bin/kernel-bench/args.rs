@@ -10,6 +10,7 @@ modes (default: the full run, ~35 min):
   --daemon-only [SERVICES]       the daemon rows from manifests
   --scale-only [NxE]             the in-process scale shapes
   --maglev-only [NxE]            Maglev against random load balancing (default 10000x10)
+  --per-change-only              CPU per one-endpoint change in process, 1k/10k/100k x 10
   --partial-only | --latency-only | --conntrack-only
   --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream";
 
@@ -19,6 +20,7 @@ const KNOWN: &[&str] = &[
     "--daemon-only",
     "--scale-only",
     "--partial-only",
+    "--per-change-only",
     "--maglev-only",
     "--latency-only",
     "--conntrack-only",
@@ -90,6 +92,8 @@ pub enum Mode {
     Scale { shape: Option<Shape> },
     /// The one-endpoint change at 10k.
     Partial,
+    /// CPU per one-endpoint change in process at 1k, 10k and 100k × 10.
+    PerChange,
     /// Maglev against random load balancing on `shape` (10k × 10 unless given).
     Maglev { shape: Shape },
     /// The connect latency rows.
@@ -112,6 +116,7 @@ impl Mode {
             Mode::Daemon { .. }
             | Mode::Scale { .. }
             | Mode::Partial
+            | Mode::PerChange
             | Mode::Maglev { .. }
             | Mode::SideBySide
             | Mode::SideBySideShape { .. }
@@ -191,6 +196,8 @@ pub fn parse(args: &[String]) -> Result<Args, ArgsError> {
         }
     } else if has("--partial-only") {
         Mode::Partial
+    } else if has("--per-change-only") {
+        Mode::PerChange
     } else if has("--latency-only") {
         Mode::Latency
     } else if has("--conntrack-only") {

@@ -23,6 +23,7 @@ mod ipvs;
 mod latency;
 mod maglev;
 mod nftables;
+mod per_change;
 mod procfs;
 mod side_by_side;
 mod table;
@@ -79,6 +80,7 @@ fn measure(args: Args, table: &mut Table) {
             nftables::full_sync_rows(table, sizes.full_sync, sizes.upstream_layout);
             nftables::partial_row(table, 10_000);
             nftables::scale_rows(table, nftables::SCALE_SHAPES);
+            per_change::per_change_rows(table, per_change::SIZES);
             maglev::maglev_rows(table, args::MAGLEV_SHAPE);
             latency::latency_rows(table, sizes.latency, sizes.connects);
             conntrack::conntrack_row(table);
@@ -112,6 +114,7 @@ fn measure(args: Args, table: &mut Table) {
             nftables::scale_rows(table, &shapes);
         }
         Mode::Partial => nftables::partial_row(table, 10_000),
+        Mode::PerChange => per_change::per_change_rows(table, per_change::SIZES),
         Mode::Maglev { shape } => maglev::maglev_rows(table, shape),
         Mode::Latency => latency::latency_rows(table, sizes.latency, sizes.connects),
         Mode::Conntrack => conntrack::conntrack_row(table),

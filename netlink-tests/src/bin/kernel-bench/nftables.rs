@@ -139,10 +139,7 @@ pub fn full_sync_rows(table: &mut Table, sizes: &[usize], upstream_sizes: &[usiz
 /// CPU time the calling thread spent in the kernel so far: nf_tables handles a batch in
 /// the sender's `sendmsg`, so this is the kernel's share of a sync.
 fn thread_kernel_time() -> Duration {
-    // SAFETY: getrusage(2) fills the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    Duration::new(ru.ru_stime.tv_sec as u64, ru.ru_stime.tv_usec as u32 * 1000)
+    crate::procfs::thread_times().1
 }
 
 /// Issue #18's shapes, in process. Per shape: the full sync (with the kernel's share),

@@ -97,3 +97,22 @@ pub fn kernel_kb() -> u64 {
         })
         .sum()
 }
+
+/// CPU time the calling thread has used so far, to the nanosecond
+/// (`CLOCK_THREAD_CPUTIME_ID`: the scheduler's own account; `getrusage` counts in ticks,
+/// and a whole one-endpoint change takes less than one).
+pub fn thread_cpu_time() -> Duration {
+    // SAFETY: clock_gettime(2) fills the zeroed struct we pass.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// User and system CPU time of the calling thread so far (`getrusage(RUSAGE_THREAD)`).
+pub fn thread_times() -> (Duration, Duration) {
+    // SAFETY: getrusage(2) fills the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let d = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (d(ru.ru_utime), d(ru.ru_stime))
+}
