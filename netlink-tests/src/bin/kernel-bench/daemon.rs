@@ -44,16 +44,21 @@ const REALISTIC_COLD_START: Duration = Duration::from_secs(2);
 /// `n` Services × [`EPS`] endpoints as flow-style YAML documents; the first endpoint of the
 /// first `bump` slices moved.
 fn manifests(n: usize, bump: usize) -> String {
-    let mut s = String::with_capacity(n * 600);
+    manifests_of(n, EPS, bump)
+}
+
+/// `n` Services × `eps` endpoints, as [`manifests`].
+fn manifests_of(n: usize, eps_per: usize, bump: usize) -> String {
+    let mut s = String::with_capacity(n * (100 + 30 * eps_per));
     for i in 0..n {
         let cip = cluster_ip(i);
         writeln!(s, "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: ns}}\nspec: {{clusterIP: {cip}, ports: [{{name: http, port: 80}}]}}").unwrap();
-        let eps: Vec<String> = (0..EPS)
+        let eps: Vec<String> = (0..eps_per)
             .map(|j| {
                 let ip = if i < bump && j == 0 {
-                    Ipv4Addr::from(u32::from(endpoint_ip(i, j, EPS)) ^ 0x0001_0000)
+                    Ipv4Addr::from(u32::from(endpoint_ip(i, j, eps_per)) ^ 0x0001_0000)
                 } else {
-                    endpoint_ip(i, j, EPS)
+                    endpoint_ip(i, j, eps_per)
                 };
                 format!("{{addresses: [{ip}]}}")
             })
@@ -214,6 +219,29 @@ fn realistic_objects(i: usize, eps: usize) -> [serde_json::Value; 2] {
                 "uid": format!("8d3c1f2a-{i:04x}-4b5e-9a7d-1c2e3f4a5b6c"), "controller": true, "blockOwnerDeletion": true}]},
         "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}], "endpoints": endpoints});
     [svc, slice]
+}
+
+/// The goal of issue #36's 5k × 50 from manifests: start to first sync.
+const SHAPE_5K_50_COLD: Duration = Duration::from_secs(2);
+
+/// The daemon's cold start to its first sync from manifests of 5k Services × 50 endpoints
+/// (kubernetes/kubernetes#135639's shape).
+pub fn manifest_5k_50_row(table: &mut Table) {
+    let ns = NetNs::new("kd");
+    let dir = std::env::temp_dir().join(format!("kbench-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cluster.yaml");
+    std::fs::write(&file, manifests_of(5000, 50, 0)).unwrap();
+    let (mut child, cold) = manifest_daemon_first_sync(&ns, &file, &dir);
+    stop(&mut child, "our daemon");
+    let _ = std::fs::remove_dir_all(&dir);
+    table.push(
+        Row::new(
+            "daemon cold start to first sync, 5k services × 50 from manifests",
+            render_time(cold),
+        )
+        .target(Target::goal(Goal::time_at_most(cold, SHAPE_5K_50_COLD))),
+    );
 }
 
 /// Cold start from realistic manifests (issue #18): `n` Services × 10 endpoints as

@@ -86,6 +86,7 @@ fn measure(args: Args, table: &mut Table) {
             conntrack::conntrack_row(table);
             daemon::daemon_rows(table, sizes.daemon, sizes.daemon_churn_secs);
             daemon::realistic_cold_rows(table, 10_000);
+            daemon::manifest_5k_50_row(table);
         }
         Mode::SideBySide => side_by_side::side_by_side_all(table, sizes.side_by_side),
         Mode::SideBySideShape { shape, ours_only } => {
@@ -104,6 +105,7 @@ fn measure(args: Args, table: &mut Table) {
         Mode::Daemon { services: None } => {
             daemon::daemon_rows(table, &[10_000], 10);
             daemon::realistic_cold_rows(table, 10_000);
+            daemon::manifest_5k_50_row(table);
         }
         Mode::Scale { shape } => {
             let shapes: Vec<_> = nftables::SCALE_SHAPES

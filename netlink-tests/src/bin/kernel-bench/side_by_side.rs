@@ -19,7 +19,7 @@ use netlink_tests::ns::NetNs;
 use crate::args::{Shape, Workload, EPS};
 use crate::churn::api_churn_row;
 use crate::harness::stop;
-use crate::procfs::{mib, usage, Usage};
+use crate::procfs::{mib, process_cpu_precise, usage, Usage};
 use crate::table::{render_ratio, render_time, render_time_ratio, Goal, Row, Table, Target, Unit};
 
 /// The goals of ours' RSS from the API source at 10k × 10: after the first sync, and its
@@ -83,7 +83,8 @@ pub fn first_sync(ns: &NetNs, pid: u32, what: &str) -> Option<FirstSync> {
             );
             return None;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        // 50 ms: the start-to-first-sync goal at 10k is 0.5 s.
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -95,8 +96,29 @@ pub fn first_sync(ns: &NetNs, pid: u32, what: &str) -> Option<FirstSync> {
 pub fn change_latencies(
     proxies: &[(&str, &NetNs)],
     changes: usize,
-    mut apply: impl FnMut(usize),
+    apply: impl FnMut(usize),
 ) -> Vec<Option<f64>> {
+    let (samples, _) = change_samples(proxies, changes, None, apply);
+    samples.into_iter().map(|v| quantile(&v, 0.5)).collect()
+}
+
+/// The `q` quantile of `v` (nearest rank; `None` when empty).
+pub fn quantile(v: &[f64], q: f64) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1])
+}
+
+/// [`change_latencies`]' changes: per proxy each latency it reported (seconds, one per
+/// change), and, with `cpu_of`, the CPU time that process spent from each change's write
+/// until the first proxy reported it, summed over the changes (its scheduler run time; the
+/// bench's metric polls, every 20 ms meanwhile, are in it).
+pub fn change_samples(
+    proxies: &[(&str, &NetNs)],
+    changes: usize,
+    cpu_of: Option<u32>,
+    mut apply: impl FnMut(usize),
+) -> (Vec<Vec<f64>>, Duration) {
     use netlink_tests::differential::{metrics, sample};
     let npl = |ns: &NetNs| {
         let m = metrics(ns, "127.0.0.1:10249");
@@ -105,10 +127,13 @@ pub fn change_latencies(
             sample(&m, "kubeproxy_network_programming_duration_seconds_count"),
         )
     };
+    let cpu = || cpu_of.map_or(Duration::ZERO, process_cpu_precise);
     let mut reported: Vec<Vec<f64>> = vec![Vec::new(); proxies.len()];
+    let mut cpu_total = Duration::ZERO;
     for c in 0..changes {
         std::thread::sleep(Duration::from_millis(1500));
         let before: Vec<(f64, f64)> = proxies.iter().map(|(_, ns)| npl(ns)).collect();
+        let cpu0 = cpu();
         apply(c);
         let t0 = Instant::now();
         for (k, (what, ns)) in proxies.iter().enumerate() {
@@ -116,6 +141,9 @@ pub fn change_latencies(
                 let (sum, count) = npl(ns);
                 if count > before[k].1 {
                     reported[k].push((sum - before[k].0) / (count - before[k].1));
+                    if k == 0 {
+                        cpu_total += cpu() - cpu0;
+                    }
                     break;
                 }
                 if t0.elapsed() > Duration::from_secs(300) {
@@ -126,13 +154,7 @@ pub fn change_latencies(
             }
         }
     }
-    reported
-        .into_iter()
-        .map(|mut v| {
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied()
-        })
-        .collect()
+    (reported, cpu_total)
 }
 
 /// The rows of one side-by-side run, ours against each upstream mode: start to first
@@ -280,6 +302,25 @@ fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
         endpoints: eps,
     } = shape;
     let t_create = Instant::now();
+    if n > 60_000 {
+        // The control plane's service range is a /16: a second ServiceCIDR gives the
+        // allocator room for the rest (it moves on to it when the first is full).
+        cp.with_admin(node, |client| {
+            Box::pin(async move {
+                use k8s_openapi::api::networking::v1::ServiceCIDR;
+                let more: ServiceCIDR = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+                    "metadata": {"name": "kbench-more"},
+                    "spec": {"cidrs": ["10.98.0.0/15"]},
+                }))
+                .unwrap();
+                Api::<ServiceCIDR>::all(client)
+                    .create(&PostParams::default(), &more)
+                    .await
+                    .unwrap();
+            })
+        });
+    }
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
         let (chunk, per) = (chunk.to_vec(), eps);
         cp.with_admin(node, move |client| {
@@ -373,14 +414,15 @@ fn start_upstream(
 /// Ours beside upstream kube-proxy in each of `modes`, each on its own node namespace, all
 /// against one real kube-apiserver holding `shape`'s Services and endpoints; then, with
 /// ours alone, its RSS row and (`churn_secs` > 0) the churn row. Returns the modes whose
-/// first sync finished within [`FIRST_SYNC_LIMIT`].
+/// first sync finished within [`FIRST_SYNC_LIMIT`], and ours' CPU per change through the
+/// API (none when ours did not sync).
 pub fn side_by_side_rows(
     table: &mut Table,
     shape: Shape,
     modes: &[&'static str],
     changes: usize,
     churn_secs: u64,
-) -> Vec<&'static str> {
+) -> (Vec<&'static str>, Option<Duration>) {
     let eps = shape.endpoints;
     let a = Cluster::new();
     let cp = ControlPlane::start(&a.node);
@@ -395,20 +437,27 @@ pub fn side_by_side_rows(
             upstreams.push((mode, b, up));
         }
     }
+    // The floor of ours' start: the API server's own list of what ours lists.
+    let listed = list_time(&cp, &a.node);
     let admin = cp.admin_kubeconfig();
+    let spawned = std::time::SystemTime::now();
     let mut ours = spawn_ours(&a.node, &["--kubeconfig", admin.to_str().unwrap()], &cp.dir);
     let t_ours = first_sync(&a.node, ours.id(), "ours");
-    eprintln!("side by side: ours: {t_ours:?}");
+    let start = start_steps(&cp.dir.join("ours.log"), spawned);
+    eprintln!("side by side: ours: {t_ours:?} (the API server lists in {listed:?})");
     let proxies: Vec<(&str, &NetNs)> = std::iter::once(("ours", &a.node))
         .chain(upstreams.iter().map(|(m, b, _)| (*m, &b.node)))
         .collect();
-    let lat = change_latencies(&proxies, changes, |c| {
+    let (samples, cpu) = change_samples(&proxies, changes, Some(ours.id()), |c| {
         let i = 100 + c;
-        let sl: EndpointSlice = serde_json::from_value(bench_slice(i, eps, true)).unwrap();
         cp.with_admin(&a.node, move |client| {
             Box::pin(async move {
                 let api = Api::<EndpointSlice>::namespaced(client, "default");
                 let mut cur = api.get(&format!("svc-{i}-a")).await.unwrap();
+                // Stamped now, just before the write, as the EndpointSlice controller
+                // stamps the change it writes: the latency is the API server's write, the
+                // watch and the proxy, not this client's connection.
+                let sl: EndpointSlice = serde_json::from_value(bench_slice(i, eps, true)).unwrap();
                 cur.endpoints = sl.endpoints;
                 cur.metadata.annotations = sl.metadata.annotations;
                 api.replace(&format!("svc-{i}-a"), &PostParams::default(), &cur)
@@ -417,8 +466,10 @@ pub fn side_by_side_rows(
             })
         });
     });
+    let lat: Vec<Option<f64>> = samples.iter().map(|v| quantile(v, 0.5)).collect();
+    let per_change = (!samples[0].is_empty()).then(|| cpu / samples[0].len() as u32);
     eprintln!(
-        "side by side: ours: one-endpoint change, median of {changes}: {:?} s",
+        "side by side: ours: one-endpoint change, p50 of {changes}: {:?} s, CPU per change {per_change:?}",
         lat[0]
     );
     // Latencies of the upstreams that synced, in `cold`'s order (n/a for one that did not).
@@ -431,15 +482,10 @@ pub fn side_by_side_rows(
             None
         });
     }
-    side_by_side_push(
-        table,
-        &format!("real apiserver, {}", shape.label()),
-        t_ours,
-        &cold,
-        &lats,
-        changes,
-    );
+    let setting = format!("real apiserver, {}", shape.label());
+    side_by_side_push(table, &setting, t_ours, &cold, &lats, changes);
     if let Some(t) = t_ours {
+        ours_api_rows(table, shape, t, (listed, start), &samples[0], per_change);
         api_rss_row(table, shape, t, usage(ours.id()), changes);
     }
     // Churn with ours alone: the upstreams would share the two cores.
@@ -453,10 +499,144 @@ pub fn side_by_side_rows(
         let _ = std::fs::copy(cp.dir.join("ours.log"), "/tmp/kbench-ours.log");
     }
     eprintln!("side by side: done");
-    cold.iter()
+    let finished = cold
+        .iter()
         .filter(|(_, t)| t.is_some())
         .map(|(m, _)| *m)
-        .collect()
+        .collect();
+    (finished, per_change.filter(|_| t_ours.is_some()))
+}
+
+/// The goals of issue #36 for ours through the API at 10k × 10 and 100k × 10: a
+/// one-endpoint change's network programming latency at p50 and p99, and start to first
+/// sync.
+const LATENCY_P50: f64 = 0.010;
+const LATENCY_P99: f64 = 0.025;
+fn start_goal(shape: Shape) -> Option<Duration> {
+    match (shape.services, shape.endpoints) {
+        (10_000, EPS) => Some(Duration::from_millis(500)),
+        (100_000, EPS) => Some(Duration::from_secs(5)),
+        _ => None,
+    }
+}
+
+/// Ours' own rows through the API (issue #36): start to first sync beside the API server's
+/// list of the same objects and ours' first sync as it reports it; the one-endpoint
+/// change's latency at p50 and p99 (`latencies`, seconds); and its CPU per change.
+fn ours_api_rows(
+    table: &mut Table,
+    shape: Shape,
+    first: FirstSync,
+    (listed, steps): (Duration, Option<(Duration, Duration)>),
+    latencies: &[f64],
+    per_change: Option<Duration>,
+) {
+    let goal = start_goal(shape);
+    let steps = steps.map_or_else(
+        || "n/a".to_string(),
+        |(list, sync)| format!("{} / {}", render_time(list), render_time(sync)),
+    );
+    table.push(
+        Row::new(
+            format!(
+                "ours, real apiserver, {}: start to first sync (both families); where it goes, from ours' log: start to its lists complete / lists complete to its first sync done (IPv4 and IPv6), and ours' IPv4 sync as it reports it; the API server's own list of the same objects (the floor, read by a client beside it)",
+                shape.label()
+            ),
+            format!(
+                "{}; {steps}, {}; {}",
+                render_time(first.wall),
+                render_time(Duration::from_secs_f64(first.reported)),
+                render_time(listed),
+            ),
+        )
+        .target(goal.map_or(Target::Note(""), |g| {
+            Target::goal(Goal::time_at_most(first.wall, g))
+        })),
+    );
+    let (p50, p99) = (quantile(latencies, 0.5), quantile(latencies, 0.99));
+    let ms = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{:.1} ms", v * 1000.0));
+    table.push(
+        Row::new(
+            format!(
+                "ours, real apiserver, {}: one-endpoint change, network programming latency p50 / p99 (of {}; each after 1.5 s idle)",
+                shape.label(),
+                latencies.len()
+            ),
+            format!("{} / {}", ms(p50), ms(p99)),
+        )
+        .target(if goal.is_some() {
+            Target::Goals(vec![
+                Goal::at_most(p50.unwrap_or(f64::INFINITY), LATENCY_P50, Unit::Seconds)
+                    .named("p50"),
+                Goal::at_most(p99.unwrap_or(f64::INFINITY), LATENCY_P99, Unit::Seconds)
+                    .named("p99"),
+            ])
+        } else {
+            Target::Note("")
+        }),
+    );
+    if let Some(cpu) = per_change {
+        table.push(
+            Row::new(
+                format!(
+                    "ours, real apiserver, {}: CPU per one-endpoint change (all its threads, from the write until it reported the change; the bench's metric polls included)",
+                    shape.label()
+                ),
+                render_time(cpu),
+            )
+            .target(Target::Note("")),
+        );
+    }
+}
+
+/// From ours' `log`: the time from `spawned` to its "initial list complete" line, and from
+/// there to its "initial sync done" line (klog's UTC `mmdd hh:mm:ss.uuuuuu`).
+fn start_steps(
+    log: &std::path::Path,
+    spawned: std::time::SystemTime,
+) -> Option<(Duration, Duration)> {
+    let text = std::fs::read_to_string(log).ok()?;
+    // Seconds into the UTC day of a klog line.
+    let at = |needle: &str| -> Option<f64> {
+        let line = text.lines().find(|l| l.contains(needle))?;
+        let clock = line.split_whitespace().nth(1)?;
+        let mut it = clock.split(':');
+        let (h, m, s) = (it.next()?, it.next()?, it.next()?);
+        Some(
+            h.parse::<f64>().ok()? * 3600.0
+                + m.parse::<f64>().ok()? * 60.0
+                + s.parse::<f64>().ok()?,
+        )
+    };
+    let day = spawned
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64()
+        % 86_400.0;
+    let (listed, synced) = (at("initial list complete")?, at("initial sync done")?);
+    let secs = |a: f64, b: f64| Duration::from_secs_f64((b - a).rem_euclid(86_400.0));
+    Some((secs(day, listed), secs(listed, synced)))
+}
+
+/// How long the API server takes to list what ours lists at start (Services and
+/// EndpointSlices with upstream's selector), read whole but not decoded: the floor under
+/// ours' start to first sync.
+fn list_time(cp: &ControlPlane, ns: &NetNs) -> Duration {
+    cp.with_admin(ns, |client| {
+        Box::pin(async move {
+            let selector = kube_nlproxy::source::kube::SELECTOR.replace(',', "%2C");
+            let t0 = Instant::now();
+            for path in [
+                format!("/api/v1/services?labelSelector={selector}"),
+                format!("/apis/discovery.k8s.io/v1/endpointslices?labelSelector={selector}"),
+            ] {
+                let req = http::Request::get(path).body(Vec::new()).unwrap();
+                let text = client.request_text(req).await.unwrap();
+                assert!(text.contains("\"items\""), "a list");
+            }
+            t0.elapsed()
+        })
+    })
 }
 
 /// Ours alone, by source (issue #18): RSS after the first sync (`first`) and after the
@@ -489,15 +669,28 @@ fn api_rss_row(table: &mut Table, shape: Shape, first: FirstSync, now: Usage, ch
     );
 }
 
+/// One-endpoint changes per side-by-side workload: the p99 of issue #36 is the slowest of
+/// them.
+const CHANGES: usize = 30;
+/// How far apart ours' CPU per change through the API may be across the sizes.
+const CPU_SPREAD: f64 = 2.0;
+
 /// The side-by-side workloads of issue #17 in order, against upstream's nftables and
-/// iptables modes. A mode that did not finish a workload's first sync within
-/// [`FIRST_SYNC_LIMIT`] is not run at a later one with at least as many iptables chains
-/// (a row says so): it would only use up the limit again.
+/// iptables modes (a workload without upstream: ours alone). A mode that did not finish a
+/// workload's first sync within [`FIRST_SYNC_LIMIT`] is not run at a later one with at
+/// least as many iptables chains (a row says so): it would only use up the limit again.
+/// Then ours' CPU per change through the API across the sizes of [`EPS`] endpoints.
 pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
     const BOTH: &[&str] = &["nftables", "iptables"];
     // The modes given up on, and the workload each did not finish.
     let mut gave_up: Vec<(&str, Shape)> = Vec::new();
-    for &Workload { shape, churn_secs } in workloads {
+    let mut cpu_per_change: Vec<(Shape, Duration)> = Vec::new();
+    for &Workload {
+        shape,
+        churn_secs,
+        with_upstream,
+    } in workloads
+    {
         let skipped: Vec<(&str, Shape)> = gave_up
             .iter()
             .copied()
@@ -506,9 +699,42 @@ pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
         let modes: Vec<&'static str> = BOTH
             .iter()
             .copied()
-            .filter(|m| !skipped.iter().any(|(s, _)| s == m))
+            .filter(|m| with_upstream && !skipped.iter().any(|(s, _)| s == m))
             .collect();
-        let finished = side_by_side_rows(table, shape, &modes, 5, churn_secs);
+        // A workload of ours alone (100k × 10: 200k objects created through the API) is
+        // the last and longest: its failure is a row, not the loss of every row before.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut rows = Table::default();
+            let out = side_by_side_rows(&mut rows, shape, &modes, CHANGES, churn_secs);
+            (rows, out)
+        }));
+        let (finished, cpu) = match run {
+            Ok((rows, out)) => {
+                table.extend(rows);
+                out
+            }
+            Err(e) => {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                table.push(
+                    Row::new(
+                        format!("real apiserver, {}: ours", shape.label()),
+                        format!("did not finish: {why}"),
+                    )
+                    .target(Target::Note("")),
+                );
+                (Vec::new(), None)
+            }
+        };
+        if let Some(cpu) = cpu {
+            cpu_per_change.push((shape, cpu));
+        }
+        if !with_upstream {
+            continue;
+        }
         for mode in modes.iter().filter(|m| !finished.contains(m)) {
             gave_up.push((mode, shape));
         }
@@ -533,6 +759,35 @@ pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
                 .target(Target::Note("(comparison)")),
             );
         }
+    }
+    let same: Vec<(Shape, Duration)> = cpu_per_change
+        .into_iter()
+        .filter(|(s, _)| s.endpoints == EPS)
+        .collect();
+    if same.len() > 1 {
+        let secs: Vec<f64> = same.iter().map(|(_, c)| c.as_secs_f64()).collect();
+        let (lo, hi) = secs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &c| {
+            (lo.min(c), hi.max(c))
+        });
+        table.push(
+            Row::new(
+                format!(
+                    "ours, real apiserver: CPU per one-endpoint change at {} (rows above)",
+                    same.iter()
+                        .map(|(s, _)| short_label(*s))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                ),
+                same.iter()
+                    .map(|(_, c)| render_time(*c))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+            )
+            .ratio(format!("{:.2}× largest / smallest", hi / lo))
+            .target(Target::goal(
+                Goal::at_most(hi / lo, CPU_SPREAD, Unit::Times).named("spread"),
+            )),
+        );
     }
 }
 

@@ -321,6 +321,11 @@ impl Table {
         self.rows.push(row);
     }
 
+    /// Adds the rows of `other`, measured after these.
+    pub fn extend(&mut self, other: Table) {
+        self.rows.extend(other.rows);
+    }
+
     /// The Markdown table BENCHMARKS.md holds.
     pub fn render(&self) -> String {
         let mut out = String::new();
