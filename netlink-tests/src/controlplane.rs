@@ -19,6 +19,9 @@ pub const ETCD_VERSION: &str = "v3.6.14";
 /// The service CIDR the apiserver allocates ClusterIPs from.
 /// Dual-stack, IPv4 first (the `kubernetes` Service is IPv4).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16,fd00:96::/112";
+/// The largest service CIDR the apiserver takes (an IPv4 range of at most 20 bits): for
+/// the benchmark's 100k Services, which a /16 cannot hold.
+pub const LARGE_SERVICE_CIDR: &str = "10.96.0.0/12,fd00:96::/112";
 const ADMIN_TOKEN: &str = "nlp-test-admin-token";
 
 fn bin(dir: &str, name: &str) -> PathBuf {
@@ -36,6 +39,8 @@ pub struct ControlPlane {
     ns_name: String,
     etcd: Child,
     apiserver: Child,
+    /// `--service-cluster-ip-range`.
+    service_cidr: &'static str,
     pub dir: PathBuf,
     /// `https://NODE_IP:6443`, reachable inside the namespace.
     pub url: String,
@@ -44,6 +49,11 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Starts both and waits (up to 60 s) until the apiserver answers `/readyz`.
     pub fn start(ns: &NetNs) -> ControlPlane {
+        Self::start_with_service_cidr(ns, SERVICE_CIDR)
+    }
+
+    /// [`Self::start`] with another `--service-cluster-ip-range`.
+    pub fn start_with_service_cidr(ns: &NetNs, service_cidr: &'static str) -> ControlPlane {
         let dir = std::env::temp_dir().join(format!("nlp-cp-{}", ns.name));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("certs")).unwrap();
@@ -87,11 +97,12 @@ impl ControlPlane {
             .stderr(log("etcd.log"))
             .spawn()
             .expect("start etcd");
-        let apiserver = spawn_apiserver(&ns.name, &dir);
+        let apiserver = spawn_apiserver(&ns.name, &dir, service_cidr);
         let mut cp = ControlPlane {
             ns_name: ns.name.clone(),
             etcd,
             apiserver,
+            service_cidr,
             dir,
             url: format!("https://{}:6443", crate::cluster::NODE_IP),
         };
@@ -124,12 +135,12 @@ impl ControlPlane {
 
     /// Starts kube-apiserver again over the same etcd and keys, and waits until it is ready.
     pub fn start_apiserver(&mut self) {
-        self.apiserver = spawn_apiserver(&self.ns_name, &self.dir);
+        self.apiserver = spawn_apiserver(&self.ns_name, &self.dir, self.service_cidr);
         self.wait_ready();
     }
 }
 
-fn spawn_apiserver(ns: &str, dir: &Path) -> Child {
+fn spawn_apiserver(ns: &str, dir: &Path, service_cidr: &str) -> Child {
     let d = |f: &str| dir.join(f).to_str().unwrap().to_string();
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -148,7 +159,7 @@ fn spawn_apiserver(ns: &str, dir: &Path) -> Child {
                 format!("--advertise-address={}", crate::cluster::NODE_IP),
                 "--secure-port=6443".into(),
                 format!("--cert-dir={}", d("certs")),
-                format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+                format!("--service-cluster-ip-range={service_cidr}"),
                 "--authorization-mode=Node,RBAC".into(),
                 format!("--token-auth-file={}", d("tokens.csv")),
                 format!("--service-account-key-file={}", d("sa.pub")),

@@ -501,3 +501,83 @@ fn balance_chains_come_and_go_through_partial_syncs() {
         assert_eq!(balance, ["balance-2"], "{chains:?}");
     });
 }
+
+/// Issue #36, against the kernel: a fixed sequence of API events (endpoints changed and
+/// emptied, a Service deleted and added back with a NodePort, a relist of the slices after
+/// a 410 in which two are gone, a Node change) through the API source's stores. The kernel,
+/// programmed from the states the stores publish by patching the last one (partial syncs
+/// from their lineage), lists the same after every step as the Fake programmed from the
+/// states built whole from the same stores.
+#[test]
+fn the_kernel_programmed_from_patched_states_lists_as_from_states_built_whole() {
+    use std::sync::Arc;
+
+    use kube_nlproxy::model::NodeInfo;
+    use kube_nlproxy::source::kube::{Change, Stores, Update};
+    require_root();
+    let ns = NetNs::new("pki");
+    ns.run(|| {
+        let base = big_state(30, 3);
+        let node = base.node.name.clone();
+        let mut stores = Stores::listed_from(&base);
+        let (mut k, mut f) = kernel_and_fake();
+        let mut step = |stores: &mut Stores, when: &str| {
+            let mut w = Vec::new();
+            let patched = Arc::new(stores.publish(&node, &mut w));
+            let whole = stores.state(&node, &mut w);
+            assert_eq!(*patched, whole, "{when}: the patched state");
+            k.sync_shared(&patched).unwrap();
+            f.sync(&whole).unwrap();
+            compare(k.nft(), f.nft(), when);
+        };
+        step(&mut stores, "the first state");
+        let ports: Vec<_> = base.services.keys().cloned().collect();
+        let svc_key = |i: usize| (ports[i].namespace.clone(), ports[i].name.clone());
+        let slice_key = |i: usize| {
+            let p = &ports[i];
+            (p.namespace.clone(), format!("{}-{}", p.name, p.port).into())
+        };
+        let mut eps = base.endpoints_of(&ports[3]).to_vec();
+        eps[0].ip = "10.250.0.3".parse().unwrap();
+        stores.set_endpoints(&ports[3], eps);
+        stores.set_endpoints(&ports[7], Vec::new());
+        step(&mut stores, "an endpoint moved, another port's emptied");
+        stores.apply(Update::Service(Change::Delete(svc_key(11))));
+        step(&mut stores, "a Service deleted");
+        let mut back = (*base.services[&ports[11]]).clone();
+        back.node_port = Some(30080);
+        stores.apply(Update::Service(Change::Apply(
+            svc_key(11),
+            vec![Arc::new(back)],
+        )));
+        step(&mut stores, "the Service back with a NodePort");
+        let kept: Vec<_> = (0..ports.len())
+            .filter(|i| ![5, 20].contains(i))
+            .map(|i| {
+                let k = slice_key(i);
+                let v = stores.slices.get(&k).expect("listed").clone();
+                (k, v)
+            })
+            .collect();
+        stores.apply(Update::Slice(Change::Init));
+        for (k, v) in kept {
+            stores.apply(Update::Slice(Change::InitApply(k, v)));
+        }
+        stores.apply(Update::Slice(Change::InitDone));
+        step(&mut stores, "a relist of the slices with two gone");
+        let moved = NodeInfo {
+            name: node.clone(),
+            addresses: vec!["192.168.9.9".parse().unwrap()],
+            ..Default::default()
+        };
+        stores.apply(Update::Node(Change::Apply(
+            ("".into(), node.as_str().into()),
+            moved,
+        )));
+        step(&mut stores, "the Node's address changed");
+        let mut eps = base.endpoints_of(&ports[20]).to_vec();
+        eps.truncate(1);
+        stores.set_endpoints(&ports[20], eps);
+        step(&mut stores, "a slice back after the relist");
+    });
+}

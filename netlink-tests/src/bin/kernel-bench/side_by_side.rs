@@ -295,33 +295,17 @@ pub fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::proc
 }
 
 /// Creates `shape`'s Services and EndpointSlices through the API (32 at a time, 1000 per
-/// admin session), then the Node.
+/// admin session, 250 above 20k Services), then the Node.
 fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
     let Shape {
         services: n,
         endpoints: eps,
     } = shape;
     let t_create = Instant::now();
-    if n > 60_000 {
-        // The control plane's service range is a /16: a second ServiceCIDR gives the
-        // allocator room for the rest (it moves on to it when the first is full).
-        cp.with_admin(node, |client| {
-            Box::pin(async move {
-                use k8s_openapi::api::networking::v1::ServiceCIDR;
-                let more: ServiceCIDR = serde_json::from_value(serde_json::json!({
-                    "apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
-                    "metadata": {"name": "kbench-more"},
-                    "spec": {"cidrs": ["10.98.0.0/15"]},
-                }))
-                .unwrap();
-                Api::<ServiceCIDR>::all(client)
-                    .create(&PostParams::default(), &more)
-                    .await
-                    .unwrap();
-            })
-        });
-    }
-    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+    // Each admin session's calls are bounded to 60 s: smaller sessions for large workloads,
+    // whose creates slow down as the API server's stores grow.
+    let per_session = if n > 20_000 { 250 } else { 1000 };
+    for chunk in (0..n).collect::<Vec<_>>().chunks(per_session) {
         let (chunk, per) = (chunk.to_vec(), eps);
         cp.with_admin(node, move |client| {
             Box::pin(async move {
@@ -425,7 +409,15 @@ pub fn side_by_side_rows(
 ) -> (Vec<&'static str>, Option<Duration>) {
     let eps = shape.endpoints;
     let a = Cluster::new();
-    let cp = ControlPlane::start(&a.node);
+    // 100k Services need more ClusterIPs than the usual /16 holds.
+    let cp = if shape.services > 60_000 {
+        ControlPlane::start_with_service_cidr(
+            &a.node,
+            netlink_tests::controlplane::LARGE_SERVICE_CIDR,
+        )
+    } else {
+        ControlPlane::start(&a.node)
+    };
     create_workload(&cp, &a.node, shape);
     // Each proxy alone until its first sync.
     let mut upstreams = Vec::new();
