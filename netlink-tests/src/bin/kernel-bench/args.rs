@@ -1,9 +1,9 @@
 //! kernel-bench's command line, parsed once into what to run and at which sizes (pure).
 
 /// The modes and options kernel-bench understands; anything else prints this and exits, so a
-/// mistyped flag (or `--help`) never starts the ~35-minute full run.
+/// mistyped flag (or `--help`) never starts the ~25-minute full run.
 pub const USAGE: &str = "usage: kernel-bench [--quick] [MODE]
-modes (default: the full run, ~35 min):
+modes (default: the full run, ~25 min):
   --side-by-side-only            ours vs upstream for each source
   --side-by-side-shape NxE [--ours-only]
   --churn-only [SECONDS]         10k x 10 through the real apiserver, then the churn row
@@ -107,7 +107,7 @@ pub enum Mode {
 impl Mode {
     /// The baselines the mode execs, checked before anything runs: a missing one found when
     /// its row comes up loses every row measured before it (the full run prints its table
-    /// at the end, ~35 min in).
+    /// at the end, ~25 min in).
     pub fn tools(self) -> &'static [&'static str] {
         match self {
             Mode::Ipvs { .. } => &["ipvsadm"],
@@ -278,7 +278,7 @@ const fn ours_alone(services: usize, endpoints: usize, churn_secs: u64) -> Workl
 }
 
 impl Sizes {
-    /// The full run's sizes (~35 min).
+    /// The full run's sizes (~25 min).
     pub const FULL: Sizes = Sizes {
         // 10k × 10 is followed by the churn row, with ours alone; 5k × 50 is the shape of
         // kubernetes/kubernetes#135639. 100k Services through this API server are out of
