@@ -19,7 +19,7 @@ use netlink_tests::ns::NetNs;
 use crate::args::EPS;
 use crate::harness::{median, netlink_proxier};
 use crate::procfs::thread_cpu_time;
-use crate::table::{render_time, Goal, Row, Table, Target, Unit};
+use crate::table::{render_time, spread, Goal, Row, Table, Target, Unit};
 
 /// The sizes, Services × [`EPS`].
 pub const SIZES: &[usize] = &[1000, 10_000, 100_000];
@@ -120,9 +120,7 @@ pub fn per_change_rows(table: &mut Table, sizes: &[usize]) {
             .join(" / ")
     };
     let cpus: Vec<f64> = measured.iter().map(|m| m.1.cpu.as_secs_f64()).collect();
-    let (lo, hi) = cpus.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &c| {
-        (lo.min(c), hi.max(c))
-    });
+    let spread = spread(&cpus);
     table.push(
         Row::new(
             format!(
@@ -133,9 +131,9 @@ pub fn per_change_rows(table: &mut Table, sizes: &[usize]) {
             list(&|m| render_time(m.cpu)),
         )
         .baseline(list(&|m| render_time(m.whole)))
-        .ratio(format!("{:.2}× largest / smallest", hi / lo))
+        .ratio(format!("{spread:.2}× largest / smallest"))
         .target(Target::goal(
-            Goal::at_most(hi / lo, SPREAD, Unit::Times).named("spread"),
+            Goal::at_most(spread, SPREAD, Unit::Times).named("spread"),
         )),
     );
 }

@@ -20,7 +20,9 @@ use crate::args::{Shape, Workload, EPS};
 use crate::churn::api_churn_row;
 use crate::harness::stop;
 use crate::procfs::{mib, process_cpu_precise, usage, Usage};
-use crate::table::{render_ratio, render_time, render_time_ratio, Goal, Row, Table, Target, Unit};
+use crate::table::{
+    render_ratio, render_time, render_time_ratio, spread, Goal, Row, Table, Target, Unit,
+};
 
 /// The goals of ours' RSS from the API source at 10k × 10: after the first sync, and its
 /// peak over that.
@@ -767,9 +769,7 @@ pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
         .collect();
     if same.len() > 1 {
         let secs: Vec<f64> = same.iter().map(|(_, c)| c.as_secs_f64()).collect();
-        let (lo, hi) = secs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &c| {
-            (lo.min(c), hi.max(c))
-        });
+        let spread = spread(&secs);
         table.push(
             Row::new(
                 format!(
@@ -784,9 +784,9 @@ pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
                     .collect::<Vec<_>>()
                     .join(" / "),
             )
-            .ratio(format!("{:.2}× largest / smallest", hi / lo))
+            .ratio(format!("{spread:.2}× largest / smallest"))
             .target(Target::goal(
-                Goal::at_most(hi / lo, CPU_SPREAD, Unit::Times).named("spread"),
+                Goal::at_most(spread, CPU_SPREAD, Unit::Times).named("spread"),
             )),
         );
     }

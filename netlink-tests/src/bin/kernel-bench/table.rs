@@ -309,6 +309,15 @@ impl Row {
     }
 }
 
+/// How far apart `values` are: the largest over the smallest (the spread goals of CPU per
+/// change across sizes).
+pub fn spread(values: &[f64]) -> f64 {
+    let (lo, hi) = values.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| {
+        (lo.min(v), hi.max(v))
+    });
+    hi / lo
+}
+
 /// The rows of one run, in the order measured.
 #[derive(Debug, Default)]
 pub struct Table {
@@ -342,6 +351,12 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spread_is_the_largest_over_the_smallest() {
+        assert_eq!(spread(&[1.5, 3.0, 2.0]), 2.0);
+        assert_eq!(spread(&[0.04]), 1.0);
+    }
 
     #[test]
     fn times_show_two_decimals_below_ten_ms_and_above_a_second() {
