@@ -213,6 +213,8 @@ impl SyncHooks for Hooks {
                     );
                 }
                 let counts = self.no_local.update(state);
+                // Once for both plans below.
+                let changed = since(self.synced_state.as_ref(), state);
                 for (f, (internal, external)) in [Family::Ip, Family::Ip6].into_iter().zip(counts) {
                     for (policy, n) in [("internal", internal), ("external", external)] {
                         m.no_local_endpoints
@@ -225,9 +227,7 @@ impl SyncHooks for Hooks {
                 }
                 if let Some((forwarder, listen)) = self.localhost.as_mut() {
                     use crate::modes::userspace::localhost::plan_localhost;
-                    if touches(self.synced_state.as_ref(), state, |sp| {
-                        sp.node_port.is_some()
-                    }) {
+                    if touches(changed.as_ref(), state, |sp| sp.node_port.is_some()) {
                         self.localhost_plan = plan_localhost(state, listen);
                     }
                     let failed = forwarder.sync(self.localhost_plan.clone());
@@ -247,7 +247,7 @@ impl SyncHooks for Hooks {
                         }
                     }
                 }
-                if touches(self.synced_state.as_ref(), state, |sp| {
+                if touches(changed.as_ref(), state, |sp| {
                     sp.health_check_node_port.is_some() && sp.external_policy_local
                 }) {
                     self.hc_plan = plan_health_checks(state);
@@ -273,6 +273,7 @@ impl SyncHooks for Hooks {
                         });
                     }
                 }
+                drop(changed);
                 self.synced_state = Some(state.clone());
             }
             Err(_) => m.observe_sync(true, took, false),
@@ -280,21 +281,34 @@ impl SyncHooks for Hooks {
     }
 }
 
-/// Whether a plan worked out from `prev` may differ for `state`: no state before, another
-/// node, or a changed service port for which `matters` holds, before or after.
+/// What changed between the last synced state and the one just synced, worked out once
+/// per sync for the plans that depend on it (`None` from [`since`]: no state before, or
+/// another node, so anything may have changed).
+struct SinceSynced<'a> {
+    prev: &'a ProxyState,
+    ports: std::collections::BTreeSet<&'a crate::model::ServicePortName>,
+}
+
+fn since<'a>(prev: Option<&'a ProxyState>, state: &'a ProxyState) -> Option<SinceSynced<'a>> {
+    let prev = prev.filter(|p| p.node == state.node)?;
+    Some(SinceSynced {
+        prev,
+        ports: crate::model::changed_service_ports(prev, state),
+    })
+}
+
+/// Whether a plan worked out from the last synced state may differ for `state`: anything
+/// may have changed, or a changed service port for which `matters` holds, before or after.
 fn touches(
-    prev: Option<&ProxyState>,
+    since: Option<&SinceSynced>,
     state: &ProxyState,
     matters: impl Fn(&crate::model::ServicePort) -> bool,
 ) -> bool {
-    let Some(prev) = prev else { return true };
-    prev.node != state.node
-        || crate::model::changed_service_ports(prev, state)
-            .into_iter()
-            .any(|k| {
-                prev.services.get(k).is_some_and(|sp| matters(sp))
-                    || state.services.get(k).is_some_and(|sp| matters(sp))
-            })
+    let Some(since) = since else { return true };
+    since.ports.iter().any(|k| {
+        since.prev.services.get(*k).is_some_and(|sp| matters(sp))
+            || state.services.get(*k).is_some_and(|sp| matters(sp))
+    })
 }
 
 #[cfg(test)]
@@ -307,22 +321,45 @@ mod tests {
     fn a_plan_is_worked_out_again_only_when_a_port_it_depends_on_changes() {
         let prev = crate::model::fixtures::synthetic_state(3, 2);
         let has_node_port = |sp: &crate::model::ServicePort| sp.node_port.is_some();
-        assert!(touches(None, &prev, has_node_port), "nothing before");
-        assert!(!touches(Some(&prev), &prev.clone(), has_node_port));
+        assert!(
+            touches(since(None, &prev).as_ref(), &prev, has_node_port),
+            "nothing before"
+        );
+        assert!(!touches(
+            since(Some(&prev), &prev.clone()).as_ref(),
+            &prev.clone(),
+            has_node_port
+        ));
         // Endpoints of a port without a NodePort: no.
         let mut next = prev.clone();
         crate::model::fixtures::first_endpoints_mut(&mut next).pop();
-        assert!(!touches(Some(&prev), &next, has_node_port));
-        assert!(touches(Some(&prev), &next, |_| true));
+        assert!(!touches(
+            since(Some(&prev), &next).as_ref(),
+            &next,
+            has_node_port
+        ));
+        assert!(touches(since(Some(&prev), &next).as_ref(), &next, |_| true));
         // A NodePort added, or taken away: yes, either way round.
         let mut with_np = prev.clone();
         crate::model::fixtures::first_service_mut(&mut with_np).node_port = Some(30080);
-        assert!(touches(Some(&prev), &with_np, has_node_port));
-        assert!(touches(Some(&with_np), &prev, has_node_port));
+        assert!(touches(
+            since(Some(&prev), &with_np).as_ref(),
+            &with_np,
+            has_node_port
+        ));
+        assert!(touches(
+            since(Some(&with_np), &prev).as_ref(),
+            &prev,
+            has_node_port
+        ));
         // Another node: yes.
         let mut moved = prev.clone();
         moved.node.name = "elsewhere".into();
-        assert!(touches(Some(&prev), &moved, has_node_port));
+        assert!(touches(
+            since(Some(&prev), &moved).as_ref(),
+            &moved,
+            has_node_port
+        ));
     }
     use std::sync::Mutex;
 

@@ -286,7 +286,7 @@ impl Stores {
     }
     /// Moves slice `k` from `old`'s list to `new`'s.
     fn index_slice(&mut self, k: &Key, old: Option<Key>, new: Option<Key>) {
-        if old == new && (new.is_none() || self.slices.get(k).is_some()) {
+        if old == new {
             return;
         }
         if let Some(o) = old {
