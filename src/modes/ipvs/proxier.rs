@@ -15,7 +15,7 @@ use crate::kernel::ipvs::{Error, Ipvs, IpvsOp, Timeouts, VsKey};
 use crate::kernel::nft::{render, Family, Nftables};
 use crate::kernel::rtnl::{host_prefix, IfAddr, Links};
 use crate::model::ProxyState;
-use crate::proxy::conntrack::reconcile_conntrack;
+use crate::proxy::conntrack::{reconcile_conntrack, Destinations};
 use crate::proxy::{
     plan_transaction, DetectLocal, LocalDetectorResolver, Proxier, ProxierConfig, SyncError,
     SyncStats, TableSync,
@@ -59,6 +59,8 @@ pub struct IpvsProxier<I: Ipvs, L: Links, N: Nftables> {
     full_every: Duration,
     timeouts_done: bool,
     conntrack: Option<Box<dyn Conntrack + Send>>,
+    /// The stale-flow cleanup's service destinations, kept between syncs.
+    destinations: Destinations,
 }
 
 impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
@@ -85,6 +87,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             full_every: Duration::from_secs(30),
             timeouts_done: false,
             conntrack: None,
+            destinations: Destinations::default(),
         }
     }
 
@@ -154,7 +157,12 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
         match &res {
             Ok(()) => {
                 if let Some(ct) = self.conntrack.as_mut() {
-                    reconcile_conntrack(ct.as_mut(), state, &Family::all(), &mut stats);
+                    reconcile_conntrack(
+                        ct.as_mut(),
+                        state,
+                        (&Family::all(), &mut self.destinations),
+                        &mut stats,
+                    );
                 }
                 self.need_full = false;
                 if full {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::{render, Family, Nftables, Transaction};
 use crate::model::{NodeInfo, OrdMap, ProxyState, ServicePortName};
-use crate::proxy::conntrack::reconcile_conntrack;
+use crate::proxy::conntrack::{reconcile_conntrack, Destinations};
 use crate::proxy::dead_endpoints::reset_dead_endpoint_connections;
 use crate::proxy::ruleset::Change;
 use crate::proxy::{
@@ -34,6 +34,8 @@ pub struct NftablesProxier<N: Nftables> {
     need_full: bool,
     last_node_labels: Option<BTreeMap<String, String>>,
     conntrack: Option<Box<dyn Conntrack + Send>>,
+    /// The stale-flow cleanup's service destinations, kept between syncs.
+    destinations: Destinations,
     /// Delete stale UDP/SCTP entries (not `--no-conntrack-cleanup`; needs `conntrack`).
     stale_cleanup: bool,
     /// `--reset-dead-endpoint-connections`: delete the TCP entries of endpoints that died
@@ -61,6 +63,7 @@ impl<N: Nftables> NftablesProxier<N> {
             need_full: true,
             last_node_labels: None,
             conntrack: None,
+            destinations: Destinations::default(),
             stale_cleanup: true,
             reset_dead_endpoints: false,
             last_state: None,
@@ -169,7 +172,12 @@ impl<N: Nftables> NftablesProxier<N> {
                 self.table.count(&mut stats);
                 if let Some(ct) = self.conntrack.as_mut() {
                     if self.stale_cleanup {
-                        reconcile_conntrack(ct.as_mut(), state, &self.families, &mut stats);
+                        reconcile_conntrack(
+                            ct.as_mut(),
+                            state,
+                            (&self.families, &mut self.destinations),
+                            &mut stats,
+                        );
                     }
                     if let Some(prev) = prev.as_deref().filter(|_| self.reset_dead_endpoints) {
                         reset_dead_endpoint_connections(

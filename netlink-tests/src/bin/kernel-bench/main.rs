@@ -31,7 +31,7 @@ mod table;
 use std::io::Write as _;
 use std::time::Duration;
 
-use args::{Args, ArgsError, Mode, Shape, Sizes, EPS, USAGE};
+use args::{Args, ArgsError, Mode, Sizes, USAGE};
 use netlink_tests::ns::require_root;
 use table::Table;
 
@@ -94,12 +94,8 @@ fn measure(args: Args, table: &mut Table) {
             let modes: &[&str] = if ours_only { &[] } else { &["nftables"] };
             side_by_side::side_by_side_rows(table, shape, modes, 3, 0);
         }
-        Mode::Churn { secs } => {
-            let shape = Shape {
-                services: 10_000,
-                endpoints: EPS,
-            };
-            side_by_side::side_by_side_rows(table, shape, &[], 3, secs);
+        Mode::Churn { secs, shape } => {
+            side_by_side::side_by_side_rows(table, shape, &[], side_by_side::CHANGES, secs);
         }
         Mode::Daemon { services: Some(n) } => daemon::daemon_rows(table, &[n], 0),
         Mode::Daemon { services: None } => {

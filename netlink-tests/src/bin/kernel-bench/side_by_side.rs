@@ -297,16 +297,15 @@ pub fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::proc
 }
 
 /// Creates `shape`'s Services and EndpointSlices through the API (32 at a time, 1000 per
-/// admin session, 250 above 20k Services), then the Node.
+/// admin session), then the Node.
 fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
     let Shape {
         services: n,
         endpoints: eps,
     } = shape;
     let t_create = Instant::now();
-    // Each admin session's calls are bounded to 60 s: smaller sessions for large workloads,
-    // whose creates slow down as the API server's stores grow.
-    let per_session = if n > 20_000 { 250 } else { 1000 };
+    // Each admin session's calls are bounded to 60 s.
+    let per_session = 1000;
     for chunk in (0..n).collect::<Vec<_>>().chunks(per_session) {
         let (chunk, per) = (chunk.to_vec(), eps);
         cp.with_admin(node, move |client| {
@@ -338,6 +337,100 @@ fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
         "side by side: {n} Services and slices created in {:?}",
         t_create.elapsed()
     );
+    create_node(cp, node);
+}
+
+/// Above this many Services the workload is written to etcd ([`seed_workload`]), not
+/// created through the API: 100k creates would take hours here.
+const SEED_ABOVE: usize = 20_000;
+
+/// Writes `shape`'s Services (each with its ClusterIP's IPAddress, as the allocator would
+/// have made it) and EndpointSlices straight into etcd (`ControlPlane::seed_etcd`), then
+/// creates the Node through the API. The ClusterIPs are 10.97.0.0 + i, in
+/// [`LARGE_SERVICE_CIDR`](netlink_tests::controlplane::LARGE_SERVICE_CIDR) and clear of
+/// the `kubernetes` Service's 10.96.0.1.
+fn seed_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
+    let Shape {
+        services: n,
+        endpoints: eps,
+    } = shape;
+    let t0 = Instant::now();
+    let created = jiff::Timestamp::now().to_string();
+    let objects = (0..n).flat_map(|i| {
+        let name = format!("svc-{i}");
+        let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 97, 0, 0)) + i as u32).to_string();
+        let meta = |kind: u8, name: &str| {
+            serde_json::json!({"name": name, "uid": format!("00000000-0000-4000-800{kind}-{i:012}"),
+                "creationTimestamp": created})
+        };
+        let mut address = serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "IPAddress",
+            "metadata": meta(0, &ip),
+            "spec": {"parentRef": {"group": "", "resource": "services", "namespace": "default", "name": name}},
+        });
+        address["metadata"]["labels"] = serde_json::json!({
+            "ipaddress.kubernetes.io/ip-family": "IPv4",
+            "ipaddress.kubernetes.io/managed-by": "ipallocator.k8s.io",
+        });
+        let mut service = serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": meta(1, &name),
+            "spec": {
+                "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+                "clusterIP": ip, "clusterIPs": [ip], "type": "ClusterIP",
+                "sessionAffinity": "None", "ipFamilies": ["IPv4"],
+                "ipFamilyPolicy": "SingleStack", "internalTrafficPolicy": "Cluster",
+            },
+            "status": {"loadBalancer": {}},
+        });
+        service["metadata"]["namespace"] = "default".into();
+        let mut slice = bench_slice(i, eps, false);
+        let slice_name = format!("{name}-a");
+        for (k, v) in meta(2, &slice_name).as_object().unwrap() {
+            slice["metadata"][k] = v.clone();
+        }
+        [
+            (format!("/registry/ipaddresses/{ip}"), address),
+            (format!("/registry/services/specs/default/{name}"), service),
+            (format!("/registry/endpointslices/default/{slice_name}"), slice),
+        ]
+    });
+    let written = cp.seed_etcd(node, objects);
+    // What the API server serves from them once its watch caches have caught up (at most
+    // 180 s): every Service and slice, or the run stops here.
+    let count = |cp: &ControlPlane| {
+        cp.with_admin(node, |client| {
+            Box::pin(async move {
+                let lp = kube::api::ListParams::default();
+                let svcs = Api::<Service>::namespaced(client.clone(), "default");
+                let slices = Api::<EndpointSlice>::namespaced(client, "default");
+                (
+                    svcs.list_metadata(&lp).await.unwrap().items.len(),
+                    slices.list_metadata(&lp).await.unwrap().items.len(),
+                )
+            })
+        })
+    };
+    let mut counts = count(cp);
+    while (counts.0 <= n || counts.1 < n) && t0.elapsed() < Duration::from_secs(180) {
+        std::thread::sleep(Duration::from_secs(2));
+        counts = count(cp);
+    }
+    assert!(
+        counts.0 > n && counts.1 >= n,
+        "the API server serves {} Services and {} slices of the {n} written to etcd",
+        counts.0,
+        counts.1
+    );
+    eprintln!(
+        "side by side: {n} Services, their IPAddresses and slices written to etcd ({written} keys) and served in {:?}",
+        t0.elapsed()
+    );
+    create_node(cp, node);
+}
+
+/// The Node `node1`, with the node's InternalIP.
+fn create_node(cp: &ControlPlane, node: &NetNs) {
     cp.with_admin(node, |client| {
         Box::pin(async move {
             let node: Node = serde_json::from_value(serde_json::json!({
@@ -411,16 +504,19 @@ pub fn side_by_side_rows(
 ) -> (Vec<&'static str>, Option<Duration>) {
     let eps = shape.endpoints;
     let a = Cluster::new();
-    // 100k Services need more ClusterIPs than the usual /16 holds.
-    let cp = if shape.services > 60_000 {
-        ControlPlane::start_with_service_cidr(
+    // 100k Services need more ClusterIPs than the usual /16 holds; written to etcd.
+    let cp = if shape.services > SEED_ABOVE {
+        let cp = ControlPlane::start_with_service_cidr(
             &a.node,
             netlink_tests::controlplane::LARGE_SERVICE_CIDR,
-        )
+        );
+        seed_workload(&cp, &a.node, shape);
+        cp
     } else {
-        ControlPlane::start(&a.node)
+        let cp = ControlPlane::start(&a.node);
+        create_workload(&cp, &a.node, shape);
+        cp
     };
-    create_workload(&cp, &a.node, shape);
     // Each proxy alone until its first sync.
     let mut upstreams = Vec::new();
     let mut cold = Vec::new();
@@ -665,7 +761,7 @@ fn api_rss_row(table: &mut Table, shape: Shape, first: FirstSync, now: Usage, ch
 
 /// One-endpoint changes per side-by-side workload: the p99 of issue #36 is the slowest of
 /// them.
-const CHANGES: usize = 30;
+pub const CHANGES: usize = 30;
 /// How far apart ours' CPU per change through the API may be across the sizes.
 const CPU_SPREAD: f64 = 2.0;
 
@@ -703,7 +799,7 @@ pub fn side_by_side_all(table: &mut Table, workloads: &[Workload]) {
             .copied()
             .filter(|m| with_upstream && !skipped.iter().any(|(s, _)| s == m))
             .collect();
-        // A workload of ours alone (100k × 10: 200k objects created through the API) is
+        // A workload of ours alone (100k × 10: 300k objects written to etcd) is
         // the last and longest: its failure is a row, not the loss of every row before.
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut rows = Table::default();
