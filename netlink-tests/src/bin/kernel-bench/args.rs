@@ -3,7 +3,7 @@
 /// The modes and options kernel-bench understands; anything else prints this and exits, so a
 /// mistyped flag (or `--help`) never starts the ~25-minute full run.
 pub const USAGE: &str = "usage: kernel-bench [--quick] [MODE]
-modes (default: the full run, ~25 min):
+modes (default: the full run, ~30 min):
   --side-by-side-only            ours vs upstream for each source
   --side-by-side-shape NxE [--ours-only]
   --churn-only [SECONDS] [NxE]   ours alone through the real apiserver (default 10000x10;
@@ -108,7 +108,7 @@ pub enum Mode {
 impl Mode {
     /// The baselines the mode execs, checked before anything runs: a missing one found when
     /// its row comes up loses every row measured before it (the full run prints its table
-    /// at the end, ~25 min in).
+    /// at the end, ~30 min in).
     pub fn tools(self) -> &'static [&'static str] {
         match self {
             Mode::Ipvs { .. } => &["ipvsadm"],
@@ -287,7 +287,7 @@ const fn ours_alone(services: usize, endpoints: usize, churn_secs: u64) -> Workl
 }
 
 impl Sizes {
-    /// The full run's sizes (~25 min).
+    /// The full run's sizes (~30 min: 100k × 10 through the API adds ~5).
     pub const FULL: Sizes = Sizes {
         // 10k × 10 and 100k × 10 are followed by the churn row, with ours alone; 5k × 50 is
         // the shape of kubernetes/kubernetes#135639. 100k × 10 is ours alone (upstream's
