@@ -344,17 +344,10 @@ impl Eq for Lineage {}
 /// The state as every mode sees it with upstream's `AllowServiceExternalIPs` gate off: no
 /// service port has externalIPs (upstream's `ServicePort.ExternalIPs()` answers none then,
 /// so no proxier, conntrack cleanup or health check sees them). Ports without externalIPs
-/// keep their `Arc`, so a partial sync still finds them unchanged. Pure.
+/// keep their `Arc`, so a partial sync still finds them unchanged. One state alone; the
+/// daemon's relay follows a sequence of states with [`ExternalIpsOff`]. Pure.
 pub fn without_external_ips(state: &ProxyState) -> ProxyState {
-    let mut out = state.clone();
-    for (spn, sp) in state.services.iter() {
-        if !sp.external_ips.is_empty() {
-            let mut p = (**sp).clone();
-            p.external_ips.clear();
-            out.services.insert(spn.clone(), Arc::new(p));
-        }
-    }
-    out
+    ExternalIpsOff::default().apply(state)
 }
 
 /// [`without_external_ips`] for a sequence of states, in proportion to what changed: the
@@ -371,7 +364,8 @@ pub struct ExternalIpsOff {
 }
 
 impl ExternalIpsOff {
-    /// `state` without externalIPs (equal to [`without_external_ips`] of it).
+    /// `state` without externalIPs: the same as a fresh one would give, where the first
+    /// state walks every port and the later ones follow the diff.
     pub fn apply(&mut self, state: &ProxyState) -> ProxyState {
         let stripped = match self.last.take() {
             Some((prev, mut stripped)) => {

@@ -1,7 +1,7 @@
 //! kernel-bench's command line, parsed once into what to run and at which sizes (pure).
 
 /// The modes and options kernel-bench understands; anything else prints this and exits, so a
-/// mistyped flag (or `--help`) never starts the ~25-minute full run.
+/// mistyped flag (or `--help`) never starts the ~30-minute full run.
 pub const USAGE: &str = "usage: kernel-bench [--quick] [MODE]
 modes (default: the full run, ~30 min):
   --side-by-side-only            ours vs upstream for each source
@@ -84,7 +84,8 @@ pub enum Mode {
     SideBySide,
     /// One workload against upstream's nftables mode, or ours alone (`--ours-only`).
     SideBySideShape { shape: Shape, ours_only: bool },
-    /// Ours alone at 10k × 10 against the real apiserver, then `secs` seconds of churn.
+    /// Ours alone with `shape` (10k × 10 unless given) against the real apiserver, then
+    /// `secs` seconds of churn.
     Churn { secs: u64, shape: Shape },
     /// The manifest daemon rows: `services` alone, or 10k with churn and the realistic
     /// manifests.

@@ -398,7 +398,7 @@ fn seed_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
     let written = cp.seed_etcd(node, objects);
     // What the API server serves from them once its watch caches have caught up (at most
     // 180 s): every Service and slice, or the run stops here.
-    let count = |cp: &ControlPlane| {
+    let count = || {
         cp.with_admin(node, |client| {
             Box::pin(async move {
                 let lp = kube::api::ListParams::default();
@@ -411,10 +411,10 @@ fn seed_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
             })
         })
     };
-    let mut counts = count(cp);
+    let mut counts = count();
     while (counts.0 <= n || counts.1 < n) && t0.elapsed() < Duration::from_secs(180) {
         std::thread::sleep(Duration::from_secs(2));
-        counts = count(cp);
+        counts = count();
     }
     assert!(
         counts.0 > n && counts.1 >= n,
