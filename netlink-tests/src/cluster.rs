@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ns::{sh, NetNs};
+use crate::ns::NetNs;
 
 pub const NODE_IP: &str = "192.168.50.1";
 pub const NODE_IP6: &str = "fd00:50::1";
@@ -46,12 +46,11 @@ pub struct Pod<'a> {
     pub ip6: IpAddr,
 }
 
-fn write_sysctl(ns: &NetNs, key: &str, val: &str) {
-    ns.sh(&format!("echo {val} > /proc/sys/{key}"));
-}
-
 impl Cluster {
     /// Builds node, node2 and ext. Pods are added with [`add_pod`](Self::add_pod).
+    /// Each namespace is set up by one `ip -batch` (see [`NetNs::ip_batch`]); IPv6 lines
+    /// name their family by their addresses (`::/0` for the default route), as a batch
+    /// line takes no `-6`.
     pub fn new() -> Cluster {
         crate::ns::require_root();
         let node = NetNs::new("node");
@@ -60,45 +59,55 @@ impl Cluster {
         let dir = std::env::temp_dir().join(format!("nlp-{}", node.name));
         std::fs::create_dir_all(&dir).unwrap();
         for ns in [&node, &node2] {
-            write_sysctl(ns, "net/ipv4/ip_forward", "1");
-            write_sysctl(ns, "net/ipv6/conf/all/forwarding", "1");
+            ns.write_sysctl("net/ipv4/ip_forward", "1");
+            ns.write_sysctl("net/ipv6/conf/all/forwarding", "1");
         }
         for ns in [&node, &ext, &node2] {
-            write_sysctl(ns, "net/ipv6/conf/default/accept_dad", "0");
+            ns.write_sysctl("net/ipv6/conf/default/accept_dad", "0");
         }
-        // node <-> ext
-        sh(&format!(
-            "ip link add eth-ext netns {} type veth peer name eth0 netns {}",
-            node.name, ext.name
-        ));
-        node.ip("link set eth-ext up");
-        node.ip(&format!("addr add {NODE_IP}/24 dev eth-ext"));
-        node.ip(&format!("addr add {NODE_IP6}/64 dev eth-ext nodad"));
-        ext.ip("link set eth0 up");
-        ext.ip(&format!("addr add {EXT_IP}/24 dev eth0"));
-        ext.ip(&format!("addr add {EXT_IP_OTHER}/24 dev eth0"));
-        ext.ip(&format!("addr add {EXT_IP6}/64 dev eth0 nodad"));
-        ext.ip(&format!("route add default via {NODE_IP}"));
-        ext.ip(&format!("-6 route add default via {NODE_IP6}"));
-        // node <-> node2
-        sh(&format!(
-            "ip link add eth-n2 netns {} type veth peer name eth0 netns {}",
-            node.name, node2.name
-        ));
-        node.ip("link set eth-n2 up");
-        node.ip(&format!("addr add {NODE_TO_NODE2_IP}/24 dev eth-n2"));
-        node.ip("addr add fd00:60::1/64 dev eth-n2 nodad");
-        node.ip("route add 10.244.2.0/24 via 192.168.60.2");
-        // Real nodes have a default route; without one, traffic to an unprogrammed ClusterIP
-        // fails routing before the filter hooks see it.
-        node.ip(&format!("route add default via {EXT_IP}"));
-        node.ip(&format!("-6 route add default via {EXT_IP6}"));
-        node.ip("-6 route add fd00:10:244:2::/64 via fd00:60::2");
-        node2.ip("link set eth0 up");
-        node2.ip("addr add 192.168.60.2/24 dev eth0");
-        node2.ip("addr add fd00:60::2/64 dev eth0 nodad");
-        node2.ip("route add default via 192.168.60.1");
-        node2.ip("-6 route add default via fd00:60::1");
+        // node <-> ext, node <-> node2
+        crate::ns::ip_batch(
+            &[],
+            &[
+                format!(
+                    "link add eth-ext netns {} type veth peer name eth0 netns {}",
+                    node.name, ext.name
+                ),
+                format!(
+                    "link add eth-n2 netns {} type veth peer name eth0 netns {}",
+                    node.name, node2.name
+                ),
+            ],
+        );
+        node.ip_batch(&[
+            "link set eth-ext up".into(),
+            format!("addr add {NODE_IP}/24 dev eth-ext"),
+            format!("addr add {NODE_IP6}/64 dev eth-ext nodad"),
+            "link set eth-n2 up".into(),
+            format!("addr add {NODE_TO_NODE2_IP}/24 dev eth-n2"),
+            "addr add fd00:60::1/64 dev eth-n2 nodad".into(),
+            "route add 10.244.2.0/24 via 192.168.60.2".into(),
+            // Real nodes have a default route; without one, traffic to an unprogrammed
+            // ClusterIP fails routing before the filter hooks see it.
+            format!("route add default via {EXT_IP}"),
+            format!("route add ::/0 via {EXT_IP6}"),
+            "route add fd00:10:244:2::/64 via fd00:60::2".into(),
+        ]);
+        ext.ip_batch(&[
+            "link set eth0 up".into(),
+            format!("addr add {EXT_IP}/24 dev eth0"),
+            format!("addr add {EXT_IP_OTHER}/24 dev eth0"),
+            format!("addr add {EXT_IP6}/64 dev eth0 nodad"),
+            format!("route add default via {NODE_IP}"),
+            format!("route add ::/0 via {NODE_IP6}"),
+        ]);
+        node2.ip_batch(&[
+            "link set eth0 up".into(),
+            "addr add 192.168.60.2/24 dev eth0".into(),
+            "addr add fd00:60::2/64 dev eth0 nodad".into(),
+            "route add default via 192.168.60.1".into(),
+            "route add ::/0 via fd00:60::1".into(),
+        ]);
         Cluster {
             node,
             ext,
@@ -114,26 +123,32 @@ impl Cluster {
         let pod = NetNs::new("pod");
         self.veths += 1;
         let v = format!("vpod{}", self.veths);
-        sh(&format!(
-            "ip link add {v} netns {} type veth peer name eth0 netns {}",
-            self.node.name, pod.name
-        ));
+        pod.write_sysctl("net/ipv6/conf/default/accept_dad", "0");
+        crate::ns::ip_batch(
+            &[],
+            &[format!(
+                "link add {v} netns {} type veth peer name eth0 netns {}",
+                self.node.name, pod.name
+            )],
+        );
         let ip = format!("10.244.1.{n}");
         let ip6 = format!("fd00:10:244:1::{n}");
-        write_sysctl(&pod, "net/ipv6/conf/default/accept_dad", "0");
-        self.node.ip(&format!("link set {v} up"));
-        self.node.ip(&format!("addr add {POD_GW}/32 dev {v}"));
-        self.node
-            .ip(&format!("addr add fd00:10:244:1::1/128 dev {v} nodad"));
-        self.node.ip(&format!("route add {ip}/32 dev {v}"));
-        self.node.ip(&format!("-6 route add {ip6}/128 dev {v}"));
-        pod.ip("link set eth0 up");
-        pod.ip(&format!("addr add {ip}/32 dev eth0"));
-        pod.ip(&format!("addr add {ip6}/128 dev eth0 nodad"));
-        pod.ip(&format!("route add {POD_GW} dev eth0"));
-        pod.ip(&format!("route add default via {POD_GW}"));
-        pod.ip("-6 route add fd00:10:244:1::1 dev eth0");
-        pod.ip("-6 route add default via fd00:10:244:1::1");
+        self.node.ip_batch(&[
+            format!("link set {v} up"),
+            format!("addr add {POD_GW}/32 dev {v}"),
+            format!("addr add fd00:10:244:1::1/128 dev {v} nodad"),
+            format!("route add {ip}/32 dev {v}"),
+            format!("route add {ip6}/128 dev {v}"),
+        ]);
+        pod.ip_batch(&[
+            "link set eth0 up".into(),
+            format!("addr add {ip}/32 dev eth0"),
+            format!("addr add {ip6}/128 dev eth0 nodad"),
+            format!("route add {POD_GW} dev eth0"),
+            format!("route add default via {POD_GW}"),
+            "route add fd00:10:244:1::1 dev eth0".into(),
+            "route add ::/0 via fd00:10:244:1::1".into(),
+        ]);
         self.pods.push(pod);
         self.pods.len() - 1
     }

@@ -503,8 +503,14 @@ impl Drop for Upstream {
     }
 }
 
-/// Waits (bounded) until `done` holds in `ns`'s ruleset dump `cmd`, failing at once when
-/// upstream exits.
+/// How long upstream may take to program [`objects`]. On the host it takes seconds. In the
+/// IPVS tests' emulated VM, v1.37.2's IPVS mode runs `ipset add` once per set entry, each
+/// process ~0.1-0.3 s there, and its IPv6 proxier starts only once the IPv4 one has finished
+/// its first sync (the metaproxier calls them in turn): IPv6 was still unprogrammed 60 s on.
+const UPSTREAM_PROGRAM_WAIT: Duration = Duration::from_secs(240);
+
+/// Waits (bounded by [`UPSTREAM_PROGRAM_WAIT`]) until `done` holds in `ns`'s ruleset dump
+/// `cmd`, failing at once when upstream exits.
 pub fn wait_programmed(
     ns: &NetNs,
     cmd: &str,
@@ -524,8 +530,8 @@ pub fn wait_programmed(
             );
         }
         assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "never programmed ({cmd}):\n{out}\n{}",
+            t0.elapsed() < UPSTREAM_PROGRAM_WAIT,
+            "never programmed ({cmd}) within {UPSTREAM_PROGRAM_WAIT:?}:\n{out}\n{}",
             upstream.log_text()
         );
         std::thread::sleep(Duration::from_millis(250));

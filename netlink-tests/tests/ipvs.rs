@@ -42,9 +42,13 @@ fn ipvs_mode_in_a_vm() {
         cmd.arg("--share").arg(upstream);
     }
     let filter = std::env::var("KNP_VM_TESTS").unwrap_or_else(|_| "guest::".into());
-    cmd.args(["--env", &format!("{IN_VM}=1"), "--timeout", "1200", "--"])
+    // Two tests at a time on the guest's two virtual CPUs (each its own namespaces, as on
+    // the host): without KVM every process is emulated, and one at a time the suite took
+    // 950-1200 s.
+    cmd.args(["--env", &format!("{IN_VM}=1"), "--timeout", "1200"])
+        .args(["--smp", "2", "--mem", "2048", "--"])
         .arg(&exe)
-        .args(["--include-ignored", "--test-threads=1", &filter]);
+        .args(["--include-ignored", "--test-threads=2", &filter]);
     let t0 = std::time::Instant::now();
     let st = cmd.status().unwrap_or_else(|e| {
         panic!(

@@ -4,7 +4,7 @@
 # development and CI machines' kernels lack. The guest's exit status becomes ours.
 #
 #   run-in-vm.sh --setup                         # download + build the cached guest only
-#   run-in-vm.sh [--share DIR]... [--env NAME=VAL]... [--timeout S] [--mem MB] -- CMD ARGS...
+#   run-in-vm.sh [--share DIR]... [--env NAME=VAL]... [--timeout S] [--mem MB] [--smp N] -- CMD ARGS...
 #
 # --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
 # guest's working directory is $PWD when it lies inside a share. The guest has busybox,
@@ -18,7 +18,9 @@
 set -euo pipefail
 
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
-MEM=1024 TIMEOUT=900 SETUP_ONLY=0
+# Without KVM (the CI machines have none) qemu emulates the CPU, one host thread per
+# virtual CPU: two let the test, the daemon and its helpers run side by side.
+MEM=1024 TIMEOUT=900 SETUP_ONLY=0 SMP=2
 SHARES=() ENVS=()
 STAMP=10
 
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --share) SHARES+=("$(realpath "$2")"); shift 2;;
     --env) ENVS+=("$2"); shift 2;;
     --mem) MEM=$2; shift 2;;
+    --smp) SMP=$2; shift 2;;
     --timeout) TIMEOUT=$2; shift 2;;
     --setup) SETUP_ONLY=1; shift;;
     --) shift; break;;
@@ -207,7 +210,7 @@ accel=(-accel tcg,thread=multi -cpu max)
 if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then accel=(-accel kvm -cpu host); fi
 KERNEL=$CACHE/vmlinux; [ -f "$KERNEL" ] || KERNEL=$CACHE/vmlinuz
 args=(qemu-system-x86_64 -nodefaults -no-user-config -display none -vga none -no-reboot
-  "${accel[@]}" -m "$MEM" -smp 1 -M pc -chardev stdio,id=con,signal=off -serial chardev:con
+  "${accel[@]}" -m "$MEM" -smp "$SMP" -M pc -chardev stdio,id=con,signal=off -serial chardev:con
   -kernel "$KERNEL" -initrd "$WORK/initrd.cpio"
   -append "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic rdinit=/init mitigations=off tsc=reliable no_timer_check 8250.nr_uarts=1 random.trust_cpu=on")
 for i in "${!SHARES[@]}"; do args+=(-virtfs "local,path=${SHARES[$i]},mount_tag=share$i,security_model=none,id=fs$i"); done
