@@ -161,7 +161,7 @@ fn send_through(args: &[&str]) -> (usize, String, String) {
         udp: false,
     });
     c.node
-        .sh("echo 0 > /proc/sys/net/netfilter/nf_conntrack_tcp_loose");
+        .write_sysctl("net/netfilter/nf_conntrack_tcp_loose", "0");
     let _d = c.start_daemon(&scenario::web_yaml_with("", &[LOCAL_EP], false), args);
     let (tx, rx) = mpsc::channel();
     let arrivals = count_arrivals(&c.pods[0], Duration::from_millis(800), tx);

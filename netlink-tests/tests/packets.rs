@@ -966,8 +966,7 @@ EOF"#,
     d.wait_for_log("synced", 1);
     // (the emptied chain itself goes at a later sync, as every stale chain)
     assert!(!c.ruleset("ip").contains("jump localnet-guard"));
-    c.node
-        .sh("echo 1 > /proc/sys/net/ipv4/conf/all/route_localnet");
+    c.node.write_sysctl("net/ipv4/conf/all/route_localnet", "1");
     assert_eq!(inject(45002), 1, "control: without the guard it gets in");
 }
 
