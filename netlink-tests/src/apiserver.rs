@@ -114,10 +114,10 @@ fn matches(obj: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
     true
 }
 
+/// One watch event's line, `type` first as the API server writes it (apimachinery's
+/// `WatchEvent` struct in field order; `json!` would sort the keys).
 fn line(ty: &str, obj: &Value) -> Bytes {
-    let mut s = serde_json::to_vec(&json!({"type": ty, "object": obj})).unwrap();
-    s.push(b'\n');
-    Bytes::from(s)
+    Bytes::from(format!("{{\"type\":{},\"object\":{obj}}}\n", json!(ty)))
 }
 
 async fn collection(

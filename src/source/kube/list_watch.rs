@@ -39,9 +39,9 @@ pub fn describe_watch_error(e: &watcher::Error) -> String {
     }
 }
 
-/// A watcher's stream of untyped objects.
-pub(super) type EventStream =
-    futures::stream::BoxStream<'static, watcher::Result<Event<DynamicObject>>>;
+/// A watcher's stream of objects, each decoded or named with why it was not.
+pub(super) type EventStream<K> =
+    futures::stream::BoxStream<'static, watcher::Result<Event<Lenient<K>>>>;
 
 /// Whether `e`, before a streaming list finished, says the server does not serve watch-list:
 /// an API server without the WatchList feature (before 1.32, 1.33 by default, or disabled)
@@ -93,14 +93,14 @@ pub(super) enum Fallback<'a> {
 /// completed, or when the list does not end within `wait` (a server that ignores the
 /// parameter; client-go waits forever there). `streaming` and `listing` build the two
 /// watchers; the only effects are the log line and the clock.
-pub fn with_list_fallback(
+pub fn with_list_fallback<K: Send + 'static>(
     kind: &'static str,
-    streaming: EventStream,
-    listing: impl FnOnce() -> EventStream + Send + 'static,
+    streaming: EventStream<K>,
+    listing: impl FnOnce() -> EventStream<K> + Send + 'static,
     wait: EndWait,
-) -> EventStream {
+) -> EventStream<K> {
     use tokio::time::Instant;
-    let listing: Option<Box<dyn FnOnce() -> EventStream + Send>> = Some(Box::new(listing));
+    let listing: Option<Box<dyn FnOnce() -> EventStream<K> + Send>> = Some(Box::new(listing));
     // (when the first streaming list started, the last initial object) while one runs.
     let clock: Option<(Instant, Instant)> = None;
     stream::unfold(
@@ -178,11 +178,20 @@ pub(super) fn log_fallback(kind: &str, why: Fallback<'_>, wait: EndWait) {
 }
 
 /// [`with_list_fallback`] over the API: `kind`'s objects selected by `cfg`.
-pub(super) fn list_and_watch(
+pub(super) fn list_and_watch<K>(
     kind: &'static str,
-    api: Api<DynamicObject>,
+    api: Api<Lenient<K>>,
     cfg: watcher::Config,
-) -> EventStream {
+) -> EventStream<K>
+where
+    K: Resource<DynamicType = ()>
+        + serde::de::DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let streaming = watcher(api.clone(), cfg.clone().streaming_lists()).boxed();
     with_list_fallback(kind, streaming, move || watcher(api, cfg).boxed(), END_WAIT)
 }

@@ -16,7 +16,6 @@ use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
-use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -34,12 +33,14 @@ use crate::source::convert::{
 
 mod events;
 mod first_sync;
+mod lenient;
 mod list_watch;
 mod pacer;
 mod store;
 
 pub use events::*;
 use first_sync::*;
+pub use lenient::Lenient;
 pub use list_watch::*;
 use pacer::*;
 pub use store::*;
@@ -150,13 +151,13 @@ pub async fn run(
 /// warnings reported ([`reported`]), as updates (`wrap`).
 fn converted<K, V>(
     kind: &'static str,
-    watch: EventStream,
+    watch: EventStream<K>,
     events: &Option<mpsc::UnboundedSender<Warning>>,
     convert: impl Fn(&K, &mut Vec<ObjectWarning>) -> V + Clone + Send + Sync + 'static,
     wrap: fn(Change<V>) -> Update,
 ) -> futures::stream::BoxStream<'static, watcher::Result<Update>>
 where
-    K: Resource + for<'a> serde::Deserialize<'a>,
+    K: Resource + Send + 'static,
     V: Send + 'static,
 {
     let events = events.clone();
@@ -178,7 +179,7 @@ where
 /// The ServiceCIDR watch: an API server before 1.33 answers 404 forever; say so once, then
 /// keep retrying quietly (an upgrade makes them appear).
 fn service_cidrs(
-    watch: EventStream,
+    watch: EventStream<ServiceCIDR>,
     events: Option<mpsc::UnboundedSender<Warning>>,
 ) -> futures::stream::BoxStream<'static, watcher::Result<Update>> {
     watch
@@ -252,15 +253,13 @@ fn watch_streams(
     node: &str,
     events: &Option<mpsc::UnboundedSender<Warning>>,
 ) -> futures::stream::BoxStream<'static, Vec<watcher::Result<Update>>> {
-    let api = |ar: ApiResource| Api::<DynamicObject>::all_with(client.clone(), &ar);
+    fn api<K: Resource<DynamicType = ()>>(client: &Client) -> Api<Lenient<K>> {
+        Api::all(client.clone())
+    }
     let cfg = watcher::Config::default().labels(SELECTOR);
     let svc = converted(
         "Service",
-        list_and_watch(
-            "Services",
-            api(ApiResource::erase::<Service>(&())),
-            cfg.clone(),
-        ),
+        list_and_watch("Services", api::<Service>(client), cfg.clone()),
         events,
         service_ports,
         Update::Service,
@@ -269,11 +268,7 @@ fn watch_streams(
     let here: ArcStr = node.into();
     let eps = converted(
         "EndpointSlice",
-        list_and_watch(
-            "EndpointSlices",
-            api(ApiResource::erase::<EndpointSlice>(&())),
-            cfg,
-        ),
+        list_and_watch("EndpointSlices", api::<EndpointSlice>(client), cfg),
         events,
         move |o: &EndpointSlice, w: &mut Vec<ObjectWarning>| convert_slice(o, &here, w),
         Update::Slice,
@@ -282,7 +277,7 @@ fn watch_streams(
         "Node",
         list_and_watch(
             "Nodes",
-            api(ApiResource::erase::<Node>(&())),
+            api::<Node>(client),
             watcher::Config::default().fields(&format!("metadata.name={node}")),
         ),
         events,
@@ -295,7 +290,7 @@ fn watch_streams(
     let cidrs = service_cidrs(
         list_and_watch(
             "ServiceCIDRs",
-            api(ApiResource::erase::<ServiceCIDR>(&())),
+            api::<ServiceCIDR>(client),
             watcher::Config::default(),
         ),
         events.clone(),
@@ -350,6 +345,7 @@ pub async fn client(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
 
     fn svc(name: &str) -> Service {
         let mut s = Service::default();
@@ -687,12 +683,13 @@ mod tests {
         assert_eq!(crate::model::count_changes(&first, &second), (0, 1));
     }
 
-    fn dynamic(json: serde_json::Value) -> DynamicObject {
-        serde_json::from_value(json).unwrap()
+    /// A Service as the API server's text would decode: typed, or named with its error.
+    fn lenient(json: serde_json::Value) -> Lenient<Service> {
+        serde_json::from_str(&json.to_string()).unwrap()
     }
 
-    fn web(port: serde_json::Value) -> DynamicObject {
-        dynamic(serde_json::json!({
+    fn web(port: serde_json::Value) -> Lenient<Service> {
+        lenient(serde_json::json!({
             "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "web", "namespace": "ns"},
             "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": port}]}
@@ -754,7 +751,7 @@ mod tests {
         // A relist where web has become undecodable and another Service appeared: web keeps
         // its last known version, the other one applies.
         let mut other = web(serde_json::json!(53));
-        other.metadata.name = Some("dns".into());
+        other.meta_mut().name = Some("dns".into());
         for ev in [
             Event::Init,
             Event::InitApply(web(serde_json::json!("eighty"))),
@@ -802,15 +799,16 @@ mod tests {
         watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(s)))
     }
 
-    fn obj(name: &str) -> DynamicObject {
-        let mut o = DynamicObject::new(name, &ApiResource::erase::<Service>(&()));
+    fn obj(name: &str) -> Lenient<Service> {
+        let mut o = Service::default();
+        o.metadata.name = Some(name.into());
         o.metadata.namespace = Some("ns".into());
-        o
+        Lenient::Decoded(o)
     }
 
     /// What a stream yields, as short labels (on a runtime with a clock: the fallback's
     /// wait uses it). A stream that does not end within 10 s fails the test.
-    fn labels(s: EventStream) -> Vec<String> {
+    fn labels(s: EventStream<Service>) -> Vec<String> {
         let limit = std::time::Duration::from_secs(10);
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -822,10 +820,10 @@ mod tests {
             .into_iter()
             .map(|r| match r {
                 Ok(Event::Init) => "init".to_string(),
-                Ok(Event::InitApply(o)) => format!("list {}", o.metadata.name.unwrap()),
+                Ok(Event::InitApply(o)) => format!("list {}", o.name_any()),
                 Ok(Event::InitDone) => "done".into(),
-                Ok(Event::Apply(o)) => format!("apply {}", o.metadata.name.unwrap()),
-                Ok(Event::Delete(o)) => format!("delete {}", o.metadata.name.unwrap()),
+                Ok(Event::Apply(o)) => format!("apply {}", o.name_any()),
+                Ok(Event::Delete(o)) => format!("delete {}", o.name_any()),
                 Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) => {
                     format!("error {}", s.code)
                 }
@@ -834,7 +832,7 @@ mod tests {
             .collect()
     }
 
-    fn events(items: Vec<watcher::Result<Event<DynamicObject>>>) -> EventStream {
+    fn events(items: Vec<watcher::Result<Event<Lenient<Service>>>>) -> EventStream<Service> {
         stream::iter(items).boxed()
     }
 
@@ -890,7 +888,7 @@ mod tests {
     }
 
     /// The list a fallback gets: `a` and `b`, then its end.
-    fn full_list() -> EventStream {
+    fn full_list() -> EventStream<Service> {
         events(vec![
             Ok(Event::Init),
             Ok(Event::InitApply(obj("a"))),

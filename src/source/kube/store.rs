@@ -36,26 +36,25 @@ impl<V> Change<V> {
 pub static UNDECODABLE_OBJECTS: std::sync::LazyLock<prometheus_client::metrics::counter::Counter> =
     std::sync::LazyLock::new(Default::default);
 
-/// Decodes one watcher event of untyped objects into `K` and converts each object with
-/// `convert`, object by object: a Service with `port: "eighty"` (schema skew with a newer
-/// API server, or a broken object) is named in a warning, counted, and skipped; every other
+/// Converts one watcher event's objects with `convert`, object by object: an object that
+/// did not decode as `K` (a Service with `port: "eighty"`: schema skew with a newer API
+/// server, or a broken object) is named in a warning, counted, and skipped; every other
 /// object of its list still applies. The decoded object is dropped after conversion: the
 /// stores keep what the model needs, not the object. Pure but for the log line and the
 /// counter.
 pub fn decode_event<K, V>(
     kind: &str,
-    ev: Event<DynamicObject>,
+    ev: Event<Lenient<K>>,
     convert: impl Fn(&K) -> V,
 ) -> Option<Change<V>>
 where
-    K: Resource + for<'a> serde::Deserialize<'a>,
+    K: Resource,
 {
-    let key = |o: &DynamicObject| key_of(o);
-    let parse = |o: DynamicObject| -> Result<(Key, V), (Key, String)> {
-        let k = key(&o);
-        match o.try_parse::<K>() {
+    let parse = |o: Lenient<K>| -> Result<(Key, V), (Key, String)> {
+        let k = key_of(&o);
+        match o.decoded() {
             Ok(obj) => Ok((k, convert(&obj))),
-            Err(e) => Err((k, e.to_string())),
+            Err(e) => Err((k, e)),
         }
     };
     let skipped = |(k, e): (Key, String), what: &str| {
@@ -78,7 +77,7 @@ where
                 return None;
             }
         },
-        Event::Delete(o) => Change::Delete(key(&o)),
+        Event::Delete(o) => Change::Delete(key_of(&o)),
     })
 }
 
