@@ -286,7 +286,7 @@ impl SyncHooks for Hooks {
 /// another node, so anything may have changed).
 struct SinceSynced<'a> {
     prev: &'a ProxyState,
-    ports: std::collections::BTreeSet<&'a crate::model::ServicePortName>,
+    ports: Vec<&'a crate::model::ServicePortName>,
 }
 
 fn since<'a>(prev: Option<&'a ProxyState>, state: &'a ProxyState) -> Option<SinceSynced<'a>> {
@@ -361,6 +361,51 @@ mod tests {
             has_node_port
         ));
     }
+    /// A health-check plan kept from the last sync is replaced when a port it depends on
+    /// changes (its health-check port, its local endpoints) and kept otherwise: after every
+    /// sync it is what a fresh plan of the synced state would be.
+    #[tokio::test]
+    async fn a_kept_health_check_plan_is_replaced_when_its_port_changes() {
+        use crate::serve::service_health::plan_health_checks;
+        let mut hooks = Hooks::new(Shared::detached());
+        let ok = Ok(SyncStats::default());
+        // Ports above the NodePort range, unlikely to be taken on a test machine; a port
+        // that is taken only fails its server, the plan is the same.
+        let mut state = crate::model::fixtures::web_state(Some(30080));
+        let web = crate::model::fixtures::first_service_mut(&mut state);
+        web.health_check_node_port = Some(32_901);
+        web.external_policy_local = true;
+        let ports = |h: &Hooks| h.hc_plan.keys().copied().collect::<Vec<_>>();
+        hooks.synced(&state, &ok, Duration::ZERO);
+        assert_eq!(ports(&hooks), [32_901]);
+        assert_eq!(hooks.hc_plan[&32_901].local_endpoints_v4, 1);
+        // The health-check port moves.
+        let mut moved = state.clone();
+        crate::model::fixtures::first_service_mut(&mut moved).health_check_node_port = Some(32_902);
+        hooks.synced(&moved, &ok, Duration::ZERO);
+        assert_eq!(ports(&hooks), [32_902]);
+        // Its local endpoint goes away: the count follows.
+        let mut no_local = moved.clone();
+        crate::model::fixtures::first_endpoints_mut(&mut no_local).retain(|e| !e.is_local);
+        hooks.synced(&no_local, &ok, Duration::ZERO);
+        assert_eq!(hooks.hc_plan[&32_902].local_endpoints_v4, 0);
+        assert_eq!(hooks.hc_plan, plan_health_checks(&no_local));
+        // A change elsewhere keeps the plan, which is still the fresh one.
+        let mut other = no_local.clone();
+        let mut api = (**other.services.values().next().unwrap()).clone();
+        api.name.name = "api".into();
+        api.health_check_node_port = None;
+        other.services.insert(api.name.clone(), Arc::new(api));
+        hooks.synced(&other, &ok, Duration::ZERO);
+        assert_eq!(hooks.hc_plan, plan_health_checks(&other));
+        // Policy Cluster: no health check at all.
+        let mut cluster = other.clone();
+        let web = state.services.keys().next().unwrap();
+        Arc::make_mut(cluster.services.get_mut(web).unwrap()).external_policy_local = false;
+        hooks.synced(&cluster, &ok, Duration::ZERO);
+        assert!(hooks.hc_plan.is_empty());
+    }
+
     use std::sync::Mutex;
 
     /// Log output, captured.

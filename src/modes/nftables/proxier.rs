@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::{render, Family, Nftables, Transaction};
-use crate::model::{NodeInfo, OrdMap, ProxyState, ServicePortName};
+use crate::model::{NodeInfo, ProxyState, ServicePortName};
 use crate::proxy::conntrack::{reconcile_conntrack, Destinations};
 use crate::proxy::dead_endpoints::reset_dead_endpoint_connections;
 use crate::proxy::ruleset::Change;
@@ -229,7 +229,7 @@ impl<N: Nftables> NftablesProxier<N> {
         stats: &mut SyncStats,
     ) -> Result<(), SyncError> {
         let changed: Vec<ServicePortName> = match &self.last_state {
-            Some(prev) => changed_service_ports(prev, state)
+            Some(prev) => crate::model::changed_service_ports(prev, state)
                 .into_iter()
                 .cloned()
                 .collect(),
@@ -301,8 +301,6 @@ impl<N: Nftables> Proxier for NftablesProxier<N> {
     }
 }
 
-/// `cfg` with the cluster's service CIDRs: the configured ones and those of its ServiceCIDR
-/// objects. They live in the base fragment, so a change makes the next sync a full one.
 /// The config a sync of `state` runs with: the local detector resolved for its Node, the
 /// ServiceCIDRs added.
 pub(crate) fn resolved_config(opts: &crate::proxy::Options, state: &ProxyState) -> ProxierConfig {
@@ -310,172 +308,12 @@ pub(crate) fn resolved_config(opts: &crate::proxy::Options, state: &ProxyState) 
     with_service_cidrs(local.resolve(&opts.proxier, &state.node), state)
 }
 
+/// `cfg` with the cluster's service CIDRs: the configured ones and those of its ServiceCIDR
+/// objects. They live in the base fragment, so a change makes the next sync a full one.
 fn with_service_cidrs(mut cfg: ProxierConfig, state: &ProxyState) -> ProxierConfig {
     cfg.service_cidrs
         .extend(state.service_cidrs.iter().copied());
     cfg.service_cidrs.sort();
     cfg.service_cidrs.dedup();
     cfg
-}
-
-/// The change detector: service ports whose Service or endpoints differ between the last
-/// committed state and `state`, or that exist in only one of them, in order.
-///
-/// Each map is walked beside its predecessor. What the source left unchanged is the same
-/// allocation under the same key (a state's service ports and endpoint lists are shared
-/// with the states before it, see [`ProxyState`]), so an unchanged entry costs one pointer
-/// comparison and no key comparison: comparing keys (three strings each, scattered on the
-/// heap) was most of a one-endpoint change at 45k service ports.
-///
-/// When `state` names the service ports its source changed since `prev` (its
-/// [`crate::model::Lineage`]), only those are looked up and compared: at 45k service ports
-/// the walk over both states' maps was ~3.4 ms of a one-endpoint change, the lookups are
-/// microseconds.
-fn changed_service_ports<'a>(
-    prev: &'a ProxyState,
-    state: &'a ProxyState,
-) -> Vec<&'a ServicePortName> {
-    if std::ptr::eq(prev, state) {
-        return Vec::new();
-    }
-    if let Some(named) = state.changes_since(prev) {
-        return named
-            .iter()
-            .filter(|k| {
-                let programmed = prev.services.contains_key(*k) || state.services.contains_key(*k);
-                prev.services.get(*k) != state.services.get(*k)
-                    || (programmed && prev.endpoints_of(k) != state.endpoints_of(k))
-            })
-            .collect();
-    }
-    let services = changed_keys(&prev.services, &state.services, |_| true);
-    // An absent list and an empty one mean the same: no endpoints.
-    let endpoints = changed_keys(&prev.endpoints, &state.endpoints, |e| !e.is_empty());
-    let mut out = Vec::with_capacity(services.len() + endpoints.len());
-    let (mut s, mut e) = (services.into_iter().peekable(), endpoints.into_iter());
-    for k in e.by_ref() {
-        while s.peek().is_some_and(|x| *x < k) {
-            out.extend(s.next());
-        }
-        if s.peek() == Some(&k) {
-            s.next();
-        }
-        // Endpoints of a service port that neither state has change nothing.
-        if prev.services.contains_key(k) || state.services.contains_key(k) {
-            out.push(k);
-        }
-    }
-    out.extend(s);
-    out
-}
-
-/// The keys of two maps whose values differ, or that only one has (counted only when
-/// `counts` says its value matters): their diff, which skips every subtree the two maps
-/// share, so states that share all but a few paths compare in O(changes × log n).
-fn changed_keys<'a, V: Eq>(
-    prev: &'a OrdMap<ServicePortName, Arc<V>>,
-    next: &'a OrdMap<ServicePortName, Arc<V>>,
-    counts: impl Fn(&V) -> bool,
-) -> Vec<&'a ServicePortName> {
-    use imbl::ordmap::DiffItem;
-    prev.diff(next)
-        .filter_map(|d| match d {
-            DiffItem::Add(k, v) | DiffItem::Remove(k, v) => counts(v).then_some(k),
-            DiffItem::Update { new: (k, _), .. } => Some(k),
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::fixtures::synthetic_state;
-
-    #[test]
-    fn the_change_detector_reports_each_changed_service_port_once_and_nothing_else() {
-        let prev = synthetic_state(6, 2);
-        let keys: Vec<ServicePortName> = prev.services.keys().cloned().collect();
-        // A copy shares every service port and list: nothing changed.
-        assert!(changed_service_ports(&prev, &prev.clone()).is_empty());
-        // Equal content in new allocations is no change either.
-        let mut rebuilt = prev.clone();
-        rebuilt.services = prev
-            .services
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::new((**v).clone())))
-            .collect();
-        rebuilt.endpoints = prev
-            .endpoints
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::new((**v).clone())))
-            .collect();
-        assert!(changed_service_ports(&prev, &rebuilt).is_empty());
-        // An absent endpoint list and an empty one are the same.
-        let mut emptied = prev.clone();
-        emptied.endpoints.insert(keys[0].clone(), Arc::new(vec![]));
-        let mut absent = prev.clone();
-        absent.endpoints.remove(&keys[0]);
-        assert!(changed_service_ports(&emptied, &absent).is_empty());
-        // Removed, changed Service, changed endpoints (also on a removed one), added.
-        let mut next = prev.clone();
-        next.services.remove(&keys[1]);
-        next.endpoints.remove(&keys[1]);
-        Arc::make_mut(next.services.get_mut(&keys[2]).unwrap()).port = 81;
-        Arc::make_mut(next.endpoints.get_mut(&keys[4]).unwrap()).pop();
-        Arc::make_mut(next.services.get_mut(&keys[4]).unwrap()).port = 82;
-        let added = ServicePortName {
-            port: "extra".into(),
-            ..keys[5].clone()
-        };
-        next.services.insert(
-            added.clone(),
-            Arc::new(crate::model::ServicePort::new(
-                added.clone(),
-                "10.96.9.9".parse().unwrap(),
-                80,
-            )),
-        );
-        // Endpoints for a service port neither state has: nothing to program.
-        let orphan = ServicePortName {
-            name: "no-such-service".into(),
-            ..keys[0].clone()
-        };
-        next.endpoints
-            .insert(orphan, Arc::new(prev.endpoints[&keys[0]].to_vec()));
-        let mut want = vec![&keys[1], &keys[2], &keys[4], &added];
-        want.sort();
-        assert_eq!(changed_service_ports(&prev, &next), want);
-        let mut back = changed_service_ports(&next, &prev);
-        back.sort();
-        assert_eq!(back, want);
-    }
-
-    #[test]
-    fn a_state_that_names_its_changes_since_the_last_one_is_compared_there_only() {
-        use crate::model::Lineage;
-        let mut prev = synthetic_state(6, 2);
-        prev.lineage.generation = Lineage::next_generation();
-        let keys: Vec<ServicePortName> = prev.services.keys().cloned().collect();
-        let mut next = prev.clone();
-        next.lineage.generation = Lineage::next_generation();
-        Arc::make_mut(next.endpoints.get_mut(&keys[2]).unwrap()).pop();
-        Arc::make_mut(next.services.get_mut(&keys[4]).unwrap()).port = 81;
-        let names = |ks: &[&ServicePortName]| {
-            Some((
-                prev.lineage.generation,
-                Arc::new(ks.iter().map(|k| (*k).clone()).collect()),
-            ))
-        };
-        // Named: the changed ones and one that did not change (names are a superset).
-        next.lineage.changed_since = names(&[&keys[2], &keys[3], &keys[4]]);
-        assert_eq!(changed_service_ports(&prev, &next), [&keys[2], &keys[4]]);
-        // Only what is named is looked at: the names are the source's word.
-        next.lineage.changed_since = names(&[&keys[4]]);
-        assert_eq!(changed_service_ports(&prev, &next), [&keys[4]]);
-        // Names relative to another state are no use: everything is compared.
-        next.lineage.changed_since = Some((Lineage::next_generation(), Arc::default()));
-        assert_eq!(changed_service_ports(&prev, &next), [&keys[2], &keys[4]]);
-        // The same state again: nothing to compare.
-        assert!(changed_service_ports(&next, &next).is_empty());
-    }
 }

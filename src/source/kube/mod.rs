@@ -6,8 +6,9 @@
 //! state stays published and the watchers retry with backoff.
 //!
 //! This file holds the run loop, the four watches as one stream and the client; the stores
-//! are in `store.rs`, streaming lists in `list_watch.rs`, the first state's waits in
-//! `first_sync.rs`, the pacer in `pacer.rs` and object warnings as Events in `events.rs`.
+//! are in `store.rs`, each watched object's decoding in `lenient.rs`, streaming lists in
+//! `list_watch.rs`, the first state's waits in `first_sync.rs`, the pacer in `pacer.rs` and
+//! object warnings as Events in `events.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -246,8 +247,9 @@ fn state_now(stores: &mut Stores, node: &str, collisions: &mut CollisionTracker)
 }
 
 /// The API source's watches (Services, EndpointSlices, this node's Node, ServiceCIDRs) as
-/// one stream of updates, in batches as they are ready. Untyped watchers, decoded object by
-/// object: one undecodable object must not fail its whole list (and with it every sync).
+/// one stream of updates, in batches as they are ready. Each object is decoded on its own
+/// ([`Lenient`]): one undecodable object must not fail its whole list (and with it every
+/// sync).
 fn watch_streams(
     client: &Client,
     node: &str,
