@@ -26,8 +26,9 @@ use serde_json::value::RawValue;
 ///
 /// The text is reached without buffering because the API server writes a watch event's
 /// `type` before its `object` (apimachinery's `WatchEvent` struct, encoded by Go in field
-/// order) and a list's items in an array; an event written the other way round fails to
-/// decode as a whole, and the watcher retries it as any other decode error.
+/// order) and a list's items in an array. An event written the other way round (a proxy
+/// that re-encodes with sorted keys) is buffered by serde and decoded through a JSON tree
+/// instead: slower, with the same result.
 #[derive(Debug, Clone)]
 pub enum Lenient<K> {
     Decoded(K),
