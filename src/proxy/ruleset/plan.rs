@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::kernel::nft::{Chain, Element, Name, Op, Rule, Set, SharedElement, Transaction};
 use crate::model::ServicePortName;
-use crate::proxy::fxhash::FxHashMap;
+use crate::proxy::fxhash::{FxHashMap, FxHashSet};
 
 use super::index::{key_of, owner_of, same_data, ElemKey};
 use super::{Fragment, Ruleset};
@@ -38,13 +38,10 @@ fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&SharedElement>> {
     let mut groups: Vec<(&str, Vec<&SharedElement>)> = Vec::new();
     // A fragment's elements come in runs of one set: look the name up once per run.
     let mut last: Option<(&Name, usize)> = None;
+    let mut sent = FxHashSet::default();
     for f in rs.fragments() {
         for e in &f.elements {
-            let in_force = rs
-                .index
-                .in_force(&key_of(e))
-                .is_some_and(|k| SharedElement::ptr_eq(k, e));
-            if !in_force {
+            if !rs.index.sends(e, &mut sent) {
                 continue; // another contributor's copy, or another owner's data
             }
             let g = match last {

@@ -383,3 +383,41 @@ fn the_older_service_owns_a_shared_key_then_the_name_decides() {
         Some(Verdict::Goto("svc-a".into()))
     );
 }
+
+/// A key whose first contributor goes while others that agree with it stay is still in a
+/// full plan of the ruleset changed in place, once. (The index still holds the key by the
+/// element of the contributor that went, and the plan used to send only the element the
+/// index held.)
+#[test]
+fn a_full_plan_of_a_ruleset_changed_in_place_keeps_a_key_its_first_contributor_left() {
+    let ips = |rs: &Ruleset| -> Vec<Key> {
+        plan_full(rs, None, &[])
+            .tx
+            .ops
+            .iter()
+            .filter_map(|o| match o.object() {
+                crate::kernel::nft::Object::Element(e) if &**e.set() == "ips" => Some(e.key),
+                _ => None,
+            })
+            .collect()
+    };
+    let one = vec![Key::from([KeyValue::Addr("10.0.0.1".parse().unwrap())])];
+    for (services, gone) in [
+        (&[("a", "10.0.0.1"), ("b", "10.0.0.1")][..], "a"),
+        (
+            &[("a", "10.0.0.1"), ("b", "10.0.0.1"), ("c", "10.0.0.1")][..],
+            "a",
+        ),
+        (
+            &[("a", "10.0.0.1"), ("b", "10.0.0.1"), ("c", "10.0.0.1")][..],
+            "b",
+        ),
+    ] {
+        let mut rs = ruleset(services);
+        rs.set_service(&spn(gone), None);
+        assert_eq!(ips(&rs), one, "{services:?} without {gone}");
+        let fresh =
+            Ruleset::with_services(rs.table.clone(), (*rs.base).clone(), rs.services.clone());
+        assert_eq!(ips(&fresh), one, "built at once");
+    }
+}
