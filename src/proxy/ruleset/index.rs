@@ -78,7 +78,9 @@ impl Slot {
 /// is not [`Slot::ONE`]. Most keys have one contributor: a set of pointers for all keys (8
 /// bytes an entry) and a small map for the rest, where one map of key to slot took 16 bytes
 /// an entry. At 100k × 10's 2.2M keys that map had 4M buckets of 17 bytes (71 MiB); the set's
-/// are 9 bytes (38 MiB; issue #18).
+/// are 9 bytes (38 MiB; issue #18). A key whose contributors agree may stay held by the
+/// element of one that has since gone (equal data): finding one that stays would scan every
+/// fragment, so [`ElementIndex::sends`] does not rely on which element it is.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ElementIndex {
     keys: FxHashSet<ElemKey>,
@@ -130,7 +132,7 @@ impl ElementIndex {
     /// One more contributor of `e`'s key: whether its contributors (may) disagree now.
     pub(super) fn add(&mut self, e: &SharedElement) -> bool {
         // Inserted first: most keys are new, so most adds probe the table (2.2M keys at
-        // 100k × 10, 36 MiB) once, where a lookup and then an insert probed it twice.
+        // 100k × 10) once, where a lookup and then an insert probed it twice.
         if self.keys.insert(key_of(e)) {
             return false;
         }

@@ -28,7 +28,8 @@ pub struct Plan {
     pub stale_chains: Vec<String>,
 }
 
-/// Every element once (the one in force for its key), grouped by set, sets in name order
+/// Every element once (the one in force for its key, or one equal to it:
+/// [`ElementIndex::sends`](super::index::ElementIndex::sends)), grouped by set, sets in name order
 /// (consecutive elements of one set share a netlink message), and within a set in fragment
 /// order: the base, then service ports by name. Deterministic without sorting by key, which
 /// at 100k × 10 (2.2M elements, each comparison two pointer chases) was 4 s of a 17 s full
