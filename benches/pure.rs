@@ -190,7 +190,7 @@ fn benches(c: &mut Criterion) {
             || (),
             |_| {
                 let d = service_destinations(&udp, Family::Ip, Protocol::Udp);
-                let n = stale_flows(&d, &flows).len();
+                let n = stale_flows(&d, &Default::default(), &flows).len();
                 assert_eq!(n, 1000);
                 n
             },

@@ -1,6 +1,7 @@
 //! Stale UDP conntrack entries: a client keeps sending from one source port while the
-//! Service's endpoint is replaced. With the reconciler the next datagrams reach the new
-//! endpoint; a control run without it shows them lost. Unrelated entries survive.
+//! Service's endpoint is replaced, stops serving, or every endpoint goes, or the Service is
+//! deleted. With the reconciler the next datagrams reach the new endpoint (or nobody, as
+//! upstream v1.37); a control run without it shows them stuck. Unrelated entries survive.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
 use std::net::{SocketAddr, UdpSocket};
@@ -30,7 +31,12 @@ impl Sender {
         };
         let (s2, a2) = (stop.clone(), answers.clone());
         ns.spawn(move || {
-            let s = UdpSocket::bind("0.0.0.0:41000").unwrap();
+            let any = if dst.is_ipv6() {
+                "[::]:41000"
+            } else {
+                "0.0.0.0:41000"
+            };
+            let s = UdpSocket::bind(any).unwrap();
             s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
             let mut buf = [0u8; 200];
             while !s2.load(Ordering::SeqCst) {
@@ -320,6 +326,174 @@ fn a_flow_to_an_endpoint_no_longer_serving_is_deleted() {
 fn a_flow_to_a_removed_endpoint_is_deleted_while_its_pod_still_answers() {
     let got = answers_after(&dns_with(&[ep(A)]), &dns_with(&[ep(B)]));
     assert!(got.iter().any(|n| n == "B"), "moved to B: {got:?}");
+}
+
+/// One family's addresses for the tests of a Service that loses all of its endpoints or is
+/// deleted (kubernetes#139628 and #141371): the ClusterIP, endpoints A and B (pods 0 and 1),
+/// the slices' addressType and the nftables family.
+struct Fam {
+    service_ip: &'static str,
+    a: &'static str,
+    b: &'static str,
+    address_type: &'static str,
+    nft: &'static str,
+}
+
+const V4: Fam = Fam {
+    service_ip: "10.96.0.53",
+    a: A,
+    b: B,
+    address_type: "IPv4",
+    nft: "ip",
+};
+
+const V6: Fam = Fam {
+    service_ip: "fd00:96::53",
+    a: "fd00:10:244:1::2",
+    b: "fd00:10:244:1::4",
+    address_type: "IPv6",
+    nft: "ip6",
+};
+
+impl Fam {
+    /// The cluster of [`cluster`] with A and B answering on this family's addresses.
+    fn cluster(&self) -> Cluster {
+        let mut c = Cluster::new();
+        c.add_pod(2);
+        c.add_pod(4);
+        c.add_pod(3);
+        udp_backend(&c.pods[0], "A", sa(self.a, 53));
+        udp_backend(&c.pods[1], "B", sa(self.b, 53));
+        c
+    }
+
+    /// The UDP DNS Service (NodePort 30053) with `eps`, or without the Service at all.
+    fn dns(&self, service: bool, eps: &[&str]) -> String {
+        let mut y = String::new();
+        if service {
+            y += &yaml::service(
+                "kube-system",
+                "dns",
+                &[self.service_ip],
+                &[("dns", "UDP", 53, 30053)],
+                "type: NodePort",
+            );
+        }
+        let eps: Vec<_> = eps.iter().map(|ip| ep(ip)).collect();
+        y += &yaml::slice(
+            "kube-system",
+            "dns",
+            "dns-1",
+            self.address_type,
+            ("dns", "UDP", 53),
+            &eps,
+        );
+        y
+    }
+}
+
+/// A client in pod 2 sends from one source port to the ClusterIP and A answers; then the
+/// manifests become `gone` (A's pod still up and answering whatever reaches it). Returns who
+/// answered over the next two seconds, and whether B answers once the Service is back with
+/// B alone. Upstream v1.37's cleanup (and #141371 for a deleted Service): nobody, then B.
+fn answers_after_losing_the_service(f: &Fam, gone: &str, cleanup: bool) -> (Vec<String>, bool) {
+    let c = f.cluster();
+    let extra: &[&str] = if cleanup {
+        &[]
+    } else {
+        &["--no-conntrack-cleanup"]
+    };
+    let _d = c.start_daemon(&f.dns(true, &[f.a]), extra);
+    let s = Sender::start(&c, Some(2), sa(f.service_ip, 53));
+    assert!(
+        s.wait_for("A", Instant::now(), Duration::from_secs(5)),
+        "A answers first"
+    );
+    c.write_manifests(gone);
+    c.wait_ruleset(f.nft, "A gone", |r| !r.contains(f.a));
+    // The cleanup follows the commit in the same sync: give it a moment.
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let after = s.names_since(t);
+    c.write_manifests(&f.dns(true, &[f.b]));
+    c.wait_ruleset(f.nft, "endpoint B", |r| r.contains(f.b));
+    (
+        after,
+        s.wait_for("B", Instant::now(), Duration::from_secs(3)),
+    )
+}
+
+/// Scaled to zero: the Service stays, its slice has no endpoint.
+fn scaled_to_zero(f: &Fam, cleanup: bool) -> (Vec<String>, bool) {
+    answers_after_losing_the_service(f, &f.dns(true, &[]), cleanup)
+}
+
+/// Deleted: the Service and its slice are gone.
+fn deleted(f: &Fam, cleanup: bool) -> (Vec<String>, bool) {
+    answers_after_losing_the_service(
+        f,
+        &yaml::service(
+            "default",
+            "other",
+            &["10.96.0.99"],
+            &[("p", "TCP", 80, 0)],
+            "",
+        ),
+        cleanup,
+    )
+}
+
+#[test]
+fn a_udp_flow_of_a_service_scaled_to_zero_is_deleted() {
+    for f in [V4, V6] {
+        let (after, back) = scaled_to_zero(&f, true);
+        assert!(
+            after.is_empty(),
+            "{}: nobody answers: {after:?}",
+            f.address_type
+        );
+        assert!(
+            back,
+            "{}: B answers once it is the endpoint",
+            f.address_type
+        );
+    }
+}
+
+#[test]
+fn without_cleanup_a_udp_flow_of_a_service_scaled_to_zero_stays_on_its_endpoint() {
+    let (after, _) = scaled_to_zero(&V4, false);
+    assert!(
+        after.iter().any(|n| n == "A"),
+        "control: the entry keeps the flow on A: {after:?}"
+    );
+}
+
+#[test]
+fn a_udp_flow_of_a_deleted_service_is_deleted() {
+    for f in [V4, V6] {
+        let (after, back) = deleted(&f, true);
+        assert!(
+            after.is_empty(),
+            "{}: nobody answers: {after:?}",
+            f.address_type
+        );
+        assert!(
+            back,
+            "{}: B answers once the Service is back",
+            f.address_type
+        );
+    }
+}
+
+#[test]
+fn without_cleanup_a_udp_flow_of_a_deleted_service_stays_on_its_endpoint() {
+    let (after, _) = deleted(&V4, false);
+    assert!(
+        after.iter().any(|n| n == "A"),
+        "control: the entry keeps the flow on A: {after:?}"
+    );
 }
 
 #[test]

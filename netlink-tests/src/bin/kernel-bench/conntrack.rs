@@ -63,7 +63,9 @@ pub fn conntrack_row(table: &mut Table) {
         let t0 = Instant::now();
         let dests = service_destinations(&st, Family::Ip, Protocol::Udp);
         let all = ct.list(Family::Ip, 17).unwrap();
-        let n = ct.delete(&stale_flows(&dests, &all)).unwrap();
+        let n = ct
+            .delete(&stale_flows(&dests, &Default::default(), &all))
+            .unwrap();
         (t0.elapsed(), n)
     });
     assert_eq!(deleted, 1000);
