@@ -37,6 +37,12 @@ pub(super) async fn run(mut cfg: Config, shutdown: Shutdown) -> Result<Finished,
     let Some(state) = sources.first_state(&shutdown).await? else {
         return Ok(Finished::Stopped);
     };
+    host::choose_families(&mut cfg, &state.node)?;
+    shared
+        .health
+        .lock()
+        .expect("proxy health")
+        .set_families(&cfg.families);
     host::prepare(&mut cfg);
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let nft_port = nft.port_id();
@@ -106,6 +112,7 @@ fn hooks_of(
     let localhost_accepted = shared.localhost_accepted.clone();
     let mut hooks = Hooks::new(shared);
     hooks.warnings = warnings;
+    hooks.families = cfg.families.clone();
     if !cfg.localhost_listeners.is_empty() {
         hooks.localhost = Some((
             userspace::localhost::LocalhostNodePorts::new(localhost_accepted),

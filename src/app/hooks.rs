@@ -37,6 +37,8 @@ pub struct Hooks {
         crate::modes::userspace::localhost::ListenerKey,
         crate::modes::userspace::localhost::Forward,
     >,
+    /// The IP families the proxier programs: health and the per-family metrics follow them.
+    pub(crate) families: Vec<Family>,
 }
 
 impl Hooks {
@@ -53,6 +55,7 @@ impl Hooks {
             no_local: Default::default(),
             hc_plan: BTreeMap::new(),
             localhost_plan: BTreeMap::new(),
+            families: Family::all().to_vec(),
         }
     }
 }
@@ -104,13 +107,13 @@ impl SyncHooks for Hooks {
         m.endpoint_changes_total.inc_by(eps as u64);
         m.service_changes_pending.inc_by(svcs as i64);
         m.endpoint_changes_pending.inc_by(eps as i64);
-        for f in FamilyLabel::both() {
+        for f in FamilyLabel::of_each(&self.families) {
             m.last_queued_timestamp
                 .get_or_create(&f)
                 .set(unix_secs(now));
         }
         let mut h = self.shared.health.lock().expect("proxy health");
-        for f in Family::all() {
+        for &f in &self.families {
             h.queued_update(f, now);
         }
         h.set_node_eligible(!state.node.being_deleted);
@@ -123,7 +126,7 @@ impl SyncHooks for Hooks {
         let m = &self.shared.metrics;
         match res {
             Ok(s) => {
-                m.observe_sync(s.full, took, true);
+                m.observe_sync(&self.families, s.full, took, true);
                 // Per-sync summaries at V(2), as upstream; the first one also at V(0) so
                 // that a default log shows the proxy came up.
                 if !self.first_sync_logged {
@@ -142,13 +145,13 @@ impl SyncHooks for Hooks {
                 m.service_changes_pending.set(0);
                 m.endpoint_changes_pending.set(0);
                 if let Some(d) = s.conntrack_duration {
-                    for f in FamilyLabel::both() {
+                    for f in FamilyLabel::of_each(&self.families) {
                         m.conntrack_duration
                             .get_or_create(&f)
                             .observe(d.as_secs_f64());
                     }
                 }
-                for f in Family::all() {
+                for &f in &self.families {
                     let n = s.conntrack_deleted_by_family.get(&f).copied().unwrap_or(0);
                     m.conntrack_deleted
                         .get_or_create(&FamilyLabel::of(f))
@@ -161,7 +164,7 @@ impl SyncHooks for Hooks {
                     *self.shared.listeners.lock().expect("listeners") = l.clone();
                 }
                 let mut h = self.shared.health.lock().expect("proxy health");
-                for f in Family::all() {
+                for &f in &self.families {
                     h.updated(f, now);
                 }
                 drop(h);
@@ -216,6 +219,9 @@ impl SyncHooks for Hooks {
                 // Once for both plans below.
                 let changed = since(self.synced_state.as_ref(), state);
                 for (f, (internal, external)) in [Family::Ip, Family::Ip6].into_iter().zip(counts) {
+                    if !self.families.contains(&f) {
+                        continue;
+                    }
                     for (policy, n) in [("internal", internal), ("external", external)] {
                         m.no_local_endpoints
                             .get_or_create(&PolicyLabel {
@@ -276,7 +282,7 @@ impl SyncHooks for Hooks {
                 drop(changed);
                 self.synced_state = Some(state.clone());
             }
-            Err(_) => m.observe_sync(true, took, false),
+            Err(_) => m.observe_sync(&self.families, true, took, false),
         }
     }
 }

@@ -4,6 +4,10 @@
 
 use crate::config::Config;
 use crate::kernel::conntrack::tuning;
+use crate::model::NodeInfo;
+use crate::proxy::families::{self, ip_family_name, Ipv6Kernel};
+
+use super::AppError;
 
 use super::process;
 
@@ -24,6 +28,44 @@ pub(super) fn prepare(cfg: &mut Config) {
     if cfg.proxier.localnet_guard {
         set_route_localnet();
     }
+}
+
+/// Which IP families to program (upstream's `platformCheckSupported` and `detectNodeIPs`,
+/// with their log lines): IPv4 alone when the host has no usable IPv6, which is an error
+/// when IPv6 is the primary family (from `--bind-address`, else the Node's first address).
+pub(super) fn choose_families(cfg: &mut Config, node: &NodeInfo) -> Result<(), AppError> {
+    let ipv6 = read_ipv6_kernel();
+    match ipv6 {
+        Ipv6Kernel::Usable => {}
+        Ipv6Kernel::Absent => tracing::info!(ipFamily = "IPv6", "No kernel support for family"),
+        Ipv6Kernel::Disabled => {
+            tracing::info!(ipFamily = "IPv6", "Kernel support disabled for family")
+        }
+    }
+    let bind = cfg.upstream.bind_address.parse().ok();
+    let primary = families::primary_family(bind, &node.addresses);
+    cfg.families = families::families(primary, ipv6).map_err(AppError::Families)?;
+    if cfg.families.len() > 1 {
+        tracing::info!(
+            "primary ipFamily" = ip_family_name(primary),
+            "kube-proxy running in dual-stack mode"
+        );
+    } else {
+        tracing::info!(
+            ipFamily = ip_family_name(primary),
+            "kube-proxy running in single-stack mode"
+        );
+    }
+    Ok(())
+}
+
+/// What `/proc` says of IPv6 in this network namespace.
+fn read_ipv6_kernel() -> Ipv6Kernel {
+    let disable = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").ok();
+    Ipv6Kernel::from_proc(
+        std::path::Path::new("/proc/net/if_inet6").exists(),
+        disable.as_deref(),
+    )
 }
 
 /// Upstream's iptables mode reads nf_conntrack_tcp_be_liberal once its conntrack tuning is

@@ -50,6 +50,9 @@ pub enum AppError {
     Bind(&'static str, std::net::SocketAddr),
     #[error(transparent)]
     Tool(#[from] crate::tools::ToolError),
+    /// The primary IP family is one the host cannot run (IPv6 absent or disabled).
+    #[error("{0}")]
+    Families(String),
     /// IPVS mode on a kernel that cannot serve it: found before anything is changed.
     #[error("cannot use the IPVS proxier: {0}")]
     Ipvs(crate::kernel::ipvs::Error),

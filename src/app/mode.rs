@@ -20,6 +20,7 @@ pub(super) fn options(cfg: &Config) -> Options {
         sync_period: cfg.sync_period,
         conntrack_cleanup: cfg.conntrack_cleanup,
         reset_dead_endpoint_connections: cfg.reset_dead_endpoint_connections,
+        families: cfg.families.clone(),
     }
 }
 

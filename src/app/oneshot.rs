@@ -36,6 +36,7 @@ pub(super) async fn report(
     let Some(state) = sources.first_state(&shutdown).await? else {
         return Ok(Finished::Stopped);
     };
+    host::choose_families(&mut cfg, &state.node)?;
     host::resolve_drop_invalid(&mut cfg.proxier);
     sources.stop();
     let printed = crate::tools::status::run(tool, &cfg, &state)?;
@@ -71,6 +72,7 @@ pub(super) async fn once(mut cfg: Config, shutdown: Shutdown) -> Result<Finished
     let Some(state) = sources.first_state(&shutdown).await? else {
         return Ok(Finished::Stopped);
     };
+    host::choose_families(&mut cfg, &state.node)?;
     host::prepare(&mut cfg);
     let nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let conntrack = mode::open_conntrack(&cfg);

@@ -104,6 +104,9 @@ pub struct Config {
     /// `--reset-dead-endpoint-connections` (ours): delete the TCP conntrack entries of
     /// endpoints that died (nftables and iptables modes).
     pub reset_dead_endpoint_connections: bool,
+    /// The IP families to program, primary first: both until start-up has read the host
+    /// and the Node (`crate::proxy::families`), which may leave IPv4 alone.
+    pub families: Vec<crate::model::net::Family>,
     pub conntrack: ConntrackConfig,
     pub json_logs: bool,
     /// The loopback listeners that forward NodePorts in userspace (none: no forwarder).

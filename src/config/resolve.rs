@@ -59,6 +59,7 @@ pub(super) fn resolve(
     let reset_dead_endpoint_connections = resolve_dead_endpoint_reset(p, &kp, mode, &mut warnings);
     let (config_path, config_bytes) = file.unzip();
     Ok(Config {
+        families: crate::model::net::Family::all().to_vec(),
         oom_score_adj: kp
             .oom_score_adj
             .unwrap_or(v1alpha1::KUBE_PROXY_OOM_SCORE_ADJ),

@@ -9,6 +9,7 @@ pub(crate) mod cleanup;
 pub mod config;
 pub mod conntrack;
 pub mod dead_endpoints;
+pub mod families;
 pub(crate) mod fxhash;
 pub mod maglev;
 pub mod names;
@@ -163,4 +164,7 @@ pub struct Options {
     pub conntrack_cleanup: bool,
     /// `--reset-dead-endpoint-connections`: delete the TCP entries of endpoints that died.
     pub reset_dead_endpoint_connections: bool,
+    /// The IP families to program, primary first ([`families`]): both, unless the host has
+    /// no usable IPv6.
+    pub families: Vec<Family>,
 }

@@ -46,8 +46,11 @@ impl FamilyLabel {
             .into(),
         }
     }
-    pub fn both() -> [FamilyLabel; 2] {
-        crate::model::net::Family::all().map(FamilyLabel::of)
+    /// The labels of `families`.
+    pub fn of_each(
+        families: &[crate::model::net::Family],
+    ) -> impl Iterator<Item = FamilyLabel> + '_ {
+        families.iter().map(|f| FamilyLabel::of(*f))
     }
 }
 
@@ -451,12 +454,18 @@ impl Metrics {
         m
     }
 
-    /// Records a sync that took `d`, for both families (one sync programs both).
-    pub fn observe_sync(&self, full: bool, d: Duration, ok: bool) {
+    /// Records a sync that took `d`, for each of `families` (one sync programs them all).
+    pub fn observe_sync(
+        &self,
+        families: &[crate::model::net::Family],
+        full: bool,
+        d: Duration,
+        ok: bool,
+    ) {
         let s = d.as_secs_f64();
         self.last_sync_duration.set(s);
         self.last_sync_ok.set(i64::from(ok));
-        for f in FamilyLabel::both() {
+        for f in FamilyLabel::of_each(families) {
             self.sync_duration.get_or_create(&f).observe(s);
             if full {
                 self.sync_full_duration.get_or_create(&f).observe(s);
@@ -557,7 +566,12 @@ mod tests {
     #[test]
     fn exports_upstream_names() {
         let m = Metrics::new();
-        m.observe_sync(true, Duration::from_millis(3), true);
+        m.observe_sync(
+            &crate::model::net::Family::all(),
+            true,
+            Duration::from_millis(3),
+            true,
+        );
         m.conntrack_deleted
             .get_or_create(&FamilyLabel::of(crate::model::net::Family::Ip))
             .inc_by(2);
@@ -726,8 +740,18 @@ mod tests {
         ];
         let m = Metrics::new();
         // Touch every family so that each has a sample to read its labels from.
-        m.observe_sync(true, Duration::from_millis(1), true);
-        m.observe_sync(false, Duration::from_millis(1), false);
+        m.observe_sync(
+            &crate::model::net::Family::all(),
+            true,
+            Duration::from_millis(1),
+            true,
+        );
+        m.observe_sync(
+            &crate::model::net::Family::all(),
+            false,
+            Duration::from_millis(1),
+            false,
+        );
         let v4 = FamilyLabel::of(crate::model::net::Family::Ip);
         m.network_programming_duration
             .get_or_create(&v4)

@@ -11,10 +11,12 @@ use serde::Serialize;
 
 use crate::kernel::nft::Family;
 
-/// Health bookkeeping for both families.
+/// Health bookkeeping for the families the proxy programs.
 #[derive(Debug, Clone)]
 pub struct ProxyHealth {
     timeout: Duration,
+    /// The families reported: both until start-up finds which the host has.
+    families: Vec<Family>,
     last_updated: BTreeMap<Family, SystemTime>,
     oldest_queued: BTreeMap<Family, SystemTime>,
     node_eligible: bool,
@@ -70,10 +72,19 @@ impl ProxyHealth {
     pub fn new(timeout: Duration) -> Self {
         ProxyHealth {
             timeout,
+            families: Family::all().to_vec(),
             last_updated: BTreeMap::new(),
             oldest_queued: BTreeMap::new(),
             node_eligible: true,
         }
+    }
+
+    /// Reports `families` only (a host without usable IPv6 runs IPv4 alone), as upstream
+    /// reports the families it runs a proxier for.
+    pub fn set_families(&mut self, families: &[Family]) {
+        self.families = families.to_vec();
+        self.last_updated.retain(|f, _| families.contains(f));
+        self.oldest_queued.retain(|f, _| families.contains(f));
     }
 
     /// An update for `family` was queued (only the oldest pending one counts).
@@ -95,7 +106,7 @@ impl ProxyHealth {
     pub fn status(&self, now: SystemTime) -> HealthStatus {
         let mut healthy = true;
         let mut status = BTreeMap::new();
-        for family in Family::all() {
+        for &family in &self.families {
             let fam_healthy = match self.oldest_queued.get(&family) {
                 Some(q) => now.duration_since(*q).unwrap_or_default() < self.timeout,
                 None => true,
@@ -130,6 +141,21 @@ mod tests {
 
     fn t(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
+    }
+
+    /// A single-stack host reports its one family, as upstream reports the families it
+    /// runs a proxier for.
+    #[test]
+    fn a_single_stack_host_reports_its_one_family() {
+        let mut h = ProxyHealth::new(Duration::from_secs(60));
+        assert_eq!(h.status(t(0)).status.len(), 2, "both until start-up knows");
+        h.queued_update(Family::Ip6, t(0));
+        h.set_families(&[Family::Ip]);
+        h.queued_update(Family::Ip, t(1));
+        h.updated(Family::Ip, t(2));
+        let s = h.status(t(500));
+        assert_eq!(s.status.keys().collect::<Vec<_>>(), vec!["IPv4"]);
+        assert!(s.healthy, "the IPv6 update queued before is forgotten");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::config::{Config, ProxyMode};
 use crate::kernel::ipvs::{Ipvs, RealServer, VirtualServer, VsKey};
 use crate::kernel::nft::live::LiveTable;
 use crate::kernel::nft::lower::KExpr;
-use crate::kernel::nft::{render, Family};
+use crate::kernel::nft::render;
 use crate::model::ProxyState;
 use crate::modes::ipvs::plan::IpvsPlan;
 
@@ -506,6 +506,7 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
         sync_period: cfg.sync_period,
         conntrack_cleanup: cfg.conntrack_cleanup,
         reset_dead_endpoint_connections: cfg.reset_dead_endpoint_connections,
+        families: cfg.families.clone(),
     };
     let mut kernel = LiveKernel::new();
     let mut families = Vec::new();
@@ -531,7 +532,7 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
             })
         }
     };
-    for family in Family::all() {
+    for &family in &cfg.families {
         let (live, generation) = kernel.read_table(family, &cfg.proxier.table)?;
         let rs = plan_for(&live, ipvs_plan.as_ref().map(|(p, _, _)| p));
         let d: Drift = drift(&rs, &live);
@@ -649,6 +650,7 @@ fn read_ipvs_plan(cfg: &Config, state: &ProxyState) -> Result<LiveIpvs, ToolErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::nft::Family;
 
     #[test]
     fn daemon_figures_from_the_metrics_page() {

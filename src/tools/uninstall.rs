@@ -42,6 +42,7 @@ pub fn run(argv: &[String]) -> Result<String, ToolError> {
         sync_period: std::time::Duration::from_secs(30),
         conntrack_cleanup: false,
         reset_dead_endpoint_connections: false,
+        families: crate::model::net::Family::all().to_vec(),
     };
     let open = || NetlinkNftables::open().map_err(|e| ToolError::kernel("open nftables", e));
     let mut removed = nftables::cleanup(&mut open()?, &opts)

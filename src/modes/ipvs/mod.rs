@@ -39,6 +39,7 @@ fn over_kernel<N: Nftables>(
         proxier,
         opts.detect_local.clone(),
     )
+    .with_families(opts.families.clone())
 }
 
 /// The IPVS mode over the kernel: writes the sysctls it needs, opens IPVS and rtnetlink.

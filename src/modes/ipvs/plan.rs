@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::kernel::nft::Cidr;
+use crate::model::net::Family;
 use crate::model::topology::categorize_family;
 use crate::model::{LoadBalancing, ProxyState, ServicePort, ServicePortName};
 use crate::proxy::{FamilyNodePorts, NodePortAddresses};
@@ -85,6 +86,15 @@ pub struct IpvsPlan {
     pub services: BTreeMap<VsKey, DesiredVs>,
     /// Addresses to bind on the dummy link.
     pub vips: BTreeSet<IpAddr>,
+}
+
+impl IpvsPlan {
+    /// Keeps the virtual servers and addresses of `families` only.
+    pub fn retain_families(&mut self, families: &[Family]) {
+        self.services
+            .retain(|k, _| families.contains(&Family::of(&k.addr)));
+        self.vips.retain(|a| families.contains(&Family::of(a)));
+    }
 }
 
 /// The node addresses that accept NodePort traffic, from the addresses of every link except
@@ -465,6 +475,16 @@ mod tests {
                 .all(|(a, _)| a.is_ipv4() == d.vs.addr.is_ipv4()));
             assert_eq!(d.dests.len(), 1);
         }
+        // A host without usable IPv6 keeps the IPv4 half alone.
+        let mut v4 = plan.clone();
+        v4.retain_families(&[Family::Ip]);
+        assert_eq!(v4.services.len(), 2);
+        assert!(v4.services.keys().all(|k| k.addr.is_ipv4()));
+        assert!(!v4.vips.is_empty() && v4.vips.iter().all(IpAddr::is_ipv4));
+        assert_eq!(
+            v4.services.len() + plan.services.keys().filter(|k| k.addr.is_ipv6()).count(),
+            plan.services.len()
+        );
     }
 
     #[test]

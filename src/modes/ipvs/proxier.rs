@@ -61,6 +61,8 @@ pub struct IpvsProxier<I: Ipvs, L: Links, N: Nftables> {
     conntrack: Option<Box<dyn Conntrack + Send>>,
     /// The stale-flow cleanup's service destinations, kept between syncs.
     destinations: Destinations,
+    /// The IP families programmed, primary first (both unless the host has no usable IPv6).
+    families: Vec<Family>,
 }
 
 impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
@@ -88,7 +90,14 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             timeouts_done: false,
             conntrack: None,
             destinations: Destinations::default(),
+            families: Family::all().to_vec(),
         }
+    }
+
+    /// Programs `families` only: no virtual server, address or table of another family.
+    pub fn with_families(mut self, families: Vec<Family>) -> Self {
+        self.families = families;
+        self
     }
 
     /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
@@ -160,7 +169,7 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
                     reconcile_conntrack(
                         ct.as_mut(),
                         state,
-                        (&Family::all(), &mut self.destinations),
+                        (&self.families, &mut self.destinations),
                         &mut stats,
                     );
                 }
@@ -213,13 +222,14 @@ impl<I: Ipvs, L: Links, N: Nftables> IpvsProxier<I, L, N> {
             &self.proxier.nodeport_addresses,
             &state.node.addresses,
         );
-        let plan = build_plan(state, &self.cfg, &node_addrs);
+        let mut plan = build_plan(state, &self.cfg, &node_addrs);
+        plan.retain_families(&self.families);
         let mut first_err: Option<SyncError> = None;
 
         // 1. The companion table first, so no-endpoint rejects and source-range firewalls
         //    are in force before a virtual server can take traffic.
         let pcfg = self.local.resolve(&self.proxier, &state.node);
-        for family in Family::all() {
+        for family in self.families.clone() {
             if let Err(e) = self.sync_table(state, &plan, &pcfg, family, full, stats) {
                 first_err.get_or_insert(e);
             }

@@ -29,7 +29,8 @@ pub fn open<N: Nftables>(
     opts: &Options,
     conntrack: Option<Box<dyn Conntrack + Send>>,
 ) -> NftablesProxier<N> {
-    let p = NftablesProxier::new(nft, opts.proxier.clone(), opts.detect_local.clone());
+    let p = NftablesProxier::new(nft, opts.proxier.clone(), opts.detect_local.clone())
+        .with_families(opts.families.clone());
     match conntrack {
         Some(ct) => p
             .with_conntrack(ct)

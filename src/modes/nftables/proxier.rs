@@ -74,6 +74,13 @@ impl<N: Nftables> NftablesProxier<N> {
         }
     }
 
+    /// Programs `families` only (both by default): a host without usable IPv6 runs IPv4
+    /// alone.
+    pub fn with_families(mut self, families: Vec<Family>) -> Self {
+        self.families = families;
+        self
+    }
+
     /// Enables the stale UDP/SCTP conntrack cleanup after each successful sync.
     pub fn with_conntrack(mut self, ct: Box<dyn Conntrack + Send>) -> Self {
         self.conntrack = Some(ct);

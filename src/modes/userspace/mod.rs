@@ -21,7 +21,7 @@ use crate::proxy::{Options, SyncError};
 
 /// The userspace mode over `nft` (its redirect table).
 pub fn open<N: Nftables>(nft: N, opts: &Options) -> UserspaceProxier<N> {
-    UserspaceProxier::new(nft, opts.proxier.clone())
+    UserspaceProxier::new(nft, opts.proxier.clone()).with_families(opts.families.clone())
 }
 
 /// `--dry-run`: the listeners and where each forwards.

@@ -24,6 +24,8 @@ pub struct UserspaceProxier<N: Nftables> {
     warned_sctp: BTreeSet<ServicePortName>,
     table: TableSync,
     need_full: bool,
+    /// The IP families served, primary first (both unless the host has no usable IPv6).
+    families: Vec<Family>,
 }
 
 impl<N: Nftables> UserspaceProxier<N> {
@@ -36,7 +38,14 @@ impl<N: Nftables> UserspaceProxier<N> {
             failed: BTreeSet::new(),
             warned_sctp: BTreeSet::new(),
             need_full: true,
+            families: Family::all().to_vec(),
         }
+    }
+
+    /// Serves `families` only: no listener or table of another family.
+    pub fn with_families(mut self, families: Vec<Family>) -> Self {
+        self.families = families;
+        self
     }
 
     /// The nftables client (tests inspect the fake through it).
@@ -86,7 +95,9 @@ impl<N: Nftables> UserspaceProxier<N> {
     }
 
     pub fn sync(&mut self, state: &ProxyState) -> Result<SyncStats, SyncError> {
-        let (want, sctp) = plan_listeners(state);
+        let (mut want, sctp) = plan_listeners(state);
+        let family_of = |k: &ListenerKey| if k.v4 { Family::Ip } else { Family::Ip6 };
+        want.retain(|k, _| self.families.contains(&family_of(k)));
         for spn in sctp {
             if self.warned_sctp.insert(spn.clone()) {
                 tracing::warn!(service = %spn, "SCTP cannot be proxied in userspace mode; service port skipped");
@@ -129,7 +140,7 @@ impl<N: Nftables> UserspaceProxier<N> {
             ..Default::default()
         };
         let mut first_err = None;
-        for family in Family::all() {
+        for family in self.families.clone() {
             let table = Table {
                 family,
                 name: self.cfg.table.clone(),

@@ -324,6 +324,7 @@ mod tests {
             sync_period: std::time::Duration::from_secs(30),
             conntrack_cleanup: true,
             reset_dead_endpoint_connections: false,
+            families: crate::kernel::nft::Family::all().to_vec(),
         };
         let planned = super::super::plan_against(&opts, &st, &live_rs.as_live());
         assert_eq!(maglev_of(&planned).unwrap().1, offset);
