@@ -39,6 +39,21 @@ pub struct Cluster {
     veths: u32,
 }
 
+/// Whether the kernel has IPv6 (a guest booted with `ipv6.disable=1` has none): without it a
+/// cluster is IPv4 only.
+pub fn kernel_has_ipv6() -> bool {
+    std::path::Path::new("/proc/net/if_inet6").exists()
+}
+
+/// `cmds` without their IPv6 lines (every one names an address with a colon) when the
+/// kernel has no IPv6.
+fn family_lines(cmds: Vec<String>) -> Vec<String> {
+    if kernel_has_ipv6() {
+        return cmds;
+    }
+    cmds.into_iter().filter(|l| !l.contains(':')).collect()
+}
+
 /// A pod on this node.
 pub struct Pod<'a> {
     pub ns: &'a NetNs,
@@ -58,11 +73,14 @@ impl Cluster {
         let node2 = NetNs::new("node2");
         let dir = std::env::temp_dir().join(format!("nlp-{}", node.name));
         std::fs::create_dir_all(&dir).unwrap();
+        let ipv6 = kernel_has_ipv6();
         for ns in [&node, &node2] {
             ns.write_sysctl("net/ipv4/ip_forward", "1");
-            ns.write_sysctl("net/ipv6/conf/all/forwarding", "1");
+            if ipv6 {
+                ns.write_sysctl("net/ipv6/conf/all/forwarding", "1");
+            }
         }
-        for ns in [&node, &ext, &node2] {
+        for ns in [&node, &ext, &node2].into_iter().filter(|_| ipv6) {
             ns.write_sysctl("net/ipv6/conf/default/accept_dad", "0");
         }
         // node <-> ext, node <-> node2
@@ -79,7 +97,7 @@ impl Cluster {
                 ),
             ],
         );
-        node.ip_batch(&[
+        node.ip_batch(&family_lines(vec![
             "link set eth-ext up".into(),
             format!("addr add {NODE_IP}/24 dev eth-ext"),
             format!("addr add {NODE_IP6}/64 dev eth-ext nodad"),
@@ -92,22 +110,22 @@ impl Cluster {
             format!("route add default via {EXT_IP}"),
             format!("route add ::/0 via {EXT_IP6}"),
             "route add fd00:10:244:2::/64 via fd00:60::2".into(),
-        ]);
-        ext.ip_batch(&[
+        ]));
+        ext.ip_batch(&family_lines(vec![
             "link set eth0 up".into(),
             format!("addr add {EXT_IP}/24 dev eth0"),
             format!("addr add {EXT_IP_OTHER}/24 dev eth0"),
             format!("addr add {EXT_IP6}/64 dev eth0 nodad"),
             format!("route add default via {NODE_IP}"),
             format!("route add ::/0 via {NODE_IP6}"),
-        ]);
-        node2.ip_batch(&[
+        ]));
+        node2.ip_batch(&family_lines(vec![
             "link set eth0 up".into(),
             "addr add 192.168.60.2/24 dev eth0".into(),
             "addr add fd00:60::2/64 dev eth0 nodad".into(),
             "route add default via 192.168.60.1".into(),
             "route add ::/0 via fd00:60::1".into(),
-        ]);
+        ]));
         Cluster {
             node,
             ext,
@@ -123,7 +141,9 @@ impl Cluster {
         let pod = NetNs::new("pod");
         self.veths += 1;
         let v = format!("vpod{}", self.veths);
-        pod.write_sysctl("net/ipv6/conf/default/accept_dad", "0");
+        if kernel_has_ipv6() {
+            pod.write_sysctl("net/ipv6/conf/default/accept_dad", "0");
+        }
         crate::ns::ip_batch(
             &[],
             &[format!(
@@ -133,14 +153,14 @@ impl Cluster {
         );
         let ip = format!("10.244.1.{n}");
         let ip6 = format!("fd00:10:244:1::{n}");
-        self.node.ip_batch(&[
+        self.node.ip_batch(&family_lines(vec![
             format!("link set {v} up"),
             format!("addr add {POD_GW}/32 dev {v}"),
             format!("addr add fd00:10:244:1::1/128 dev {v} nodad"),
             format!("route add {ip}/32 dev {v}"),
             format!("route add {ip6}/128 dev {v}"),
-        ]);
-        pod.ip_batch(&[
+        ]));
+        pod.ip_batch(&family_lines(vec![
             "link set eth0 up".into(),
             format!("addr add {ip}/32 dev eth0"),
             format!("addr add {ip6}/128 dev eth0 nodad"),
@@ -148,7 +168,7 @@ impl Cluster {
             format!("route add default via {POD_GW}"),
             "route add fd00:10:244:1::1 dev eth0".into(),
             "route add ::/0 via fd00:10:244:1::1".into(),
-        ]);
+        ]));
         self.pods.push(pod);
         self.pods.len() - 1
     }

@@ -22,6 +22,22 @@ fn workspace() -> PathBuf {
 
 #[test]
 fn ipvs_mode_in_a_vm() {
+    let filter = std::env::var("KNP_VM_TESTS").unwrap_or_else(|_| "guest::".into());
+    // Two tests at a time on the guest's two virtual CPUs (each its own namespaces, as on
+    // the host): without KVM every process is emulated, and one at a time the suite took
+    // 950-1200 s.
+    run_in_vm(&filter, None, 2);
+}
+
+/// A guest booted with `ipv6.disable=1` (issue #56.3): the `no_ipv6::` tests.
+#[test]
+fn a_host_without_ipv6_in_a_vm() {
+    run_in_vm("no_ipv6::", Some("ipv6.disable=1"), 1);
+}
+
+/// Boots the VM (with `append` on the kernel's command line) and runs this test binary's
+/// ignored tests matching `filter` in it, `threads` at a time.
+fn run_in_vm(filter: &str, append: Option<&str>, threads: u32) {
     netlink_tests::ns::require_root();
     if std::env::var_os(IN_VM).is_some() {
         return; // already inside: the guest runs the guest:: tests only
@@ -41,14 +57,17 @@ fn ipvs_mode_in_a_vm() {
     if upstream.is_dir() {
         cmd.arg("--share").arg(upstream);
     }
-    let filter = std::env::var("KNP_VM_TESTS").unwrap_or_else(|_| "guest::".into());
-    // Two tests at a time on the guest's two virtual CPUs (each its own namespaces, as on
-    // the host): without KVM every process is emulated, and one at a time the suite took
-    // 950-1200 s.
+    if let Some(a) = append {
+        cmd.args(["--append", a]);
+    }
     cmd.args(["--env", &format!("{IN_VM}=1"), "--timeout", "1200"])
-        .args(["--smp", "2", "--mem", "2048", "--"])
+        .args(["--smp", &threads.to_string(), "--mem", "2048", "--"])
         .arg(&exe)
-        .args(["--include-ignored", "--test-threads=2", &filter]);
+        .args([
+            "--include-ignored",
+            &format!("--test-threads={threads}"),
+            filter,
+        ]);
     let t0 = std::time::Instant::now();
     let st = cmd.status().unwrap_or_else(|e| {
         panic!(
@@ -56,11 +75,119 @@ fn ipvs_mode_in_a_vm() {
             script.display()
         )
     });
-    eprintln!("VM run took {:?}", t0.elapsed());
+    eprintln!("VM run of {filter} took {:?}", t0.elapsed());
     assert!(
         st.success(),
         "IPVS tests in the VM failed ({st}); their output is above"
     );
+}
+
+/// Inside a guest without IPv6 (`ipv6.disable=1`): IPVS and nftables modes run IPv4 alone,
+/// as upstream since 1.34 (kubernetes#131265/#133711), saying so in one info line.
+mod no_ipv6 {
+    use netlink_tests::backend::{tcp_backend, tcp_probes, Reply};
+    use netlink_tests::cluster::{kernel_has_ipv6, sa, yaml, Cluster};
+
+    fn cluster() -> Cluster {
+        assert!(
+            std::env::var_os(super::IN_VM).is_some(),
+            "runs inside the VM (cargo test --test ipvs a_host_without_ipv6_in_a_vm)"
+        );
+        assert!(
+            !kernel_has_ipv6(),
+            "the guest was booted with ipv6.disable=1"
+        );
+        let mut c = Cluster::new();
+        c.add_pod(2);
+        c.add_pod(3);
+        tcp_backend(&c.pods[0], "A", sa("10.244.1.2", 8080));
+        c
+    }
+
+    /// A dual-stack Service with endpoints in both families.
+    fn manifests() -> String {
+        let mut y = yaml::service(
+            "default",
+            "web",
+            &["10.96.0.10", "fd00:96::10"],
+            &[("http", "TCP", 80, 30080)],
+            "type: NodePort",
+        );
+        y += &yaml::slice(
+            "default",
+            "web",
+            "web-v4",
+            "IPv4",
+            ("http", "TCP", 8080),
+            &[yaml::ready("10.244.1.2", "node1")],
+        );
+        y += &yaml::slice(
+            "default",
+            "web",
+            "web-v6",
+            "IPv6",
+            ("http", "TCP", 8080),
+            &[yaml::ready("fd00:10:244:1::2", "node1")],
+        );
+        y
+    }
+
+    /// One sync in `mode`: it succeeds, logs why IPv6 is left out, programs no IPv6 table
+    /// (nor IPv6 virtual server or address in IPVS mode), and the IPv4 ClusterIP answers.
+    fn single_stack(mode: &str, table: &str) {
+        let c = cluster();
+        let p = c.write_manifests(&manifests());
+        let (ok, err) = c.run_proxy(&[
+            "--manifests",
+            p.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+            "--proxy-mode",
+            mode,
+            "--once",
+        ]);
+        assert!(ok, "{mode}: the sync succeeds:\n{err}");
+        assert!(
+            err.contains("No kernel support for family") && err.contains("IPv6"),
+            "{mode}: one line says why:\n{err}"
+        );
+        assert!(
+            err.contains("kube-proxy running in single-stack mode"),
+            "{err}"
+        );
+        for family in ["ip", "ip6"] {
+            let listed = c
+                .node
+                .output("nft", &["list", "table", family, table])
+                .status
+                .success();
+            assert_eq!(listed, family == "ip", "{mode}: table {family} {table}");
+        }
+        if mode == "ipvs" {
+            let list = c.node.sh("ipvsadm -Ln");
+            assert!(list.contains("10.96.0.10:80"), "{list}");
+            assert!(!list.contains("fd00"), "no IPv6 virtual server: {list}");
+        }
+        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4);
+        assert!(
+            replies
+                .iter()
+                .all(|r| matches!(r, Reply::Answered { name, .. } if name == "A")),
+            "{mode}: {replies:?}"
+        );
+    }
+
+    #[test]
+    #[ignore = "needs a guest without IPv6: run by a_host_without_ipv6_in_a_vm"]
+    fn ipvs_mode_runs_ipv4_alone() {
+        single_stack("ipvs", "kube-nlproxy-ipvs");
+    }
+
+    #[test]
+    #[ignore = "needs a guest without IPv6: run by a_host_without_ipv6_in_a_vm"]
+    fn nftables_mode_runs_ipv4_alone() {
+        single_stack("nftables", "kube-nlproxy");
+    }
 }
 
 mod guest {

@@ -4,8 +4,10 @@
 # development and CI machines' kernels lack. The guest's exit status becomes ours.
 #
 #   run-in-vm.sh --setup                         # download + build the cached guest only
-#   run-in-vm.sh [--share DIR]... [--env NAME=VAL]... [--timeout S] [--mem MB] [--smp N] -- CMD ARGS...
+#   run-in-vm.sh [--share DIR]... [--env NAME=VAL]... [--timeout S] [--mem MB] [--smp N]
+#                [--append KERNEL-ARGS] -- CMD ARGS...
 #
+# --append adds to the guest kernel's command line (e.g. ipv6.disable=1).
 # --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
 # guest's working directory is $PWD when it lies inside a share. The guest has busybox,
 # dash as /bin/sh, iproute2's ip, nft, ipvsadm, iptables (-nft and -legacy), ipset, conntrack,
@@ -21,7 +23,7 @@ CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 # --smp N: virtual CPUs. Without KVM (the CI machines have none) qemu emulates each on its
 # own host thread; the IPVS tests ask for two (netlink-tests/tests/ipvs.rs), kernel-bench's
 # IPVS rows were measured on one.
-MEM=1024 TIMEOUT=900 SETUP_ONLY=0 SMP=1
+MEM=1024 TIMEOUT=900 SETUP_ONLY=0 SMP=1 APPEND=""
 SHARES=() ENVS=()
 STAMP=10
 
@@ -34,6 +36,7 @@ while [ $# -gt 0 ]; do
     --mem) MEM=$2; shift 2;;
     --smp) SMP=$2; shift 2;;
     --timeout) TIMEOUT=$2; shift 2;;
+    --append) APPEND=$2; shift 2;;
     --setup) SETUP_ONLY=1; shift;;
     --) shift; break;;
     *) die "unknown option $1";;
@@ -213,7 +216,7 @@ KERNEL=$CACHE/vmlinux; [ -f "$KERNEL" ] || KERNEL=$CACHE/vmlinuz
 args=(qemu-system-x86_64 -nodefaults -no-user-config -display none -vga none -no-reboot
   "${accel[@]}" -m "$MEM" -smp "$SMP" -M pc -chardev stdio,id=con,signal=off -serial chardev:con
   -kernel "$KERNEL" -initrd "$WORK/initrd.cpio"
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic rdinit=/init mitigations=off tsc=reliable no_timer_check 8250.nr_uarts=1 random.trust_cpu=on")
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic rdinit=/init mitigations=off tsc=reliable no_timer_check 8250.nr_uarts=1 random.trust_cpu=on${APPEND:+ $APPEND}")
 for i in "${!SHARES[@]}"; do args+=(-virtfs "local,path=${SHARES[$i]},mount_tag=share$i,security_model=none,id=fs$i"); done
 
 mkfifo "$WORK/out"
