@@ -1,8 +1,9 @@
 //! What the proxy sets on the host before its proxier opens: the privileged steps
 //! (`--init-only` does only these), the conntrack sysctl that decides the INVALID drop, and
-//! `route_localnet`. I/O (/proc/sys, /proc/self).
+//! `route_localnet`; and which IP families run, with upstream's start-up checks. I/O (/proc/sys,
+//! /proc/net, /proc/self).
 
-use crate::config::Config;
+use crate::config::{startup_checks, Config};
 use crate::kernel::conntrack::tuning;
 use crate::model::NodeInfo;
 use crate::proxy::families::{self, ip_family_name, Ipv6Kernel};
@@ -33,6 +34,8 @@ pub(super) fn prepare(cfg: &mut Config) {
 /// Which IP families to program (upstream's `platformCheckSupported` and `detectNodeIPs`,
 /// with their log lines): IPv4 alone when the host has no usable IPv6, which is an error
 /// when IPv6 is the primary family (from `--bind-address`, else the Node's first address).
+/// Then upstream's checks of the configuration against those families
+/// ([`startup_checks`]): logged as errors, or fatal where upstream's are.
 pub(super) fn choose_families(cfg: &mut Config, node: &NodeInfo) -> Result<(), AppError> {
     let ipv6 = read_ipv6_kernel();
     match ipv6 {
@@ -44,8 +47,9 @@ pub(super) fn choose_families(cfg: &mut Config, node: &NodeInfo) -> Result<(), A
     }
     let bind = cfg.upstream.bind_address.parse().ok();
     let primary = families::primary_family(bind, &node.addresses);
-    cfg.families = families::families(primary, ipv6).map_err(AppError::Families)?;
-    if cfg.families.len() > 1 {
+    cfg.families = families::families(primary, ipv6).map_err(AppError::StartUp)?;
+    let dual_stack = cfg.families.len() > 1;
+    if dual_stack {
         tracing::info!(
             "primary ipFamily" = ip_family_name(primary),
             "kube-proxy running in dual-stack mode"
@@ -56,7 +60,19 @@ pub(super) fn choose_families(cfg: &mut Config, node: &NodeInfo) -> Result<(), A
             "kube-proxy running in single-stack mode"
         );
     }
-    Ok(())
+    // Upstream's checkBadConfig and checkBadIPConfig, over the Node's addresses and pod CIDRs.
+    let pod_cidrs: Vec<String> = node.pod_cidrs.iter().map(ToString::to_string).collect();
+    let found = startup_checks::check_startup_config(
+        &cfg.upstream,
+        primary,
+        dual_stack,
+        &node.addresses,
+        &pod_cidrs,
+    );
+    for err in &found.warnings {
+        tracing::error!(err = %err, "Kube-proxy configuration may be incomplete or incorrect");
+    }
+    found.fatal.map_or(Ok(()), |f| Err(AppError::StartUp(f)))
 }
 
 /// What `/proc` says of IPv6 in this network namespace.

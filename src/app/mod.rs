@@ -50,9 +50,11 @@ pub enum AppError {
     Bind(&'static str, std::net::SocketAddr),
     #[error(transparent)]
     Tool(#[from] crate::tools::ToolError),
-    /// The primary IP family is one the host cannot run (IPv6 absent or disabled).
+    /// Upstream's start-up checks refuse to run: the primary IP family is one the host
+    /// cannot run (IPv6 absent or disabled), or the configuration's CIDRs are of the wrong
+    /// family where upstream makes that fatal.
     #[error("{0}")]
-    Families(String),
+    StartUp(String),
     /// IPVS mode on a kernel that cannot serve it: found before anything is changed.
     #[error("cannot use the IPVS proxier: {0}")]
     Ipvs(crate::kernel::ipvs::Error),

@@ -25,6 +25,7 @@ mod load;
 #[cfg(test)]
 mod proptests;
 mod resolve;
+pub mod startup_checks;
 pub mod v1alpha1;
 mod validation;
 pub mod yaml_out;
