@@ -113,7 +113,8 @@ fn daemonset_is_a_drop_in_for_kubeadms_kube_proxy() {
     let live = c.liveness_probe.clone().unwrap().http_get.unwrap();
     assert_eq!(live.path.as_deref(), Some("/livez"));
     let ready = c.readiness_probe.clone().unwrap().http_get.unwrap();
-    assert_eq!(ready.path.as_deref(), Some("/healthz"));
+    // Not /healthz, which turns 503 on a Node being deleted (installers.rs proves it).
+    assert_eq!(ready.path.as_deref(), Some("/livez"));
     // kubeadm's ConfigMap at kubeadm's mount point, and iptables' lock
     let vols = pod.volumes.unwrap();
     let cm = vols.iter().find(|v| v.name == "kube-proxy").unwrap();

@@ -337,3 +337,40 @@ fn verbosity_changes_what_is_logged() {
         "klog headers: {quiet}"
     );
 }
+
+/// The path of deploy/daemonset.yaml's readiness probe.
+fn deploy_readiness_path() -> String {
+    let text = std::fs::read_to_string(format!(
+        "{}/../deploy/daemonset.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let ds: k8s_openapi::api::apps::v1::DaemonSet = serde_saphyr::from_str(&text).unwrap();
+    let pod = ds.spec.template.spec.unwrap();
+    let probe = pod.containers[0].readiness_probe.clone().unwrap();
+    probe.http_get.unwrap().path.unwrap()
+}
+
+/// Issue #56.5: on a Node the cluster autoscaler is removing (tainted
+/// `ToBeDeletedByClusterAutoscaler`), `/healthz` answers 503 so that load balancers drain
+/// it, while the path deploy/'s readiness probe asks answers 200: the pod stays Ready and a
+/// DaemonSet rollout does not stall during a scale-down (upstream's manifests have no
+/// readiness probe at all).
+#[test]
+fn deploys_readiness_probe_stays_ready_on_a_node_being_deleted() {
+    let c = cluster();
+    let mut y = web_yaml();
+    y += "---\napiVersion: v1\nkind: Node\nmetadata: {name: node1}\nspec:\n  taints: [{key: ToBeDeletedByClusterAutoscaler, value: \"1700000000\", effect: NoSchedule}]\n";
+    let _d = c.start_daemon(&y, &["--healthz-bind-address", "127.0.0.1:10256"]);
+    let (status, body) = http_get(&c, "127.0.0.1:10256", "/healthz").expect("healthz");
+    assert!(
+        status.contains("503"),
+        "/healthz drains the node: {status} {body}"
+    );
+    let path = deploy_readiness_path();
+    let (status, body) = http_get(&c, "127.0.0.1:10256", &path).expect("readiness path");
+    assert!(
+        status.contains("200"),
+        "deploy/'s readiness probe ({path}) stays ready: {status} {body}"
+    );
+}

@@ -1281,3 +1281,61 @@ fn late_service_is_programmed(c: &Cluster, d: &netlink_tests::cluster::Daemon, b
         "{log}"
     );
 }
+
+/// Issue #56.5, a deliberate deviation: when this Node's InternalIP changes, upstream 1.37
+/// exits (the kubelet restarts it); ours follows the change live. NodePorts on `primary`
+/// move to the new address (the old one no longer serves them), and nothing else is
+/// disturbed: the ClusterIP keeps answering and a connection established through it before
+/// the change keeps working.
+#[test]
+fn a_node_whose_internal_ip_changes_moves_its_node_ports_and_disturbs_nothing_else() {
+    const NEW_NODE_IP: &str = "192.168.50.9";
+    let c = web_cluster();
+    c.node.ip(&format!("addr add {NEW_NODE_IP}/24 dev eth-ext"));
+    let node = |ip: &str| {
+        format!("---\napiVersion: v1\nkind: Node\nmetadata: {{name: node1}}\nstatus: {{addresses: [{{type: InternalIP, address: {ip}}}]}}\n")
+    };
+    let y = web_yaml("");
+    let d = c.start_daemon(
+        &(y.clone() + &node(NODE_IP)),
+        &[
+            "--nodeport-addresses",
+            "primary",
+            "--proxy-mode",
+            "nftables",
+        ],
+    );
+    assert!(tcp_probe(&c.ext, sa(NODE_IP, 30080)).name().is_some());
+    assert!(
+        tcp_probe(&c.ext, sa(NEW_NODE_IP, 30080)).name().is_none(),
+        "not served on another address yet"
+    );
+    let mut conn = OpenConn::open(&c.pods[1], sa("10.96.0.10", 80));
+    assert!(conn.greeting.name().is_some(), "{:?}", conn.greeting);
+    assert_eq!(conn.echo("before").unwrap(), "before");
+    let syncs = d.log_text().matches("synced").count();
+    c.write_manifests(&(y + &node(NEW_NODE_IP)));
+    d.wait_for_log("synced", syncs + 1);
+    let t0 = Instant::now();
+    while tcp_probe(&c.ext, sa(NEW_NODE_IP, 30080)).name().is_none() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the NodePort moved to the new InternalIP"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        tcp_probe(&c.ext, sa(NODE_IP, 30080)).name().is_none(),
+        "the old address no longer serves NodePorts"
+    );
+    assert!(
+        tcp_probe(&c.pods[1], sa("10.96.0.10", 80)).name().is_some(),
+        "the ClusterIP still answers"
+    );
+    assert_eq!(
+        conn.echo("after").unwrap(),
+        "after",
+        "the connection established before the change still works"
+    );
+    assert!(!d.log_text().contains("exiting"), "ours runs on");
+}

@@ -187,8 +187,8 @@ pub fn decode(text: &str) -> Result<Decoded, DecodeError> {
             return Err(err(
                 Some("apiVersion"),
                 format!(
-                    "{v:?} is not supported: only {API_VERSION} is read (v1alpha2 is alpha \
-                     upstream and not implemented here)"
+                    "{v:?} is not supported: no kind \"KubeProxyConfiguration\" is registered \
+                     for that version (upstream v1.37 defines {API_VERSION} alone)"
                 ),
             ))
         }
@@ -301,6 +301,14 @@ mod tests {
             decode("apiVersion: kubeproxy.config.k8s.io/v1alpha2\nkind: KubeProxyConfiguration\n")
                 .unwrap_err();
         assert!(e.why.contains("v1alpha2"), "{e:?}");
+        // v1.37.2 has no v1alpha2 (k8s.io/kube-proxy/config holds v1alpha1 alone): the
+        // message says so, not that it is alpha upstream.
+        assert!(
+            e.why
+                .contains("defines kubeproxy.config.k8s.io/v1alpha1 alone")
+                && !e.why.contains("alpha upstream"),
+            "{e:?}"
+        );
         let e = decode("kind: KubeProxyConfiguration\n").unwrap_err();
         assert_eq!(e.field.as_deref(), Some("apiVersion"));
     }
