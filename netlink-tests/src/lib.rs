@@ -9,6 +9,7 @@ pub mod baseline;
 pub mod bounded;
 pub mod cluster;
 pub mod controlplane;
+pub mod ct_differential;
 pub mod deadline;
 pub mod differential;
 pub mod listing;
