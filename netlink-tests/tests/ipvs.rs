@@ -26,18 +26,122 @@ fn ipvs_mode_in_a_vm() {
     // Two tests at a time on the guest's two virtual CPUs (each its own namespaces, as on
     // the host): without KVM every process is emulated, and one at a time the suite took
     // 950-1200 s.
-    run_in_vm(&filter, None, 2);
+    run_in_vm(&filter, &Vm::default().threads(2));
 }
 
 /// A guest booted with `ipv6.disable=1` (issue #56.3): the `no_ipv6::` tests.
 #[test]
 fn a_host_without_ipv6_in_a_vm() {
-    run_in_vm("no_ipv6::", Some("ipv6.disable=1"), 1);
+    let vm = Vm {
+        append: Some("ipv6.disable=1"),
+        ..Vm::default()
+    };
+    run_in_vm("no_ipv6::", &vm);
 }
 
-/// Boots the VM (with `append` on the kernel's command line) and runs this test binary's
-/// ignored tests matching `filter` in it, `threads` at a time.
-fn run_in_vm(filter: &str, append: Option<&str>, threads: u32) {
+/// Issue #56.5: IPVS mode's `IPVSDeprecation` Event, as a real kube-apiserver accepts and
+/// serves it. The API server runs on the host (the VM's emulated CPU is too slow for it) in
+/// a node namespace; the VM is started in that namespace, its guest reaching the API server
+/// through qemu's user network (run-in-vm.sh --forward-tcp 6443), and runs ours in IPVS mode
+/// once there (`api_event::`), authenticated as the admin.
+#[test]
+fn ipvs_deprecation_event_reaches_a_real_api_server() {
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Api, ListParams, PostParams};
+    netlink_tests::ns::require_root();
+    if std::env::var_os(IN_VM).is_some() {
+        return;
+    }
+    // The node namespace of a test cluster: the API server listens on its address.
+    let cluster = netlink_tests::cluster::Cluster::new();
+    let host = &cluster.node;
+    let cp = netlink_tests::controlplane::ControlPlane::start(host);
+    cp.with_admin(host, |client| {
+        Box::pin(async move {
+            let node: Node = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"}
+            }))
+            .unwrap();
+            Api::<Node>::all(client)
+                .create(&PostParams::default(), &node)
+                .await
+                .unwrap();
+        })
+    });
+    let kubeconfig = cp.admin_kubeconfig_via("https://10.0.2.100:6443");
+    let vm = Vm {
+        netns: Some(host.name.clone()),
+        forward_tcp: Some(6443),
+        shares: vec![cp.dir.clone()],
+        envs: vec![format!("KNP_KUBECONFIG={}", kubeconfig.display())],
+        ..Vm::default()
+    };
+    run_in_vm("api_event::", &vm);
+    let events = cp.with_admin(host, |client| {
+        Box::pin(async move {
+            let t0 = std::time::Instant::now();
+            loop {
+                let l = Api::<Event>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap();
+                let found: Vec<Event> = l
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some("IPVSDeprecation"))
+                    .collect();
+                if !found.is_empty() || t0.elapsed() > std::time::Duration::from_secs(10) {
+                    break found;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        })
+    });
+    assert_eq!(events.len(), 1, "one IPVSDeprecation event: {events:?}");
+    let e = &events[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(e.action.as_deref(), Some("StartKubeProxy"));
+    assert_eq!(e.reporting_controller.as_deref(), Some("kube-proxy"));
+    let regarding = e.regarding.as_ref().expect("regarding");
+    assert_eq!(
+        (regarding.kind.as_deref(), regarding.name.as_deref()),
+        (Some("Node"), Some("node1"))
+    );
+    assert!(
+        e.note.as_deref().is_some_and(|n| n.contains("nftables")),
+        "{:?}",
+        e.note
+    );
+}
+
+/// How [`run_in_vm`] boots the guest.
+#[derive(Default)]
+struct Vm {
+    /// Virtual CPUs, and tests at a time (1 when 0).
+    threads: u32,
+    /// Added to the kernel's command line.
+    append: Option<&'static str>,
+    /// The network namespace qemu runs in.
+    netns: Option<String>,
+    /// A guest NIC whose 10.0.2.100:PORT reaches 127.0.0.1:PORT of qemu's namespace.
+    forward_tcp: Option<u16>,
+    /// More directories shared into the guest, and `NAME=VALUE`s set there.
+    shares: Vec<PathBuf>,
+    envs: Vec<String>,
+}
+
+impl Vm {
+    fn threads(mut self, n: u32) -> Vm {
+        self.threads = n;
+        self
+    }
+}
+
+/// Boots the VM as `vm` says and runs this test binary's ignored tests matching `filter` in
+/// it.
+fn run_in_vm(filter: &str, vm: &Vm) {
+    let threads = vm.threads.max(1);
     netlink_tests::ns::require_root();
     if std::env::var_os(IN_VM).is_some() {
         return; // already inside: the guest runs the guest:: tests only
@@ -45,8 +149,24 @@ fn run_in_vm(filter: &str, append: Option<&str>, threads: u32) {
     let exe = std::env::current_exe().unwrap();
     let ws = workspace();
     let script = ws.join("netlink-tests/vm/run-in-vm.sh");
-    let mut cmd = Command::new(&script);
+    let mut cmd = match &vm.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&script);
+            c
+        }
+        None => Command::new(&script),
+    };
     cmd.arg("--share").arg(&ws);
+    for s in &vm.shares {
+        cmd.arg("--share").arg(s);
+    }
+    for e in &vm.envs {
+        cmd.args(["--env", e]);
+    }
+    if let Some(port) = vm.forward_tcp {
+        cmd.args(["--forward-tcp", &port.to_string()]);
+    }
     // A target directory outside the workspace must be visible in the guest too.
     let target = exe.parent().and_then(Path::parent).and_then(Path::parent);
     if let Some(t) = target.filter(|t| !t.starts_with(&ws)) {
@@ -57,7 +177,7 @@ fn run_in_vm(filter: &str, append: Option<&str>, threads: u32) {
     if upstream.is_dir() {
         cmd.arg("--share").arg(upstream);
     }
-    if let Some(a) = append {
+    if let Some(a) = vm.append {
         cmd.args(["--append", a]);
     }
     cmd.args(["--env", &format!("{IN_VM}=1"), "--timeout", "1200"])
@@ -80,6 +200,47 @@ fn run_in_vm(filter: &str, append: Option<&str>, threads: u32) {
         st.success(),
         "IPVS tests in the VM failed ({st}); their output is above"
     );
+}
+
+/// Inside a guest with a NIC to the host's API server (`--forward-tcp 6443`): ours runs once
+/// in IPVS mode against it, in the guest's own namespace (the only one with the NIC).
+mod api_event {
+    use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
+    use netlink_tests::cluster::proxy_bin;
+
+    #[test]
+    #[ignore = "needs IPVS and the host's API server: run by ipvs_deprecation_event_reaches_a_real_api_server"]
+    fn ipvs_mode_starts_once_against_the_api_server() {
+        assert!(
+            std::env::var_os(super::IN_VM).is_some(),
+            "runs inside the VM"
+        );
+        let kubeconfig = std::env::var("KNP_KUBECONFIG").expect("KNP_KUBECONFIG");
+        for args in ["link set eth0 up", "addr add 10.0.2.15/24 dev eth0"] {
+            let out = std::process::Command::new("ip")
+                .args(args.split(' '))
+                .output_within(TEST_LIMIT)
+                .unwrap();
+            assert!(out.status.success(), "ip {args}: {out:?}");
+        }
+        let out = std::process::Command::new(proxy_bin())
+            .args([
+                "--kubeconfig",
+                &kubeconfig,
+                "--hostname-override",
+                "node1",
+                "--proxy-mode",
+                "ipvs",
+                "--once",
+            ])
+            .output_within(TEST_LIMIT)
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// Inside a guest without IPv6 (`ipv6.disable=1`): IPVS and nftables modes run IPv4 alone,

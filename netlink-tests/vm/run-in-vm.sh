@@ -5,9 +5,13 @@
 #
 #   run-in-vm.sh --setup                         # download + build the cached guest only
 #   run-in-vm.sh [--share DIR]... [--env NAME=VAL]... [--timeout S] [--mem MB] [--smp N]
-#                [--append KERNEL-ARGS] -- CMD ARGS...
+#                [--append KERNEL-ARGS] [--forward-tcp PORT] -- CMD ARGS...
 #
 # --append adds to the guest kernel's command line (e.g. ipv6.disable=1).
+# --forward-tcp PORT gives the guest a virtio NIC on qemu's user network, isolated
+# (restrict=on) except that 10.0.2.100:PORT reaches 127.0.0.1:PORT in the network namespace
+# qemu runs in (through `nc`, one per connection); the guest configures eth0 itself
+# (10.0.2.15/24).
 # --share DIR mounts DIR read-write over 9p at the same absolute path in the guest; the
 # guest's working directory is $PWD when it lies inside a share. The guest has busybox,
 # dash as /bin/sh, iproute2's ip, nft, ipvsadm, iptables (-nft and -legacy), ipset, conntrack,
@@ -23,9 +27,9 @@ CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 # --smp N: virtual CPUs. Without KVM (the CI machines have none) qemu emulates each on its
 # own host thread; the IPVS tests ask for two (netlink-tests/tests/ipvs.rs), kernel-bench's
 # IPVS rows were measured on one.
-MEM=1024 TIMEOUT=900 SETUP_ONLY=0 SMP=1 APPEND=""
+MEM=1024 TIMEOUT=900 SETUP_ONLY=0 SMP=1 APPEND="" FORWARD=""
 SHARES=() ENVS=()
-STAMP=10
+STAMP=11
 
 die() { echo "run-in-vm: $*" >&2; exit 126; }
 
@@ -37,6 +41,7 @@ while [ $# -gt 0 ]; do
     --smp) SMP=$2; shift 2;;
     --timeout) TIMEOUT=$2; shift 2;;
     --append) APPEND=$2; shift 2;;
+    --forward-tcp) FORWARD=$2; shift 2;;
     --setup) SETUP_ONLY=1; shift;;
     --) shift; break;;
     *) die "unknown option $1";;
@@ -44,7 +49,7 @@ while [ $# -gt 0 ]; do
 done
 
 # Loaded in this order (their dependencies first, resolved from modules.dep).
-MODULES="crc32c_generic virtio_pci 9pnet_virtio 9p dummy veth
+MODULES="crc32c_generic virtio_pci 9pnet_virtio 9p virtio_net dummy veth
  nfnetlink nf_conntrack nf_conntrack_netlink nf_nat nf_tables nft_ct nft_nat nft_chain_nat
  nft_masq nft_redir nft_numgen nft_hash nft_fib_inet nft_fib_ipv4 nft_fib_ipv6
  nft_reject_inet nft_reject_ipv4 nft_reject_ipv6
@@ -217,6 +222,9 @@ args=(qemu-system-x86_64 -nodefaults -no-user-config -display none -vga none -no
   "${accel[@]}" -m "$MEM" -smp "$SMP" -M pc -chardev stdio,id=con,signal=off -serial chardev:con
   -kernel "$KERNEL" -initrd "$WORK/initrd.cpio"
   -append "console=ttyS0 quiet loglevel=3 panic=-1 oops=panic rdinit=/init mitigations=off tsc=reliable no_timer_check 8250.nr_uarts=1 random.trust_cpu=on${APPEND:+ $APPEND}")
+if [ -n "$FORWARD" ]; then
+  args+=(-nic "user,model=virtio-net-pci,restrict=on,guestfwd=tcp:10.0.2.100:$FORWARD-cmd:nc 127.0.0.1 $FORWARD")
+fi
 for i in "${!SHARES[@]}"; do args+=(-virtfs "local,path=${SHARES[$i]},mount_tag=share$i,security_model=none,id=fs$i"); done
 
 mkfifo "$WORK/out"
