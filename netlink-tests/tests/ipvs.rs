@@ -246,9 +246,11 @@ mod api_event {
 /// Inside a guest without IPv6 (`ipv6.disable=1`): IPVS and nftables modes run IPv4 alone,
 /// as upstream since 1.34 (kubernetes#131265/#133711), saying so in one info line.
 mod no_ipv6 {
-    use netlink_tests::backend::{tcp_backend, tcp_probes, Reply};
-    use netlink_tests::cluster::{kernel_has_ipv6, sa, yaml, Cluster};
+    use netlink_tests::backend::{tcp_probes, Reply};
+    use netlink_tests::cluster::{kernel_has_ipv6, sa, Cluster};
+    use netlink_tests::scenario::{self, Backends, LOCAL_EP, REMOTE_EP, WEB_IP};
 
+    /// The shared scenario (IPv4 backends): IPv6 cannot be configured on this guest.
     fn cluster() -> Cluster {
         assert!(
             std::env::var_os(super::IN_VM).is_some(),
@@ -258,39 +260,12 @@ mod no_ipv6 {
             !kernel_has_ipv6(),
             "the guest was booted with ipv6.disable=1"
         );
-        let mut c = Cluster::new();
-        c.add_pod(2);
-        c.add_pod(3);
-        tcp_backend(&c.pods[0], "A", sa("10.244.1.2", 8080));
-        c
+        scenario::web_cluster(Backends::default())
     }
 
-    /// A dual-stack Service with endpoints in both families.
+    /// The dual-stack `default/web` Service, with endpoints in both families.
     fn manifests() -> String {
-        let mut y = yaml::service(
-            "default",
-            "web",
-            &["10.96.0.10", "fd00:96::10"],
-            &[("http", "TCP", 80, 30080)],
-            "type: NodePort",
-        );
-        y += &yaml::slice(
-            "default",
-            "web",
-            "web-v4",
-            "IPv4",
-            ("http", "TCP", 8080),
-            &[yaml::ready("10.244.1.2", "node1")],
-        );
-        y += &yaml::slice(
-            "default",
-            "web",
-            "web-v6",
-            "IPv6",
-            ("http", "TCP", 8080),
-            &[yaml::ready("fd00:10:244:1::2", "node1")],
-        );
-        y
+        scenario::web_yaml_with("", &[LOCAL_EP, REMOTE_EP], true)
     }
 
     /// One sync in `mode`: it succeeds, logs why IPv6 is left out, programs no IPv6 table
@@ -329,11 +304,9 @@ mod no_ipv6 {
             assert!(list.contains("10.96.0.10:80"), "{list}");
             assert!(!list.contains("fd00"), "no IPv6 virtual server: {list}");
         }
-        let replies = tcp_probes(&c.pods[1], sa("10.96.0.10", 80), 4);
+        let replies = tcp_probes(&c.pods[1], sa(WEB_IP, 80), 4);
         assert!(
-            replies
-                .iter()
-                .all(|r| matches!(r, Reply::Answered { name, .. } if name == "A")),
+            replies.iter().all(|r| matches!(r, Reply::Answered { .. })),
             "{mode}: {replies:?}"
         );
     }

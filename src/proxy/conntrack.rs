@@ -406,6 +406,45 @@ mod tests {
         assert!(stale_flows(&d, &NO_GONE, &[live]).is_empty());
     }
 
+    /// Upstream's `pkg/proxy/conntrack/cleanup_test.go` fixture: the addresses and ports of
+    /// its one service port, `test/cleanup-test`.
+    mod upstream_fixture {
+        pub const CLUSTER_IP: &str = "172.30.1.1";
+        pub const EXTERNAL_IP: &str = "192.168.99.100";
+        pub const LB_IP: &str = "1.2.3.4";
+        pub const SERVING: &str = "10.240.0.4";
+        pub const NOT_SERVING: &str = "10.240.1.5";
+        pub const DELETED: &str = "10.240.2.6";
+        // The endpoint moved from 8080 to 9090 keeping its address (upstream's
+        // testOldEndpointPort); 3000 is a port of the service IPs that is not the service's.
+        pub const OLD_EP_PORT: u16 = 8080;
+        pub const EP_PORT: u16 = 9090;
+        pub const SVC_PORT: u16 = 8000;
+        pub const NODE_PORT: u16 = 32000;
+        pub const OTHER_PORT: u16 = 3000;
+    }
+
+    /// A state with upstream's fixture service port of `proto` (ClusterIP, externalIP,
+    /// LoadBalancer IP, NodePort) and no endpoints yet; its name.
+    fn upstream_service(proto: Protocol) -> (ProxyState, ServicePortName) {
+        use upstream_fixture::*;
+        let spn = ServicePortName {
+            namespace: "test".into(),
+            name: "cleanup-test".into(),
+            port: "test".into(),
+            protocol: proto,
+        };
+        let mut st = ProxyState::default();
+        let sp = ServicePort {
+            node_port: Some(NODE_PORT),
+            external_ips: vec![EXTERNAL_IP.parse().unwrap()],
+            load_balancer_ips: vec![LB_IP.parse().unwrap()],
+            ..ServicePort::new(spn.clone(), CLUSTER_IP.parse().unwrap(), SVC_PORT)
+        };
+        st.services.insert(spn.clone(), sp.into());
+        (st, spn)
+    }
+
     /// Upstream's `TestCleanStaleEntries` (`pkg/proxy/conntrack/cleanup_test.go`): one
     /// service port with a ClusterIP, an externalIP, a LoadBalancer IP and a NodePort; a
     /// serving endpoint, a not-serving one and one deleted. For each protocol we clean (UDP,
@@ -414,34 +453,9 @@ mod tests {
     /// to another port of those addresses stay.
     #[test]
     fn upstream_clean_stale_entries_table() {
-        const CLUSTER_IP: &str = "172.30.1.1";
-        const EXTERNAL_IP: &str = "192.168.99.100";
-        const LB_IP: &str = "1.2.3.4";
-        const SERVING: &str = "10.240.0.4";
-        const NOT_SERVING: &str = "10.240.1.5";
-        const DELETED: &str = "10.240.2.6";
-        // The endpoint moved from 8080 to 9090 keeping its address (upstream's
-        // testOldEndpointPort); 3000 is a port of the service IPs that is not the service's.
-        const OLD_EP_PORT: u16 = 8080;
-        const EP_PORT: u16 = 9090;
-        const SVC_PORT: u16 = 8000;
-        const NODE_PORT: u16 = 32000;
-        const OTHER_PORT: u16 = 3000;
+        use upstream_fixture::*;
         for proto in PROTOCOLS {
-            let spn = ServicePortName {
-                namespace: "test".into(),
-                name: "cleanup-test".into(),
-                port: "test".into(),
-                protocol: proto,
-            };
-            let mut st = ProxyState::default();
-            let sp = ServicePort {
-                node_port: Some(NODE_PORT),
-                external_ips: vec![EXTERNAL_IP.parse().unwrap()],
-                load_balancer_ips: vec![LB_IP.parse().unwrap()],
-                ..ServicePort::new(spn.clone(), CLUSTER_IP.parse().unwrap(), SVC_PORT)
-            };
-            st.services.insert(spn.clone(), sp.into());
+            let (mut st, spn) = upstream_service(proto);
             let not_serving = Endpoint {
                 ready: false,
                 serving: false,
@@ -497,30 +511,9 @@ mod tests {
     /// alone) stay.
     #[test]
     fn upstream_service_without_endpoints_table() {
-        const CLUSTER_IP: &str = "172.30.1.1";
-        const EXTERNAL_IP: &str = "192.168.99.100";
-        const LB_IP: &str = "1.2.3.4";
-        const SERVING: &str = "10.240.0.4";
-        const DELETED: &str = "10.240.2.6";
-        const EP_PORT: u16 = 9090;
-        const SVC_PORT: u16 = 8000;
-        const NODE_PORT: u16 = 32000;
-        const OTHER_PORT: u16 = 3000;
+        use upstream_fixture::*;
         for proto in PROTOCOLS {
-            let spn = ServicePortName {
-                namespace: "test".into(),
-                name: "cleanup-test".into(),
-                port: "test-udp".into(),
-                protocol: proto,
-            };
-            let mut st = ProxyState::default();
-            let sp = ServicePort {
-                node_port: Some(NODE_PORT),
-                external_ips: vec![EXTERNAL_IP.parse().unwrap()],
-                load_balancer_ips: vec![LB_IP.parse().unwrap()],
-                ..ServicePort::new(spn.clone(), CLUSTER_IP.parse().unwrap(), SVC_PORT)
-            };
-            st.services.insert(spn, sp.into());
+            let (st, _) = upstream_service(proto);
             let f = |dst: &str, dport, reply: &str| Flow {
                 proto: proto.number(),
                 ..flow(dst, dport, reply, EP_PORT)
