@@ -563,6 +563,25 @@ fn write_process_metrics(s: &mut String, start: SystemTime) {
 mod tests {
     use super::*;
 
+    /// prometheus-client 0.24 leaves out a labelled family that has no series yet, as Go's
+    /// client does (a fresh upstream kube-proxy lists no `kubeproxy_sync_proxy_rules_duration_seconds`
+    /// before its first sync); 0.23 wrote its HELP and TYPE lines alone.
+    #[test]
+    fn a_family_without_series_is_not_written() {
+        let m = Metrics::new();
+        let name = "kubeproxy_sync_proxy_rules_duration_seconds";
+        assert!(!m.render().contains(name), "{}", m.render());
+        m.observe_sync(
+            &[crate::model::net::Family::Ip],
+            true,
+            Duration::from_millis(3),
+            true,
+        );
+        let text = m.render();
+        assert!(text.contains(&format!("# HELP {name} ")), "{text}");
+        assert!(!text.contains("ip_family=\"IPv6\""), "{text}");
+    }
+
     #[test]
     fn exports_upstream_names() {
         let m = Metrics::new();
