@@ -539,7 +539,7 @@ pub fn wait_programmed(
 }
 
 /// Compares every flow of [`FLOWS`] and `extra` on `ours` and `theirs`; `deviations` are the
-/// flows that must differ (README's "Deviations from upstream"). Returns the table and the
+/// flows that must differ (docs/features.md, "Deviations from upstream"). Returns the table and the
 /// flows that broke the expectation (a listed deviation that no longer differs included).
 pub fn compare(
     ours: &Cluster,

@@ -4,7 +4,7 @@
 //! `nft` or `iptables`) on the twin, both as `node1`. One flow table
 //! (`netlink_tests::differential::FLOWS`) goes through both, and for each flow the outcome
 //! must be the same: which endpoints answer, which source address they saw, refused or
-//! dropped. A mismatch fails the test unless README's "Deviations from upstream" explains it
+//! dropped. A mismatch fails the test unless docs/features.md's "Deviations from upstream" explains it
 //! and the flow is listed with it here.
 #![allow(clippy::disallowed_methods)] // tests may run test-time tools
 
@@ -149,7 +149,7 @@ fn flows_match_upstream_nftables_mode_with_localhost_node_ports() {
 
 #[test]
 fn flows_match_upstream_iptables_mode() {
-    // README "Deviations from upstream": a ClusterIP's unused port is rejected, as upstream's
+    // docs/features.md, "Deviations from upstream": a ClusterIP's unused port is rejected, as upstream's
     // nftables mode does; upstream's iptables mode leaves it to routing.
     differential(
         &["--proxy-mode", "iptables"],

@@ -979,7 +979,7 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
 ///   TestSyncProxyRulesStartup, Test_servicePortChainNameBase, Test_servicePortEndpointChainNameBase,
 ///   TestTruncateNFTablesComment, TestSyncProxyRulesTruncatesNoEndpointServiceComment: they
 ///   compare upstream's exact ruleset text and chain names; ours is laid out differently by
-///   design (README "Ruleset design"), and the behaviour they guard is what the flow tables
+///   design (docs/design.md, "Ruleset design"), and the behaviour they guard is what the flow tables
 ///   above check. Our own golden output (`netlink-tests/tests/golden`) and the
 ///   kernel-vs-`nft -f` differential tests pin our layout instead.
 /// - TestBuildServiceMap*, TestUpdateEndpointsMap, TestBadIPs: upstream's change trackers;

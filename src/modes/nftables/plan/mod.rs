@@ -1,6 +1,6 @@
 //! Builds the [`Ruleset`] of one family from the model. Pure.
 //!
-//! Layout (see README "Ruleset design"): upstream nftables mode's base chains, static chains
+//! Layout (see docs/design.md, "Ruleset design"): upstream nftables mode's base chains, static chains
 //! and verdict maps keyed on `daddr . l4proto . dport`; per service port a chain whose one
 //! `dnat to numgen random mod N offset O map @endpoints-XX` rule picks an endpoint from a
 //! block of slots in one of the shared endpoint maps ([`super::slots`]), instead of upstream's
