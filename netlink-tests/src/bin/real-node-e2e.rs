@@ -11,17 +11,22 @@
 //! `--focus RE` and `--skip RE` replace the proxy focus and its skips; `--out FILE` writes
 //! the report (one line per spec); `--nodes N` (default 3) brings up N nodes, zones
 //! assigned in turn: 6 gives the two schedulable nodes per zone that two Traffic
-//! Distribution specs need; `--procs P` runs P Ginkgo processes (default 3). Exits 1 when a
-//! spec failed. As root.
+//! Distribution specs need; `--procs P` runs P Ginkgo processes (default 3); `--family
+//! ipv4|dual|ipv6` (default ipv4) gives nodes, pods and Services IPv4 only, both families
+//! (IPv4 primary) or IPv6 only: a dual-stack run without `--focus` adds upstream's
+//! `[Feature:IPv6DualStack]` specs to the proxy focus, and neither dual-stack nor IPv6
+//! skips the IPv6 and DualStack specs. Exits 1 when a spec failed. As root.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use netlink_tests::realnode::{e2e, proxies, proxies::Proxy, workspace_root, Cluster};
+use netlink_tests::realnode::{
+    e2e, proxies, proxies::Proxy, workspace_root, Cluster, ClusterConfig, Family,
+};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6]"
     );
     std::process::exit(2)
 }
@@ -29,8 +34,9 @@ fn usage() -> ! {
 fn main() {
     let mut proxy = Proxy::Ours;
     let mut mode = String::new();
-    let mut focus = proxies::PROXY_FOCUS.to_string();
-    let mut skip = proxies::skip_regex();
+    let mut focus: Option<String> = None;
+    let mut skip: Option<String> = None;
+    let mut family = Family::Ipv4;
     let mut out: Option<PathBuf> = None;
     let mut timeout = Duration::from_secs(3600);
     let mut nodes = 3usize;
@@ -47,8 +53,9 @@ fn main() {
                 }
             }
             "--mode" => mode = val(),
-            "--focus" => focus = val(),
-            "--skip" => skip = val(),
+            "--focus" => focus = Some(val()),
+            "--skip" => skip = Some(val()),
+            "--family" => family = Family::parse(&val()).unwrap_or_else(|| usage()),
             "--out" => out = Some(PathBuf::from(val())),
             "--procs" => match val().parse() {
                 Ok(n) if (1..=16).contains(&n) => procs = n,
@@ -62,6 +69,8 @@ fn main() {
             _ => usage(),
         }
     }
+    let focus = focus.unwrap_or_else(|| proxies::focus_for(family));
+    let skip = skip.unwrap_or_else(|| proxies::skip_regex_for(family));
     assert!(netlink_tests::ns::is_root(), "real-node-e2e needs root");
     netlink_tests::deadline::set_limit(timeout + Duration::from_secs(900));
     let ours = workspace_root().join("target/kube-nlproxy-v0.1.0.oci.tar");
@@ -75,14 +84,14 @@ fn main() {
     } else {
         vec![]
     };
-    let c = Cluster::start(nodes, &extra);
+    let c = Cluster::start_with(ClusterConfig { nodes, family }, &extra);
     let took = proxies::deploy(&c, proxy, &mode, Duration::from_secs(180));
     eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
     c.install_coredns(Duration::from_secs(180));
     let log = c.dir.join("e2e.log");
     let report = e2e::run_in(&c, &focus, &skip, timeout, &log, procs);
     let text = format!(
-        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes, {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n# passed {}, failed {}, skipped {}\n{}",
+        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes ({family:?}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n# passed {}, failed {}, skipped {}\n{}",
         report.passed().count(),
         report.failed().count(),
         report.skipped().count(),

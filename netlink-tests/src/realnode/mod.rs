@@ -13,13 +13,19 @@
 //! proxy under test. Nodes authenticate with static tokens for `system:node:NAME` under
 //! `--authorization-mode=Node,RBAC`.
 //!
+//! That is the IPv4 plan, the default. [`Family::Dual`] (`ClusterConfig::family`) gives every
+//! namespace, node, pod CIDR, Service range and kube-dns an IPv6 twin as well, with IPv4
+//! primary; [`Family::Ipv6`] has the IPv6 twins alone (`family.rs` has the plan).
+//!
 //! Every wait is bounded; [`Cluster`]'s drop kills every process (pods through the nodes'
 //! cgroups, daemons through the holders' mount namespaces), removes the cgroups, namespaces
 //! and files; [`sweep`] does the same for a run that was killed before it could.
 //!
 //! I/O: processes, namespaces, files.
 
+mod coredns;
 pub mod e2e;
+pub mod family;
 pub mod host;
 pub mod images;
 pub mod node;
@@ -34,9 +40,11 @@ use std::time::{Duration, Instant};
 
 use crate::bounded::OutputWithin;
 use crate::ns::NetNs;
+pub use family::{Family, IpFamily};
 use node::Node;
 
 pub const K8S_VERSION: &str = "v1.37.2";
+// The IPv4 (primary) plan; `family.rs` has it for every family.
 pub const FABRIC_IP: &str = "10.99.0.1";
 pub const CP_IP: &str = "10.99.0.10";
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
@@ -101,22 +109,44 @@ pub fn binaries() -> Binaries {
 }
 
 /// Plugs `ns` into the fabric's bridge with a veth pair (`name` on the fabric side, `eth0`
-/// inside) and gives it `ip`/24 with a default route through the fabric.
-pub fn plug(fabric: &NetNs, ns: &NetNs, name: &str, ip: &str) {
+/// inside) and gives it `ips` (one per family, on the fabric's prefix) with a default route
+/// through the fabric in each family.
+pub fn plug(fabric: &NetNs, ns: &NetNs, name: &str, ips: &[String]) {
     fabric.ip(&format!(
         "link add {name} type veth peer name eth0 netns {}",
         ns.name
     ));
     fabric.ip(&format!("link set {name} master br0 up"));
-    ns.ip(&format!("addr add {ip}/24 dev eth0"));
+    for ip in ips {
+        ns.ip(&format!("addr add {} dev eth0", fabric_addr(ip)));
+    }
     ns.ip("link set eth0 up");
-    ns.ip(&format!("route add default via {FABRIC_IP}"));
+    for ip in ips {
+        let family = IpFamily::of(ip);
+        let flag = if family == IpFamily::V6 { "-6 " } else { "" };
+        ns.ip(&format!(
+            "{flag}route add default via {}",
+            family.fabric_ip()
+        ));
+    }
+}
+
+/// `ip addr add`'s argument for `ip` on the fabric: its prefix, and for IPv6 `nodad`, so the
+/// address is usable at once (a tentative address cannot be bound to, and the kubelet and
+/// the API server start within the second duplicate address detection takes).
+fn fabric_addr(ip: &str) -> String {
+    let family = IpFamily::of(ip);
+    match family {
+        IpFamily::V4 => format!("{ip}/{}", family.fabric_prefix_len()),
+        IpFamily::V6 => format!("{ip}/{} nodad", family.fabric_prefix_len()),
+    }
 }
 
 /// etcd, kube-apiserver, kube-controller-manager and kube-scheduler in their namespace.
 pub struct ControlPlane {
     pub ns: NetNs,
     pub dir: PathBuf,
+    pub family: Family,
     procs: Vec<(String, Child)>,
 }
 
@@ -151,11 +181,11 @@ impl ControlPlane {
         std::fs::write(self.dir.join("tokens.csv"), tokens).unwrap();
         vec![
             "--etcd-servers=http://127.0.0.1:2379".into(),
-            "--bind-address=0.0.0.0".into(),
-            format!("--advertise-address={CP_IP}"),
+            format!("--bind-address={}", self.family.primary().any()),
+            format!("--advertise-address={}", self.family.primary().cp_ip()),
             "--secure-port=6443".into(),
             format!("--cert-dir={}", d("certs")),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", self.family.service_cidrs()),
             "--authorization-mode=Node,RBAC".into(),
             format!("--token-auth-file={}", d("tokens.csv")),
             format!("--service-account-key-file={}", d("sa.pub")),
@@ -168,9 +198,14 @@ impl ControlPlane {
         ]
     }
 
-    fn start(fabric: &NetNs, dir: &Path, node_tokens: &[(String, String)]) -> ControlPlane {
+    fn start(
+        fabric: &NetNs,
+        dir: &Path,
+        node_tokens: &[(String, String)],
+        family: Family,
+    ) -> ControlPlane {
         let ns = NetNs::new("rncp");
-        plug(fabric, &ns, &format!("{TAG}cp"), CP_IP);
+        plug(fabric, &ns, &format!("{TAG}cp"), &family.cp_ips());
         let dir = dir.join("control-plane");
         std::fs::create_dir_all(dir.join("certs")).unwrap();
         let out = Command::new("sh")
@@ -185,6 +220,7 @@ impl ControlPlane {
         let mut cp = ControlPlane {
             ns,
             dir,
+            family,
             procs: Vec::new(),
         };
         let bins = binaries();
@@ -210,13 +246,15 @@ impl ControlPlane {
         cp.wait_ready(Duration::from_secs(120));
         let admin = cp.admin_kubeconfig();
         let d = |f: &str| cp.dir.join(f).display().to_string();
-        let kcm_args = vec![
+        let mut kcm_args = vec![
             format!("--kubeconfig={}", admin.display()),
             "--controllers=*".into(),
             "--allocate-node-cidrs=true".into(),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
-            "--node-cidr-mask-size=24".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--cluster-cidr={}", family.cluster_cidrs()),
+        ];
+        kcm_args.extend(family.node_cidr_mask_flags());
+        kcm_args.extend([
+            format!("--service-cluster-ip-range={}", family.service_cidrs()),
             format!("--root-ca-file={}", d("certs/apiserver.crt")),
             format!("--service-account-private-key-file={}", d("sa.key")),
             "--use-service-account-credentials=false".into(),
@@ -224,7 +262,7 @@ impl ControlPlane {
             "--bind-address=127.0.0.1".into(),
             // Pods of a dead node go after 30 s, not 5 min (node-life tests).
             "--node-monitor-grace-period=20s".into(),
-        ];
+        ]);
         cp.spawn(
             "kube-controller-manager",
             &bins.node.join("kube-controller-manager"),
@@ -286,7 +324,8 @@ impl ControlPlane {
             std::fs::write(
                 &p,
                 format!(
-                    "apiVersion: v1\nkind: Config\nclusters:\n- name: nlp\n  cluster:\n    server: https://{CP_IP}:6443\n    certificate-authority: {}\ncontexts:\n- name: nlp\n  context: {{cluster: nlp, user: admin}}\ncurrent-context: nlp\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\n",
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: nlp\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: nlp\n  context: {{cluster: nlp, user: admin}}\ncurrent-context: nlp\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\n",
+                    self.family.apiserver_url(),
                     self.ca().display()
                 ),
             )
@@ -343,6 +382,8 @@ pub struct Cluster {
     pub fabric: NetNs,
     pub dir: PathBuf,
     pub images: Vec<PathBuf>,
+    /// The IP families of nodes, pods and Services.
+    pub family: Family,
     node_tokens: Vec<(String, String)>,
     /// Whether this run made /lib/modules (kubeadm's DaemonSet mounts it; this machine has
     /// none), so that teardown removes it again.
@@ -353,12 +394,44 @@ pub struct Cluster {
 /// The zones the nodes are labelled with, in order.
 pub const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 
+/// What [`Cluster::start_with`] brings up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// How many nodes (1 to 9), zones assigned in turn.
+    pub nodes: usize,
+    /// The IP families of nodes, pods and Services; IPv4 only by default.
+    pub family: Family,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            nodes: 3,
+            family: Family::Ipv4,
+        }
+    }
+}
+
 impl Cluster {
-    /// Brings up the control plane and `n` nodes, imports the test images (and `extra`
-    /// tarballs) into every node's runtime, and waits until every node is registered with a
-    /// pod CIDR and its CNI configured. Nodes are not Ready for pods that need Services
-    /// until a proxy runs on them: that is the test's to deploy, then [`install_coredns`].
+    /// Brings up the control plane and `n` IPv4-only nodes: [`start_with`](Self::start_with)
+    /// with the default family.
     pub fn start(n: usize, extra_images: &[PathBuf]) -> Cluster {
+        Cluster::start_with(
+            ClusterConfig {
+                nodes: n,
+                ..ClusterConfig::default()
+            },
+            extra_images,
+        )
+    }
+
+    /// Brings up the control plane and `config.nodes` nodes in `config.family`, imports the
+    /// test images (and `extra` tarballs) into every node's runtime, and waits until every
+    /// node is registered with its pod CIDRs and its CNI configured. Nodes are not Ready for
+    /// pods that need Services until a proxy runs on them: that is the test's to deploy,
+    /// then [`install_coredns`].
+    pub fn start_with(config: ClusterConfig, extra_images: &[PathBuf]) -> Cluster {
+        let ClusterConfig { nodes: n, family } = config;
         let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         sweep();
         let dir = std::env::temp_dir().join(format!("{TAG}-{}", std::process::id()));
@@ -368,7 +441,9 @@ impl Cluster {
         let images = images::build_all(&bins, &workspace_root().join("target/real-node/images"));
         let fabric = NetNs::new("rnfab");
         fabric.ip("link add br0 type bridge");
-        fabric.ip(&format!("addr add {FABRIC_IP}/24 dev br0"));
+        for s in family.stacks() {
+            fabric.ip(&format!("addr add {} dev br0", fabric_addr(s.fabric_ip())));
+        }
         fabric.ip("link set br0 up");
         let made_lib_modules = !Path::new("/lib/modules").exists();
         if made_lib_modules {
@@ -377,13 +452,14 @@ impl Cluster {
         let node_tokens: Vec<(String, String)> = (1..=n)
             .map(|i| (format!("node-{i}"), format!("nlp-real-node-{i}-token")))
             .collect();
-        let cp = ControlPlane::start(&fabric, &dir, &node_tokens);
+        let cp = ControlPlane::start(&fabric, &dir, &node_tokens, family);
         let mut cluster = Cluster {
             nodes: Vec::new(),
             cp,
             fabric,
             dir: dir.clone(),
             images,
+            family,
             node_tokens,
             made_lib_modules,
             _one_at_a_time: guard,
@@ -395,14 +471,14 @@ impl Cluster {
             .cloned()
             .collect();
         for i in 1..=n {
-            let ip = format!("10.99.0.{}", 10 + i);
-            let node = Node::create(&cluster.fabric, i, &ip, ZONES[(i - 1) % 3], &dir, TAG);
+            let ips = family.node_ips(i);
+            let node = Node::create(&cluster.fabric, i, &ips, ZONES[(i - 1) % 3], &dir, TAG);
             for img in &all_images {
                 node.import_image(img);
             }
             cluster.nodes.push(node);
         }
-        let server = format!("https://{CP_IP}:6443");
+        let server = family.apiserver_url();
         let ca = cluster.cp.ca();
         for (node, (_, token)) in cluster.nodes.iter_mut().zip(cluster.node_tokens.clone()) {
             node.start_kubelet(&server, &ca, &token);
@@ -411,11 +487,12 @@ impl Cluster {
         cluster
     }
 
-    /// Waits for each node's pod CIDR, writes its CNI configuration and routes every pod
-    /// CIDR to its node from the other nodes and the control plane.
+    /// Waits for each node's pod CIDRs (one per family), writes its CNI configuration and
+    /// routes every pod CIDR to its node (by the node's address in the CIDR's family) from
+    /// the other nodes and the control plane.
     fn configure_pod_network(&mut self, limit: Duration) {
         let t0 = Instant::now();
-        let mut cidrs: Vec<Option<String>> = vec![None; self.nodes.len()];
+        let mut cidrs: Vec<Option<Vec<String>>> = vec![None; self.nodes.len()];
         while cidrs.iter().any(Option::is_none) {
             for (i, node) in self.nodes.iter().enumerate() {
                 if cidrs[i].is_none() {
@@ -424,10 +501,13 @@ impl Cluster {
                         "node",
                         &node.name,
                         "-o",
-                        "jsonpath={.spec.podCIDR}",
+                        "jsonpath={.spec.podCIDRs[*]}",
                     ]);
-                    let c = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                    if out.status.success() && !c.is_empty() {
+                    let c: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                        .split_whitespace()
+                        .map(str::to_string)
+                        .collect();
+                    if out.status.success() && self.family.pod_cidrs_complete(&c) {
                         node.write_cni(&c);
                         cidrs[i] = Some(c);
                     }
@@ -453,11 +533,13 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(500));
         }
         for (i, node) in self.nodes.iter().enumerate() {
-            let cidr = cidrs[i].as_deref().unwrap();
-            self.cp.ns.ip(&format!("route add {cidr} via {}", node.ip));
-            for (j, other) in self.nodes.iter().enumerate() {
-                if i != j {
-                    other.ns.ip(&format!("route add {cidr} via {}", node.ip));
+            for cidr in cidrs[i].iter().flatten() {
+                let via = node.ip_of(IpFamily::of(cidr)).unwrap_or(&node.ip);
+                self.cp.ns.ip(&format!("route add {cidr} via {via}"));
+                for (j, other) in self.nodes.iter().enumerate() {
+                    if i != j {
+                        other.ns.ip(&format!("route add {cidr} via {via}"));
+                    }
                 }
             }
         }
@@ -582,11 +664,11 @@ impl Cluster {
             && lines.iter().all(|l| l.trim() == "Running True")
     }
 
-    /// CoreDNS as kubeadm installs it, behind `kube-system/kube-dns` (10.96.0.10), and waits
-    /// until it is Ready (which needs a proxy: it reaches the API server through the
-    /// `kubernetes` Service).
+    /// CoreDNS as kubeadm installs it, behind `kube-system/kube-dns` (10.96.0.10, and
+    /// fd00:96::a in a dual-stack cluster), and waits until it is Ready (which needs a
+    /// proxy: it reaches the API server through the `kubernetes` Service).
     pub fn install_coredns(&self, limit: Duration) {
-        self.apply(&coredns_manifest());
+        self.apply(&coredns::manifest(self.family));
         self.wait_for(limit, "CoreDNS Ready", |c| {
             c.pods_ready("kube-system", "k8s-app=kube-dns", 1)
         });
@@ -684,123 +766,13 @@ pub fn sweep() {
     }
 }
 
-/// kubeadm's CoreDNS addon (v1.37: ServiceAccount, ClusterRole `system:coredns` and its
-/// binding, the Corefile, the Deployment, Service `kube-dns`), one replica, with the CoreDNS
-/// image the harness imports.
-fn coredns_manifest() -> String {
-    format!(
-        r#"apiVersion: v1
-kind: ServiceAccount
-metadata: {{name: coredns, namespace: kube-system}}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {{name: "system:coredns"}}
-rules:
-- apiGroups: [""]
-  resources: [endpoints, services, pods, namespaces]
-  verbs: [list, watch]
-- apiGroups: [""]
-  resources: [nodes]
-  verbs: [get]
-- apiGroups: [discovery.k8s.io]
-  resources: [endpointslices]
-  verbs: [list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: "system:coredns"}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}}
-subjects:
-- {{kind: ServiceAccount, name: coredns, namespace: kube-system}}
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: coredns, namespace: kube-system}}
-data:
-  Corefile: |
-    .:53 {{
-        errors
-        health {{
-           lameduck 5s
-        }}
-        ready
-        kubernetes cluster.local in-addr.arpa ip6.arpa {{
-           pods insecure
-           fallthrough in-addr.arpa ip6.arpa
-           ttl 30
-        }}
-        prometheus :9153
-        forward . /etc/resolv.conf {{
-           max_concurrent 1000
-        }}
-        cache 30
-        loop
-        reload
-        loadbalance
-    }}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: coredns
-  namespace: kube-system
-  labels: {{k8s-app: kube-dns}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{k8s-app: kube-dns}}}}
-  template:
-    metadata:
-      labels: {{k8s-app: kube-dns}}
-    spec:
-      priorityClassName: system-cluster-critical
-      serviceAccountName: coredns
-      tolerations:
-      - {{key: CriticalAddonsOnly, operator: Exists}}
-      - {{key: node-role.kubernetes.io/control-plane, effect: NoSchedule}}
-      containers:
-      - name: coredns
-        image: {image}
-        imagePullPolicy: IfNotPresent
-        args: ["-conf", "/etc/coredns/Corefile"]
-        volumeMounts:
-        - {{name: config-volume, mountPath: /etc/coredns, readOnly: true}}
-        ports:
-        - {{containerPort: 53, name: dns, protocol: UDP}}
-        - {{containerPort: 53, name: dns-tcp, protocol: TCP}}
-        - {{containerPort: 9153, name: metrics, protocol: TCP}}
-        securityContext:
-          allowPrivilegeEscalation: false
-          capabilities: {{add: [NET_BIND_SERVICE], drop: [ALL]}}
-          readOnlyRootFilesystem: true
-        livenessProbe:
-          httpGet: {{path: /health, port: 8080, scheme: HTTP}}
-          initialDelaySeconds: 60
-          timeoutSeconds: 5
-          failureThreshold: 5
-        readinessProbe:
-          httpGet: {{path: /ready, port: 8181, scheme: HTTP}}
-      dnsPolicy: Default
-      volumes:
-      - name: config-volume
-        configMap:
-          name: coredns
-          items: [{{key: Corefile, path: Corefile}}]
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: kube-dns
-  namespace: kube-system
-  labels: {{k8s-app: kube-dns, kubernetes.io/cluster-service: "true", kubernetes.io/name: CoreDNS}}
-spec:
-  selector: {{k8s-app: kube-dns}}
-  clusterIP: {DNS_IP}
-  ports:
-  - {{name: dns, port: 53, protocol: UDP, targetPort: 53}}
-  - {{name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}}
-  - {{name: metrics, port: 9153, protocol: TCP, targetPort: 9153}}
-"#,
-        image = images::COREDNS
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fabric_addresses_carry_their_prefix_and_ipv6_skips_dad() {
+        assert_eq!(fabric_addr("10.99.0.11"), "10.99.0.11/24");
+        assert_eq!(fabric_addr("fd00:99::11"), "fd00:99::11/64 nodad");
+    }
 }

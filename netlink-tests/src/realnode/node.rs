@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::host::{self, Holder};
 use super::images;
+use super::IpFamily;
 use crate::bounded::OutputWithin;
 use crate::ns::NetNs;
 
@@ -54,7 +55,7 @@ state = "/run/containerd/state"
 /// The kubelet's configuration: cgroup v1 allowed, its cgroups under the node's own root,
 /// anonymous and always-allowed on its port (the apiserver's exec and logs reach it without
 /// client certificates), eviction thresholds low enough that a busy CI disk never evicts.
-fn kubelet_config(dir: &Path, cgroup: &str) -> String {
+fn kubelet_config(dir: &Path, cgroup: &str, dns: &str) -> String {
     let d = dir.display();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -82,14 +83,52 @@ syncFrequency: 10s
 fileCheckFrequency: 10s
 nodeStatusUpdateFrequency: 5s
 "#,
-        dns = super::DNS_IP
     )
+}
+
+/// The CNI configuration of a node whose pod CIDRs are `pod_cidrs` (`spec.podCIDRs`, one per
+/// family): a bridge with hairpin mode (the suite tests a pod reaching itself through its
+/// Service), host-local addresses with a range set and a default route per family (a pod
+/// then gets an address in each, primary first) kept in `ipam_dir`, portmap (hostPort
+/// specs).
+pub fn cni_conflist(pod_cidrs: &[String], ipam_dir: &Path) -> serde_json::Value {
+    let ranges: Vec<serde_json::Value> = pod_cidrs
+        .iter()
+        .map(|c| serde_json::json!([{ "subnet": c }]))
+        .collect();
+    let routes: Vec<serde_json::Value> = pod_cidrs
+        .iter()
+        .map(|c| serde_json::json!({ "dst": IpFamily::of(c).default_dst() }))
+        .collect();
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "nlp",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": ranges,
+                    "routes": routes,
+                    "dataDir": ipam_dir.display().to_string(),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
 }
 
 /// A running node.
 pub struct Node {
     pub name: String,
+    /// The node's primary address (its IPv4 one).
     pub ip: String,
+    /// Every address of the node on the fabric, primary first: one per family.
+    pub ips: Vec<String>,
     pub zone: String,
     pub ns: NetNs,
     pub dir: PathBuf,
@@ -104,12 +143,13 @@ pub struct Node {
 }
 
 impl Node {
-    /// Creates the node's namespace (its `eth0` plugged into the fabric's bridge), holder,
-    /// cgroups and containerd. The kubelet starts with [`start_kubelet`](Self::start_kubelet).
+    /// Creates the node's namespace (its `eth0` plugged into the fabric's bridge with `ips`,
+    /// primary first), holder, cgroups and containerd. The kubelet starts with
+    /// [`start_kubelet`](Self::start_kubelet).
     pub fn create(
         fabric: &NetNs,
         index: usize,
-        ip: &str,
+        ips: &[String],
         zone: &str,
         cluster_dir: &Path,
         tag: &str,
@@ -118,7 +158,12 @@ impl Node {
         let dir = cluster_dir.join(&name);
         std::fs::create_dir_all(dir.join("cni/net.d")).unwrap();
         let ns = NetNs::new(&format!("rn{index}"));
-        super::plug(fabric, &ns, &format!("{tag}n{index}"), ip);
+        super::plug(fabric, &ns, &format!("{tag}n{index}"), ips);
+        if ips.iter().any(|ip| IpFamily::of(ip) == IpFamily::V6) {
+            // The node routes its pods' IPv6 traffic as it routes their IPv4 traffic (the
+            // bridge plugin turns both on as a gateway too, but only at the first pod).
+            ns.write_sysctl("net/ipv6/conf/all/forwarding", "1");
+        }
         let net_ns = ns.run(|| {
             std::fs::read_link("/proc/thread-self/ns/net")
                 .map(|p| p.to_string_lossy().into_owned())
@@ -126,7 +171,7 @@ impl Node {
         });
         std::fs::write(
             dir.join("resolv.conf"),
-            format!("nameserver {}\n", super::FABRIC_IP),
+            format!("nameserver {}\n", IpFamily::of(&ips[0]).fabric_ip()),
         )
         .unwrap();
         let cgroup = format!("{tag}-{}-{name}", std::process::id());
@@ -134,7 +179,8 @@ impl Node {
         let holder = Holder::start(&ns.name, &dir);
         let mut node = Node {
             name,
-            ip: ip.into(),
+            ip: ips[0].clone(),
+            ips: ips.to_vec(),
             zone: zone.into(),
             ns,
             dir,
@@ -147,6 +193,14 @@ impl Node {
         };
         node.start_containerd();
         node
+    }
+
+    /// The node's address in `family`, if it has one.
+    pub fn ip_of(&self, family: IpFamily) -> Option<&str> {
+        self.ips
+            .iter()
+            .find(|ip| IpFamily::of(ip) == family)
+            .map(String::as_str)
     }
 
     fn log(&self, name: &str) -> std::fs::File {
@@ -244,12 +298,16 @@ impl Node {
         )
         .unwrap();
         let cfg = self.dir.join("kubelet.yaml");
-        std::fs::write(&cfg, kubelet_config(&self.dir, &self.cgroup)).unwrap();
+        // Pods resolve through kube-dns's ClusterIP in the node's primary family.
+        let dns = IpFamily::of(&self.ip).dns_ip();
+        std::fs::write(&cfg, kubelet_config(&self.dir, &self.cgroup, dns)).unwrap();
         self.kubelet_args = vec![
             format!("--config={}", cfg.display()),
             format!("--kubeconfig={}", kc.display()),
             format!("--hostname-override={}", self.name),
-            format!("--node-ip={}", self.ip),
+            // Both addresses in a dual-stack cluster: the Node then reports an InternalIP in
+            // each family, primary first.
+            format!("--node-ip={}", self.ips.join(",")),
             "--root-dir=/var/lib/kubelet".into(),
             format!("--cert-dir={}/kubelet-pki", self.dir.display()),
             format!("--node-labels=topology.kubernetes.io/zone={}", self.zone),
@@ -303,30 +361,10 @@ impl Node {
         self.spawn_kubelet();
     }
 
-    /// Writes the CNI configuration for the node's pod CIDR: a bridge with hairpin mode (the
-    /// suite tests a pod reaching itself through its Service), host-local addresses, portmap
-    /// (hostPort specs). containerd picks it up and the node becomes Ready.
-    pub fn write_cni(&self, pod_cidr: &str) {
-        let conf = serde_json::json!({
-            "cniVersion": "1.0.0",
-            "name": "nlp",
-            "plugins": [
-                {
-                    "type": "bridge",
-                    "bridge": "cni0",
-                    "isGateway": true,
-                    "ipMasq": false,
-                    "hairpinMode": true,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": [[{"subnet": pod_cidr}]],
-                        "routes": [{"dst": "0.0.0.0/0"}],
-                        "dataDir": format!("{}/cni/ipam", self.dir.display()),
-                    },
-                },
-                {"type": "portmap", "capabilities": {"portMappings": true}},
-            ],
-        });
+    /// Writes the CNI configuration for the node's pod CIDRs ([`cni_conflist`]). containerd
+    /// picks it up and the node becomes Ready.
+    pub fn write_cni(&self, pod_cidrs: &[String]) {
+        let conf = cni_conflist(pod_cidrs, &self.dir.join("cni/ipam"));
         // Written in place, not renamed in: containerd's watcher ignores a file's creation
         // and reloads on its write (internal/cri/server/cni_conf_syncer.go).
         std::fs::write(
@@ -361,5 +399,40 @@ impl Node {
             left.push(format!("{}: cgroup {} left", self.name, d.display()));
         }
         left
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_node_has_one_range_and_one_default_route() {
+        let conf = cni_conflist(&["10.244.1.0/24".into()], Path::new("/x/ipam"));
+        let ipam = &conf["plugins"][0]["ipam"];
+        assert_eq!(
+            ipam["ranges"],
+            serde_json::json!([[{"subnet": "10.244.1.0/24"}]])
+        );
+        assert_eq!(ipam["routes"], serde_json::json!([{"dst": "0.0.0.0/0"}]));
+        assert_eq!(ipam["dataDir"], "/x/ipam");
+        assert_eq!(conf["plugins"][0]["hairpinMode"], true);
+    }
+
+    #[test]
+    fn a_dual_stack_node_has_a_range_set_and_a_default_route_per_family() {
+        let conf = cni_conflist(
+            &["10.244.1.0/24".into(), "fd00:10:244:1::/64".into()],
+            Path::new("/x/ipam"),
+        );
+        let ipam = &conf["plugins"][0]["ipam"];
+        assert_eq!(
+            ipam["ranges"],
+            serde_json::json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:244:1::/64"}]])
+        );
+        assert_eq!(
+            ipam["routes"],
+            serde_json::json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
+        );
     }
 }

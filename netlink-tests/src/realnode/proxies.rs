@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{images, workspace_root, Cluster, CP_IP};
+use super::{images, workspace_root, Cluster, Family, IpFamily};
 
 /// Which proxy a cluster runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,34 @@ impl Proxy {
 /// localhost NodePorts, HostPort and NoSNAT.
 pub const PROXY_FOCUS: &str = r"\[sig-network\] (Services |Conntrack |KubeProxy |Networking Granular Checks|Networking should check kube-proxy urls|EndpointSlice|ServiceCIDR|Service CIDRs|Traffic Distribution|Topology Hints|Connectivity Pod Lifecycle|LocalhostNodePorts|HostPort|NoSNAT)";
 
+/// Upstream's `[Feature:IPv6DualStack]` specs (`test/e2e/network/dual_stack.go`), which
+/// only run when focused: a node with an InternalIP per family, pods and hostNetwork pods
+/// with an address per family, Services created single-stack in either family and
+/// dual-stack in either order, and the "Granular Checks: Services Secondary IP Family"
+/// (pod-, node- and endpoint-to-Service over HTTP and UDP, endpoint updates, session
+/// affinity, large requests, hostNetwork endpoints) on the secondary family's ClusterIP.
+/// Every one of them concerns Services or pod networking. `real-node-e2e --family dual`
+/// runs them with [`PROXY_FOCUS`] ([`focus_for`]).
+pub const DUAL_STACK_FOCUS: &str = r"\[sig-network\] \[Feature:IPv6DualStack\] ";
+
+/// The default focus of a cluster in `family`: [`PROXY_FOCUS`], and in a dual-stack cluster
+/// [`DUAL_STACK_FOCUS`] too.
+pub fn focus_for(family: Family) -> String {
+    if family.is_dual() {
+        format!("{PROXY_FOCUS}|{DUAL_STACK_FOCUS}")
+    } else {
+        PROXY_FOCUS.to_string()
+    }
+}
+
+/// The skip that only holds for IPv4-only nodes (the [`SKIPS`] entry a dual-stack cluster
+/// drops, and an IPv6 cluster narrows to [`DUAL_STACK_SKIP`]).
+const IPV6_SKIP: &str = r"IPv6|DualStack";
+
+/// What an IPv6-only cluster skips of [`IPV6_SKIP`]: the `[Feature:IPv6DualStack]` specs,
+/// which create `RequireDualStack` Services and want an address per family.
+const DUAL_STACK_SKIP: &str = r"DualStack";
+
 /// What is skipped, each with its reason (written down in README's e2e table too).
 pub const SKIPS: &[(&str, &str)] = &[
     (
@@ -49,8 +77,8 @@ pub const SKIPS: &[(&str, &str)] = &[
         "no cloud: nothing assigns a load balancer's address",
     ),
     (
-        r"IPv6|DualStack",
-        "the nodes are IPv4-only (dual-stack is proven in the namespace suites)",
+        IPV6_SKIP,
+        "the nodes are IPv4-only (dual-stack is proven in the namespace suites and in `real-node-e2e --family dual`)",
     ),
     (
         r"SCTPConnectivity",
@@ -60,7 +88,23 @@ pub const SKIPS: &[(&str, &str)] = &[
 
 /// The `--ginkgo.skip` expression of [`SKIPS`].
 pub fn skip_regex() -> String {
-    SKIPS.iter().map(|(r, _)| *r).collect::<Vec<_>>().join("|")
+    skip_regex_for(Family::Ipv4)
+}
+
+/// The `--ginkgo.skip` expression of [`SKIPS`] for a cluster in `family`: a dual-stack
+/// cluster runs the IPv6 and DualStack specs its focus selects, an IPv6 cluster the IPv6
+/// ones.
+pub fn skip_regex_for(family: Family) -> String {
+    SKIPS
+        .iter()
+        .filter_map(|&(r, _)| match family {
+            _ if r != IPV6_SKIP => Some(r),
+            Family::Ipv4 => Some(r),
+            Family::Dual => None,
+            Family::Ipv6 => Some(DUAL_STACK_SKIP),
+        })
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// What CI runs on every change: the Services conformance specs and the kube-proxy-specific
@@ -99,13 +143,29 @@ pub const EXPECTED_SELF_SKIPS: &[(&str, &str)] = &[
 /// endpoint with the pod's service-account credentials
 /// (`cmd/kubeadm/app/phases/addons/proxy/manifests.go`).
 pub fn kubeadm_configmap(mode: &str) -> String {
-    let config = include_str!("../../../src/config/testdata/kubeadm_config.conf")
-        .replace("mode: \"\"", &format!("mode: \"{mode}\""));
+    kubeadm_configmap_for(mode, Family::Ipv4)
+}
+
+/// [`kubeadm_configmap`] for a cluster in `family`: `clusterCIDR` names its pod range in
+/// every family (`10.244.0.0/16,fd00:10:244::/56` dual-stack), as kubeadm writes it from
+/// `networking.podSubnet`, the kubeconfig names the API server at its primary address, and
+/// an IPv6 cluster binds `::` (kubeadm's `DefaultProxyBindAddressv6`).
+pub fn kubeadm_configmap_for(mode: &str, family: Family) -> String {
+    let mut config = include_str!("../../../src/config/testdata/kubeadm_config.conf")
+        .replace("mode: \"\"", &format!("mode: \"{mode}\""))
+        .replace(
+            &format!("clusterCIDR: {}\n", super::CLUSTER_CIDR),
+            &format!("clusterCIDR: {}\n", family.cluster_cidrs()),
+        );
+    if family.primary() == IpFamily::V6 {
+        config = config.replace("bindAddress: 0.0.0.0\n", "bindAddress: \"::\"\n");
+    }
+    let server = family.apiserver_url();
     let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
     format!(
         "kind: ConfigMap\napiVersion: v1\nmetadata:\n  name: kube-proxy\n  namespace: kube-system\n  labels:\n    app: kube-proxy\ndata:\n  kubeconfig.conf: |-\n{}  config.conf: |-\n{}",
         indent(&format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n    server: https://{CP_IP}:6443\n  name: default\ncontexts:\n- context:\n    cluster: default\n    namespace: default\n    user: default\n  name: default\ncurrent-context: default\nusers:\n- name: default\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"
+            "apiVersion: v1\nkind: Config\nclusters:\n- cluster:\n    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt\n    server: {server}\n  name: default\ncontexts:\n- context:\n    cluster: default\n    namespace: default\n    user: default\n  name: default\ncurrent-context: default\nusers:\n- name: default\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"
         )),
         indent(config.trim_end()),
     )
@@ -235,10 +295,10 @@ pub fn deploy_kubeadm_addon(c: &Cluster, image: &str) {
     c.apply(&kubeadm_addon(image));
 }
 
-/// Deploys `proxy` with kubeadm's ConfigMap in `mode` and waits until its pods are Running
-/// and Ready on every node; returns how long that took.
+/// Deploys `proxy` with kubeadm's ConfigMap in `mode` (for the cluster's families) and waits
+/// until its pods are Running and Ready on every node; returns how long that took.
 pub fn deploy(c: &Cluster, proxy: Proxy, mode: &str, limit: Duration) -> Duration {
-    c.apply(&kubeadm_configmap(mode));
+    c.apply(&kubeadm_configmap_for(mode, c.family));
     let t0 = std::time::Instant::now();
     match proxy {
         Proxy::Ours => deploy_ours(c),
@@ -263,9 +323,59 @@ mod tests {
         assert!(conf.contains("maxPerCore: null"), "{conf}");
         let kc = cm["data"]["kubeconfig.conf"].as_str().unwrap();
         assert!(
-            kc.contains(&format!("server: https://{CP_IP}:6443")),
+            kc.contains(&format!("server: https://{}:6443", super::super::CP_IP)),
             "{kc}"
         );
+    }
+
+    #[test]
+    fn a_dual_stack_configmap_names_both_pod_ranges() {
+        let cm: serde_json::Value =
+            serde_saphyr::from_str(&kubeadm_configmap_for("nftables", Family::Dual)).unwrap();
+        let conf = cm["data"]["config.conf"].as_str().unwrap();
+        assert!(
+            conf.contains("\nclusterCIDR: 10.244.0.0/16,fd00:10:244::/56\n"),
+            "{conf}"
+        );
+        assert!(conf.contains("mode: \"nftables\""), "{conf}");
+        assert_eq!(
+            kubeadm_configmap_for("iptables", Family::Ipv4),
+            kubeadm_configmap("iptables")
+        );
+    }
+
+    #[test]
+    fn an_ipv6_configmap_binds_ipv6_and_names_the_api_server_in_brackets() {
+        let cm: serde_json::Value =
+            serde_saphyr::from_str(&kubeadm_configmap_for("nftables", Family::Ipv6)).unwrap();
+        let conf = cm["data"]["config.conf"].as_str().unwrap();
+        assert!(conf.contains("\nclusterCIDR: fd00:10:244::/56\n"), "{conf}");
+        assert!(conf.contains("\nbindAddress: \"::\"\n"), "{conf}");
+        let kc = cm["data"]["kubeconfig.conf"].as_str().unwrap();
+        assert!(kc.contains("server: https://[fd00:99::10]:6443"), "{kc}");
+        assert_eq!(focus_for(Family::Ipv6), PROXY_FOCUS);
+        let skip = skip_regex_for(Family::Ipv6);
+        assert!(
+            !skip.contains("IPv6") && skip.contains("|DualStack|"),
+            "{skip}"
+        );
+    }
+
+    #[test]
+    fn dual_stack_adds_the_dual_stack_specs_and_stops_skipping_them() {
+        assert_eq!(focus_for(Family::Ipv4), PROXY_FOCUS);
+        assert_eq!(
+            focus_for(Family::Dual),
+            format!("{PROXY_FOCUS}|{DUAL_STACK_FOCUS}")
+        );
+        assert_eq!(skip_regex(), skip_regex_for(Family::Ipv4));
+        assert!(skip_regex().contains(IPV6_SKIP));
+        let dual = skip_regex_for(Family::Dual);
+        assert!(
+            !dual.contains("IPv6") && !dual.contains("DualStack"),
+            "{dual}"
+        );
+        assert!(dual.contains(r"\[Serial\]") && dual.contains("SCTPConnectivity"));
     }
 
     #[test]
