@@ -239,19 +239,25 @@ impl Cluster {
 
     /// One full sync of `yaml` (`--once`), panicking on failure.
     pub fn sync_once(&self, yaml: &str, extra: &[&str]) {
+        let mut args = vec!["--cluster-cidr", CLUSTER_CIDR];
+        args.extend_from_slice(extra);
+        let (ok, err) = self.try_once(yaml, &args);
+        assert!(ok, "kube-nlproxy --once failed:\n{err}");
+    }
+
+    /// `kube-nlproxy --manifests (yaml) --hostname-override node1 --once EXTRA` in the node
+    /// namespace, which may fail: (success, stderr).
+    pub fn try_once(&self, yaml: &str, extra: &[&str]) -> (bool, String) {
         let p = self.write_manifests(yaml);
         let mut args = vec![
             "--manifests",
             p.to_str().unwrap(),
             "--hostname-override",
             "node1",
-            "--cluster-cidr",
-            CLUSTER_CIDR,
             "--once",
         ];
         args.extend_from_slice(extra);
-        let (ok, err) = self.run_proxy(&args);
-        assert!(ok, "kube-nlproxy --once failed:\n{err}");
+        self.run_proxy(&args)
     }
 
     /// Starts the daemon on `yaml`; it is stopped with SIGTERM when the guard drops.

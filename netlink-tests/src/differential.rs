@@ -66,6 +66,21 @@ pub fn twin_link_n(a: &Cluster, b: &Cluster, k: u8) -> String {
     ours
 }
 
+/// The side-by-side harness: two identical dual-stack clusters with UDP backends (ours,
+/// theirs), linked (`TWIN_A` on ours' node, `TWIN_B` on theirs'), and one real
+/// kube-apiserver in ours' node namespace.
+pub fn twins() -> (Cluster, Cluster, crate::controlplane::ControlPlane) {
+    let dual = crate::scenario::Backends {
+        ipv6: true,
+        udp: true,
+    };
+    let ours = crate::scenario::web_cluster(dual);
+    let theirs = crate::scenario::web_cluster(dual);
+    twin_link(&ours, &theirs);
+    let cp = crate::controlplane::ControlPlane::start(&ours.node);
+    (ours, theirs, cp)
+}
+
 /// `GET /metrics` from `addr` inside `ns` (the proxies' metrics servers).
 pub fn metrics(ns: &NetNs, addr: &str) -> String {
     use std::io::{Read, Write};

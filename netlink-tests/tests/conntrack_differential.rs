@@ -30,9 +30,9 @@ use netlink_tests::controlplane::ControlPlane;
 use netlink_tests::ct_differential::{
     self as ct, keyed, seeds, Entry, Key, Listing, Svc, FAMILIES, PORTS, SCTP, TARGETS, UDP,
 };
-use netlink_tests::differential::{objects, twin_link, wait_programmed, Upstream, TWIN_A};
+use netlink_tests::differential::{objects, twins, wait_programmed, Upstream, TWIN_A};
 use netlink_tests::ns::{require_root, NetNs};
-use netlink_tests::scenario::{self, node_of, Backends};
+use netlink_tests::scenario::node_of;
 
 #[derive(Debug, Clone, Copy)]
 enum Cond {
@@ -481,15 +481,7 @@ impl Run<'_> {
 fn conntrack_cleanup_matches_upstream_nftables_mode() {
     require_root();
     let t0 = Instant::now();
-    // As `upstream_differential.rs`'s `differential_with`.
-    let dual = Backends {
-        ipv6: true,
-        udp: true,
-    };
-    let ours = scenario::web_cluster(dual);
-    let theirs = scenario::web_cluster(dual);
-    twin_link(&ours, &theirs);
-    let cp = ControlPlane::start(&ours.node);
+    let (ours, theirs, cp) = twins();
     let spec = Spec {
         port: PORTS[0],
         target: TARGETS[0],

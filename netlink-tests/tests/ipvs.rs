@@ -272,16 +272,7 @@ mod no_ipv6 {
     /// (nor IPv6 virtual server or address in IPVS mode), and the IPv4 ClusterIP answers.
     fn single_stack(mode: &str, table: &str) {
         let c = cluster();
-        let p = c.write_manifests(&manifests());
-        let (ok, err) = c.run_proxy(&[
-            "--manifests",
-            p.to_str().unwrap(),
-            "--hostname-override",
-            "node1",
-            "--proxy-mode",
-            mode,
-            "--once",
-        ]);
+        let (ok, err) = c.try_once(&manifests(), &["--proxy-mode", mode]);
         assert!(ok, "{mode}: the sync succeeds:\n{err}");
         assert!(
             err.contains("No kernel support for family") && err.contains("IPv6"),

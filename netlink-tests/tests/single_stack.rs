@@ -105,16 +105,7 @@ fn with_ipv6_both_families_are_programmed_reported_and_measured() {
 #[test]
 fn an_ipv6_primary_family_without_ipv6_stops_the_start_up() {
     let c = cluster(true);
-    let p = c.write_manifests(&manifests());
-    let (ok, err) = c.run_proxy(&[
-        "--manifests",
-        p.to_str().unwrap(),
-        "--hostname-override",
-        "node1",
-        "--bind-address",
-        "fd00:50::1",
-        "--once",
-    ]);
+    let (ok, err) = c.try_once(&manifests(), &["--bind-address", "fd00:50::1"]);
     assert!(!ok, "start-up fails");
     assert!(
         err.contains("no support for primary IP family \\\"IPv6\\\"")

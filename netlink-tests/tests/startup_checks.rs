@@ -23,16 +23,7 @@ fn manifests(pod_cidrs: &str) -> String {
 
 /// `--once` with `extra`: (success, stderr).
 fn once(c: &Cluster, pod_cidrs: &str, extra: &[&str]) -> (bool, String) {
-    let p = c.write_manifests(&manifests(pod_cidrs));
-    let mut args = vec![
-        "--manifests",
-        p.to_str().unwrap(),
-        "--hostname-override",
-        "node1",
-        "--once",
-    ];
-    args.extend_from_slice(extra);
-    c.run_proxy(&args)
+    c.try_once(&manifests(pod_cidrs), extra)
 }
 
 fn programmed(c: &Cluster) -> bool {

@@ -14,10 +14,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use netlink_tests::controlplane::ControlPlane;
 use netlink_tests::differential::{
-    check_flows, objects, twin_link, Flow, Upstream, LOCALHOST_FLOWS, TWIN_A,
+    check_flows, objects, twins, Flow, Upstream, LOCALHOST_FLOWS, TWIN_A,
 };
 use netlink_tests::ns::{require_root, NetNs};
-use netlink_tests::scenario::{self, Backends};
 
 /// The flow table's objects, created through the API as a user would.
 fn create_objects(cp: &ControlPlane, ns: &NetNs) {
@@ -93,14 +92,7 @@ fn differential_with(
     extra: &[Flow],
 ) {
     require_root();
-    let dual = Backends {
-        ipv6: true,
-        udp: true,
-    };
-    let ours = scenario::web_cluster(dual);
-    let theirs = scenario::web_cluster(dual);
-    twin_link(&ours, &theirs);
-    let cp = ControlPlane::start(&ours.node);
+    let (ours, theirs, cp) = twins();
     create_objects(&cp, &ours.node);
     let via = cp.admin_kubeconfig_via(&format!("https://{TWIN_A}:6443"));
     let via = format!("--kubeconfig={}", via.display());
