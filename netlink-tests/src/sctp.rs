@@ -19,6 +19,12 @@ use crate::ns::NetNs;
 /// (SCTP's first retransmission comes after 3 s), like the TCP probes' one SYN in 2 s.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a client that expects an answer waits: room for one INIT retransmission (sent
+/// 3 s after the first, SCTP's initial RTO) and the greeting. Under CI's load the emulated
+/// VM lost one INIT in 8 (an affinity test saw a Timeout among seven answers); waiting for
+/// the retransmission costs nothing when the first INIT is answered.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(7);
+
 /// `sa` as the kernel's socket address (sockaddr_in or sockaddr_in6) and its length.
 pub fn to_sockaddr(sa: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain old data; all zeros is a valid value.
@@ -389,11 +395,12 @@ pub fn sctp_probe_from(ns: &NetNs, src: IpAddr, dst: SocketAddr) -> Reply {
     ns.run(move || sctp_probe_here(dst, Some(SocketAddr::new(src, 0)), PROBE_TIMEOUT))
 }
 
-/// `n` associations from `ns`, one after the other; every greeting.
+/// `n` associations from `ns`, one after the other, each expected to be answered
+/// ([`ANSWER_TIMEOUT`]); every greeting.
 pub fn sctp_probes(ns: &NetNs, dst: SocketAddr, n: usize) -> Vec<Reply> {
     ns.run(move || {
         (0..n)
-            .map(|_| sctp_probe_here(dst, None, PROBE_TIMEOUT))
+            .map(|_| sctp_probe_here(dst, None, ANSWER_TIMEOUT))
             .collect()
     })
 }
@@ -408,7 +415,7 @@ impl OpenAssoc {
     /// Opens an association from `ns` (from `src` when given), panicking when none comes up.
     pub fn open(ns: &NetNs, src: Option<SocketAddr>, dst: SocketAddr) -> OpenAssoc {
         let stream = ns
-            .run(move || SctpStream::connect(dst, src, PROBE_TIMEOUT))
+            .run(move || SctpStream::connect(dst, src, ANSWER_TIMEOUT))
             .unwrap_or_else(|e| panic!("sctp association to {dst}: {e}"));
         let greeting = greeting(&stream);
         OpenAssoc { stream, greeting }

@@ -1560,7 +1560,9 @@ COMMIT
                 netlink_tests::sctp::sctp_probe_here(
                     sa(SIG_IP, SIG_PORT),
                     Some(src),
-                    netlink_tests::sctp::PROBE_TIMEOUT,
+                    // Both halves expect an answer (from `remote`, or `local` through the
+                    // stale entry): room for an INIT retransmission.
+                    netlink_tests::sctp::ANSWER_TIMEOUT,
                 )
             });
             (after, next)
