@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use netlink_tests::realnode::{self, e2e, proxies, Cluster};
+use netlink_tests::realnode::{self, e2e, proxies, Cluster, ClusterConfig};
 
 fn require_root() {
     assert!(
@@ -98,9 +98,19 @@ fn assert_rbac_is_ours_only(c: &Cluster) {
 fn deploy_as_shipped_passes_upstreams_e2e() {
     require_root();
     let (image, reference) = our_image();
-    let c = Cluster::start(3, &[image]);
-    // A kubeadm cluster: kubeadm's ConfigMap is there; then README's install, word for word.
-    c.apply(&proxies::kubeadm_configmap(""));
+    // Dual-stack nodes (proxies::CI_FAMILY): every IPv4 path, and the IPv6 ones beside it.
+    let family = proxies::CI_FAMILY;
+    let c = Cluster::start_with(
+        ClusterConfig {
+            nodes: 3,
+            family,
+            ..ClusterConfig::default()
+        },
+        &[image],
+    );
+    // A kubeadm cluster: kubeadm's ConfigMap is there (clusterCIDR in both families, as
+    // kubeadm writes a dual-stack podSubnet); then README's install, word for word.
+    c.apply(&proxies::kubeadm_configmap_for("", family));
     let t0 = Instant::now();
     c.run_readme_block("install");
     let took = wait_proxy_pods_ready(&c, "k8s-app=kube-nlproxy", Duration::from_secs(60));
@@ -129,8 +139,8 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
     c.install_coredns(Duration::from_secs(180));
     let report = e2e::run(
         &c,
-        proxies::CI_FOCUS,
-        &proxies::skip_regex(),
+        &proxies::ci_focus_for(family),
+        &proxies::skip_regex_for(family),
         Duration::from_secs(1200),
         &c.dir.join("e2e-ci.log"),
     );
@@ -142,7 +152,12 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
         e2e::tail(&c.dir.join("e2e-ci.log"), 80)
     );
     let passed: Vec<&str> = report.passed().collect();
-    for must in proxies::CI_MUST_PASS {
+    let dual_stack_musts = if family.is_dual() {
+        proxies::CI_MUST_PASS_DUAL_STACK
+    } else {
+        &[]
+    };
+    for must in proxies::CI_MUST_PASS.iter().chain(dual_stack_musts) {
         assert!(
             passed.iter().any(|p| p.contains(must)),
             "{must} did not pass:\n{}",

@@ -15,18 +15,21 @@
 //! ipv4|dual|ipv6` (default ipv4) gives nodes, pods and Services IPv4 only, both families
 //! (IPv4 primary) or IPv6 only: a dual-stack run without `--focus` adds upstream's
 //! `[Feature:IPv6DualStack]` specs to the proxy focus, and neither dual-stack nor IPv6
-//! skips the IPv6 and DualStack specs. Exits 1 when a spec failed. As root.
+//! skips the IPv6 and DualStack specs. `--cni flannel-iptables|flannel-nftables` runs
+//! Flannel (host-gw, masquerade through iptables or nftables; `build.sh --flannel` first)
+//! instead of the bridge plugin, and fails the run when Flannel's rules changed between the
+//! proxy's start and the run's end. Exits 1 when a spec failed. As root.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use netlink_tests::realnode::{
-    e2e, proxies, proxies::Proxy, workspace_root, Cluster, ClusterConfig, Family,
+    e2e, proxies, proxies::Proxy, workspace_root, Cluster, ClusterConfig, Cni, Family,
 };
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables]"
     );
     std::process::exit(2)
 }
@@ -37,6 +40,7 @@ fn main() {
     let mut focus: Option<String> = None;
     let mut skip: Option<String> = None;
     let mut family = Family::Ipv4;
+    let mut cni = Cni::Bridge;
     let mut out: Option<PathBuf> = None;
     let mut timeout = Duration::from_secs(3600);
     let mut nodes = 3usize;
@@ -56,6 +60,7 @@ fn main() {
             "--focus" => focus = Some(val()),
             "--skip" => skip = Some(val()),
             "--family" => family = Family::parse(&val()).unwrap_or_else(|| usage()),
+            "--cni" => cni = Cni::parse(&val()).unwrap_or_else(|| usage()),
             "--out" => out = Some(PathBuf::from(val())),
             "--procs" => match val().parse() {
                 Ok(n) if (1..=16).contains(&n) => procs = n,
@@ -84,14 +89,30 @@ fn main() {
     } else {
         vec![]
     };
-    let c = Cluster::start_with(ClusterConfig { nodes, family }, &extra);
+    let c = Cluster::start_with(ClusterConfig { nodes, family, cni }, &extra);
+    // Flannel's rules before the proxy starts (its start-up cleanup of other modes' rules
+    // must leave them alone) and after the run.
+    let flannel_before = c.flannel_rules();
     let took = proxies::deploy(&c, proxy, &mode, Duration::from_secs(180));
     eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
     c.install_coredns(Duration::from_secs(180));
     let log = c.dir.join("e2e.log");
     let report = e2e::run_in(&c, &focus, &skip, timeout, &log, procs);
+    let flannel_after = c.flannel_rules();
+    let flannel = match cni {
+        Cni::Bridge => String::new(),
+        _ if flannel_before == flannel_after => format!(
+            "# Flannel's rules unchanged across the run, handles included ({} rules on {} nodes)\n",
+            flannel_before.iter().map(Vec::len).sum::<usize>(),
+            flannel_before.len()
+        ),
+        _ => format!(
+            "# Flannel's rules CHANGED across the run:\n# before: {flannel_before:#?}\n# after: {flannel_after:#?}\n"
+        ),
+    };
     let text = format!(
-        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes ({family:?}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n# passed {}, failed {}, skipped {}\n{}",
+        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}# passed {}, failed {}, skipped {}\n{}",
+        cni.name(),
         report.passed().count(),
         report.failed().count(),
         report.skipped().count(),
@@ -101,7 +122,7 @@ fn main() {
     if let Some(p) = out {
         std::fs::write(&p, &text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     }
-    let failed = report.failed().count();
+    let failed = report.failed().count() + usize::from(flannel_before != flannel_after);
     drop(c);
     std::process::exit(i32::from(failed > 0));
 }

@@ -26,6 +26,7 @@
 mod coredns;
 pub mod e2e;
 pub mod family;
+pub mod flannel;
 pub mod host;
 pub mod images;
 pub mod node;
@@ -41,6 +42,7 @@ use std::time::{Duration, Instant};
 use crate::bounded::OutputWithin;
 use crate::ns::NetNs;
 pub use family::{Family, IpFamily};
+pub use flannel::Cni;
 use node::Node;
 
 pub const K8S_VERSION: &str = "v1.37.2";
@@ -384,6 +386,8 @@ pub struct Cluster {
     pub images: Vec<PathBuf>,
     /// The IP families of nodes, pods and Services.
     pub family: Family,
+    /// The pod network.
+    pub cni: Cni,
     node_tokens: Vec<(String, String)>,
     /// Whether this run made /lib/modules (kubeadm's DaemonSet mounts it; this machine has
     /// none), so that teardown removes it again.
@@ -401,6 +405,8 @@ pub struct ClusterConfig {
     pub nodes: usize,
     /// The IP families of nodes, pods and Services; IPv4 only by default.
     pub family: Family,
+    /// The pod network: the bridge plugin by default, or Flannel.
+    pub cni: Cni,
 }
 
 impl Default for ClusterConfig {
@@ -408,6 +414,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             nodes: 3,
             family: Family::Ipv4,
+            cni: Cni::Bridge,
         }
     }
 }
@@ -431,7 +438,12 @@ impl Cluster {
     /// pods that need Services until a proxy runs on them: that is the test's to deploy,
     /// then [`install_coredns`].
     pub fn start_with(config: ClusterConfig, extra_images: &[PathBuf]) -> Cluster {
-        let ClusterConfig { nodes: n, family } = config;
+        let ClusterConfig {
+            nodes: n,
+            family,
+            cni,
+        } = config;
+        let flannel_bins = matches!(cni, Cni::Flannel(_)).then(flannel::binaries);
         let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         sweep();
         let dir = std::env::temp_dir().join(format!("{TAG}-{}", std::process::id()));
@@ -460,6 +472,7 @@ impl Cluster {
             dir: dir.clone(),
             images,
             family,
+            cni,
             node_tokens,
             made_lib_modules,
             _one_at_a_time: guard,
@@ -472,7 +485,16 @@ impl Cluster {
             .collect();
         for i in 1..=n {
             let ips = family.node_ips(i);
-            let node = Node::create(&cluster.fabric, i, &ips, ZONES[(i - 1) % 3], &dir, TAG);
+            let cni_bin = flannel_bins.as_ref().map(|b| b.cni_dir.as_path());
+            let node = Node::create(
+                &cluster.fabric,
+                i,
+                &ips,
+                ZONES[(i - 1) % 3],
+                &dir,
+                TAG,
+                cni_bin,
+            );
             for img in &all_images {
                 node.import_image(img);
             }
@@ -482,6 +504,13 @@ impl Cluster {
         let ca = cluster.cp.ca();
         for (node, (_, token)) in cluster.nodes.iter_mut().zip(cluster.node_tokens.clone()) {
             node.start_kubelet(&server, &ca, &token);
+        }
+        if let (Some(bins), Cni::Flannel(masquerade)) = (&flannel_bins, cni) {
+            let admin = cluster.cp.admin_kubeconfig();
+            let conf = flannel::net_conf(family, masquerade);
+            for node in &mut cluster.nodes {
+                node.start_flanneld(&bins.flanneld, &admin, &conf);
+            }
         }
         cluster.configure_pod_network(Duration::from_secs(120));
         cluster
@@ -508,7 +537,12 @@ impl Cluster {
                         .map(str::to_string)
                         .collect();
                     if out.status.success() && self.family.pod_cidrs_complete(&c) {
-                        node.write_cni(&c);
+                        match self.cni {
+                            Cni::Bridge => node.write_cni(&c),
+                            // flanneld reads the node's podCIDRs itself and writes its
+                            // subnet file; the plugin reads that file at each pod's ADD.
+                            Cni::Flannel(_) => node.write_cni_conf(&flannel::cni_conflist()),
+                        }
                         cidrs[i] = Some(c);
                     }
                 }
@@ -532,12 +566,20 @@ impl Cluster {
             }
             std::thread::sleep(Duration::from_millis(500));
         }
+        if matches!(self.cni, Cni::Flannel(_)) {
+            self.wait_for(limit, "flanneld's subnet file on every node", |c| {
+                c.nodes.iter().all(Node::flannel_subnet_written)
+            });
+        }
+        // The control plane is no Flannel node: it is routed to the pods as with the bridge
+        // plugin. Between nodes, Flannel's host-gw backend adds the routes itself.
+        let harness_routes_nodes = self.cni == Cni::Bridge;
         for (i, node) in self.nodes.iter().enumerate() {
             for cidr in cidrs[i].iter().flatten() {
                 let via = node.ip_of(IpFamily::of(cidr)).unwrap_or(&node.ip);
                 self.cp.ns.ip(&format!("route add {cidr} via {via}"));
                 for (j, other) in self.nodes.iter().enumerate() {
-                    if i != j {
+                    if i != j && harness_routes_nodes {
                         other.ns.ip(&format!("route add {cidr} via {via}"));
                     }
                 }
@@ -554,6 +596,18 @@ impl Cluster {
             out.status.success()
                 && t.lines().filter(|l| l.trim() == "True").count() == c.nodes.len()
         });
+    }
+
+    /// Flannel's rules on each node ([`flannel::flannel_rules`] of `nft -a list ruleset`);
+    /// empty lists with the bridge plugin.
+    pub fn flannel_rules(&self) -> Vec<Vec<String>> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let out = n.ns.output("nft", &["-a", "list", "ruleset"]);
+                flannel::flannel_rules(&String::from_utf8_lossy(&out.stdout))
+            })
+            .collect()
     }
 
     /// kubectl as the admin.

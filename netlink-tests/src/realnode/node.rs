@@ -18,8 +18,13 @@ use crate::ns::NetNs;
 /// `restrict_oom_score_adj` (no CAP_SYS_RESOURCE: runc cannot lower oom_score_adj), the
 /// sandbox image named exactly as imported (or containerd pulls), cgroupfs (cgroup v1, no
 /// systemd).
-fn containerd_config(dir: &Path) -> String {
+fn containerd_config(dir: &Path, extra_cni_bin: Option<&Path>) -> String {
     let d = dir.display();
+    let bin_dirs = std::iter::once("/usr/lib/cni".to_string())
+        .chain(extra_cni_bin.map(|p| p.display().to_string()))
+        .map(|b| format!("{b:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         r#"version = 3
 root = "{d}/containerd/root"
@@ -38,7 +43,7 @@ state = "/run/containerd/state"
   restrict_oom_score_adj = true
   enable_selinux = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/usr/lib/cni"]
+    bin_dirs = [{bin_dirs}]
     conf_dir = "{d}/cni/net.d"
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
@@ -138,14 +143,17 @@ pub struct Node {
     containerd: Option<Child>,
     kubelet: Option<Child>,
     kubelet_args: Vec<String>,
+    flanneld: Option<Child>,
+    /// A second CNI bin dir for containerd (Flannel's plugin), if any.
+    extra_cni_bin: Option<PathBuf>,
     /// `net:[…]` of the node's network namespace, for the sweep.
     net_ns: String,
 }
 
 impl Node {
     /// Creates the node's namespace (its `eth0` plugged into the fabric's bridge with `ips`,
-    /// primary first), holder, cgroups and containerd. The kubelet starts with
-    /// [`start_kubelet`](Self::start_kubelet).
+    /// primary first), holder, cgroups and containerd (with `extra_cni_bin` as a second CNI
+    /// bin dir when given). The kubelet starts with [`start_kubelet`](Self::start_kubelet).
     pub fn create(
         fabric: &NetNs,
         index: usize,
@@ -153,6 +161,7 @@ impl Node {
         zone: &str,
         cluster_dir: &Path,
         tag: &str,
+        extra_cni_bin: Option<&Path>,
     ) -> Node {
         let name = format!("node-{index}");
         let dir = cluster_dir.join(&name);
@@ -189,6 +198,8 @@ impl Node {
             containerd: None,
             kubelet: None,
             kubelet_args: Vec::new(),
+            flanneld: None,
+            extra_cni_bin: extra_cni_bin.map(Path::to_path_buf),
             net_ns,
         };
         node.start_containerd();
@@ -213,7 +224,11 @@ impl Node {
 
     fn start_containerd(&mut self) {
         let cfg = self.dir.join("containerd.toml");
-        std::fs::write(&cfg, containerd_config(&self.dir)).unwrap();
+        std::fs::write(
+            &cfg,
+            containerd_config(&self.dir, self.extra_cni_bin.as_deref()),
+        )
+        .unwrap();
         let bin = super::binaries().node.join("containerd");
         let mut cmd = self.holder.command(bin.to_str().unwrap());
         cmd.args(["--config", cfg.to_str().unwrap()])
@@ -364,12 +379,51 @@ impl Node {
     /// Writes the CNI configuration for the node's pod CIDRs ([`cni_conflist`]). containerd
     /// picks it up and the node becomes Ready.
     pub fn write_cni(&self, pod_cidrs: &[String]) {
-        let conf = cni_conflist(pod_cidrs, &self.dir.join("cni/ipam"));
+        self.write_cni_conf(&cni_conflist(pod_cidrs, &self.dir.join("cni/ipam")));
+    }
+
+    /// Starts flanneld (`bin`) in the node's namespaces with `net_conf` as its
+    /// net-conf.json: the Kubernetes subnet manager with the admin's `kubeconfig`, the
+    /// node's `eth0`, masquerade on, its subnet file at the default `/run/flannel/subnet.env`
+    /// (the node's own `/run`, [`Holder`]), where the flannel CNI plugin looks.
+    pub fn start_flanneld(&mut self, bin: &Path, kubeconfig: &Path, net_conf: &serde_json::Value) {
+        let conf = self.dir.join("net-conf.json");
+        std::fs::write(&conf, serde_json::to_vec_pretty(net_conf).unwrap()).unwrap();
+        let mut cmd = self.holder.command(bin.to_str().unwrap());
+        cmd.args([
+            "--kube-subnet-mgr",
+            &format!("--kubeconfig-file={}", kubeconfig.display()),
+            "--iface=eth0",
+            "--ip-masq",
+            &format!("--net-config-path={}", conf.display()),
+        ])
+        .env("NODE_NAME", &self.name)
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .stdin(Stdio::null())
+        .stdout(self.log("flanneld.log"))
+        .stderr(self.log("flanneld.log"));
+        self.flanneld = Some(
+            crate::bounded::dies_with_parent(&mut cmd)
+                .spawn()
+                .expect("start flanneld"),
+        );
+    }
+
+    /// Whether flanneld has written the node's subnet file.
+    pub fn flannel_subnet_written(&self) -> bool {
+        self.dir.join("run/flannel/subnet.env").exists()
+    }
+
+    /// Writes `conf` as the node's one CNI configuration.
+    pub fn write_cni_conf(&self, conf: &serde_json::Value) {
         // Written in place, not renamed in: containerd's watcher ignores a file's creation
         // and reloads on its write (internal/cri/server/cni_conf_syncer.go).
         std::fs::write(
             self.dir.join("cni/net.d/10-nlp.conflist"),
-            serde_json::to_vec_pretty(&conf).unwrap(),
+            serde_json::to_vec_pretty(conf).unwrap(),
         )
         .unwrap();
     }
@@ -388,7 +442,7 @@ impl Node {
         if !pids.is_empty() {
             left.push(format!("{}: processes {pids:?} would not die", self.name));
         }
-        for c in [&mut self.containerd, &mut self.kubelet]
+        for c in [&mut self.containerd, &mut self.kubelet, &mut self.flanneld]
             .into_iter()
             .flatten()
         {

@@ -112,6 +112,30 @@ pub fn skip_regex_for(family: Family) -> String {
 /// [`PROXY_FOCUS`] runs with `real-node-e2e` (README, "Run the tests").
 pub const CI_FOCUS: &str = r"\[sig-network\] (Services .*\[Conformance\]|Conntrack |KubeProxy |Networking should check kube-proxy urls|Traffic Distribution)";
 
+/// The shape of CI's install test: dual-stack nodes, which carry every IPv4 path too, and
+/// upstream's `[Feature:IPv6DualStack]` specs besides CI's focus (about 2 minutes more).
+pub const CI_FAMILY: Family = Family::Dual;
+
+/// CI's focus on nodes in `family`: [`CI_FOCUS`], and [`DUAL_STACK_FOCUS`] on dual-stack
+/// nodes.
+pub fn ci_focus_for(family: Family) -> String {
+    if family.is_dual() {
+        format!("{CI_FOCUS}|{DUAL_STACK_FOCUS}")
+    } else {
+        CI_FOCUS.to_string()
+    }
+}
+
+/// Dual-stack specs that must pass in a CI run on dual-stack nodes: the secondary family's
+/// ClusterIP from pods, nodes and endpoints, its session affinity, and Services created in
+/// either family order.
+pub const CI_MUST_PASS_DUAL_STACK: &[&str] = &[
+    "[Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: udp",
+    "[Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for node-Service: http",
+    "[Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for client IP based session affinity: http [LinuxOnly]",
+    "[Feature:IPv6DualStack] should create service with ipv6,v4 cluster ip",
+];
+
 /// Specs that must pass in a CI run (a focus that silently selects nothing fails here).
 pub const CI_MUST_PASS: &[&str] = &[
     "Services should serve a basic endpoint from pods [Conformance]",
@@ -376,6 +400,25 @@ mod tests {
             "{dual}"
         );
         assert!(dual.contains(r"\[Serial\]") && dual.contains("SCTPConnectivity"));
+    }
+
+    #[test]
+    fn ci_runs_dual_stack_with_the_dual_stack_specs_it_requires() {
+        assert!(CI_FAMILY.is_dual());
+        assert_eq!(ci_focus_for(Family::Ipv4), CI_FOCUS);
+        assert_eq!(
+            ci_focus_for(CI_FAMILY),
+            format!("{CI_FOCUS}|{DUAL_STACK_FOCUS}")
+        );
+        // Each required spec is one the dual-stack focus selects and the skip keeps.
+        let skip = skip_regex_for(CI_FAMILY);
+        for must in CI_MUST_PASS_DUAL_STACK {
+            assert!(must.starts_with("[Feature:IPv6DualStack] "), "{must}");
+            assert!(
+                !skip.contains("DualStack") && !must.contains("[Slow]"),
+                "{must}"
+            );
+        }
     }
 
     #[test]
