@@ -352,3 +352,21 @@ fn the_release_image_holds_one_static_binary_and_is_reproducible() {
     assert_eq!(std::fs::read(dir.join("again.tar")).unwrap(), bytes);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Issue #53: Cargo.toml declares Apache-2.0 for every crate; the licence's text is at the
+/// root, whole (the terms and the appendix an adopter's legal review looks for).
+#[test]
+fn the_licence_cargo_declares_is_at_the_root() {
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    for manifest in ["Cargo.toml", "netlink-tests/Cargo.toml", "xtask/Cargo.toml"] {
+        let toml = std::fs::read_to_string(format!("{root}/{manifest}")).unwrap();
+        assert!(
+            toml.lines().any(|l| l == r#"license = "Apache-2.0""#),
+            "{manifest}"
+        );
+    }
+    let text = std::fs::read_to_string(format!("{root}/LICENSE")).unwrap();
+    assert!(text.contains("Apache License\n                           Version 2.0, January 2004"));
+    assert!(text.contains("END OF TERMS AND CONDITIONS"));
+    assert!(text.contains("APPENDIX: How to apply the Apache License to your work."));
+}

@@ -98,19 +98,25 @@ fn assert_rbac_is_ours_only(c: &Cluster) {
 fn deploy_as_shipped_passes_upstreams_e2e() {
     require_root();
     let (image, reference) = our_image();
-    // Dual-stack nodes (proxies::CI_FAMILY): every IPv4 path, and the IPv6 ones beside it.
+    // Dual-stack nodes (proxies::CI_FAMILY): every IPv4 path, and the IPv6 ones beside it;
+    // Flannel as the CNI (proxies::CI_CNI), the other real-node tests run the bridge plugin.
     let family = proxies::CI_FAMILY;
     let c = Cluster::start_with(
         ClusterConfig {
             nodes: 3,
             family,
-            ..ClusterConfig::default()
+            cni: proxies::CI_CNI,
         },
         &[image],
     );
     // A kubeadm cluster: kubeadm's ConfigMap is there (clusterCIDR in both families, as
     // kubeadm writes a dual-stack podSubnet); then README's install, word for word.
     c.apply(&proxies::kubeadm_configmap_for("", family));
+    let flannel_before = c.flannel_rules();
+    assert!(
+        flannel_before.iter().all(|rules| !rules.is_empty()),
+        "Flannel's rules on every node: {flannel_before:#?}"
+    );
     let t0 = Instant::now();
     c.run_readme_block("install");
     let took = wait_proxy_pods_ready(&c, "k8s-app=kube-nlproxy", Duration::from_secs(60));
@@ -164,6 +170,13 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
             report.render()
         );
     }
+    // Our start-up cleanup and every sync since left Flannel's chains and tables alone (a
+    // rule deleted and re-added by Flannel's resync would show a new handle).
+    assert_eq!(
+        c.flannel_rules(),
+        flannel_before,
+        "Flannel's rules changed while kube-nlproxy ran"
+    );
     // Skips: only those the suite makes for reasons README lists.
     for (name, why) in report.skipped() {
         assert!(

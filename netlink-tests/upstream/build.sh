@@ -13,7 +13,7 @@
 #   containerd (v2: 1.6 loses what an exec'd command writes to stderr, which specs read) and
 #   CoreDNS from theirs. Cached as one zstd tarball (about a third of the ~0.9 GB); unpacked
 #   into target/real-node/bin for the tests.
-# - With --flannel (instead), Flannel's flanneld and CNI plugin (see below).
+# - With --node or --flannel (that alone), Flannel's flanneld and CNI plugin (see below).
 set -euo pipefail
 cd "$(dirname "$0")"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
@@ -46,23 +46,23 @@ fi
 # plugin from containernetworking/plugins v0.9.1, the code flannel-io/cni-plugin was forked
 # from (the module proxy serves neither flannel-io/cni-plugin nor that SDK). About 2 minutes
 # cold; cached as two small binaries.
-if [ "${1:-}" = "--flannel" ]; then
+if [ "${1:-}" = "--flannel" ] || [ "${1:-}" = "--node" ]; then
   flannel_ver=$(awk '/^require github.com\/flannel-io\/flannel /{print $3; exit}' ../flannel/go.mod)
   cni_ver=v0.9.1
   fl_out=$cache/flannel-$flannel_ver-cni-$cni_ver
   if [ -x "$fl_out/flanneld" ] && [ -x "$fl_out/cni/flannel" ]; then
     echo "flannel $flannel_ver: cached in $fl_out"
-    exit 0
+  else
+    mkdir -p "$fl_out/cni"
+    # cgo: flanneld's udp backend is C (upstream builds it the same way).
+    (cd ../flannel && CGO_ENABLED=1 go build -trimpath \
+      -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel_ver" \
+      -o "$fl_out/flanneld" github.com/flannel-io/flannel)
+    (cd "$fl_out" && GOFLAGS= GOBIN="$fl_out/cni" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+      "github.com/containernetworking/plugins/plugins/meta/flannel@$cni_ver")
+    "$fl_out/flanneld" --version
   fi
-  mkdir -p "$fl_out/cni"
-  # cgo: flanneld's udp backend is C (upstream builds it the same way).
-  (cd ../flannel && CGO_ENABLED=1 go build -trimpath \
-    -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$flannel_ver" \
-    -o "$fl_out/flanneld" github.com/flannel-io/flannel)
-  (cd "$fl_out" && GOFLAGS= GOBIN="$fl_out/cni" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
-    "github.com/containernetworking/plugins/plugins/meta/flannel@$cni_ver")
-  "$fl_out/flanneld" --version
-  exit 0
+  if [ "$1" = "--flannel" ]; then exit 0; fi
 fi
 
 [ "${1:-}" = "--node" ] || exit 0

@@ -138,6 +138,8 @@ pub fn flannel_rules(ruleset: &str) -> Vec<String> {
         match words.as_slice() {
             ["table", family, name, ..] => {
                 table = format!("{family} {name}");
+                // A table's own lines (its comment, flags) come before its first chain.
+                chain.clear();
                 flannel_table = name.starts_with("flannel-");
                 flannel_chain = false;
             }
@@ -175,6 +177,19 @@ fn without_counters(rule: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_versions_are_those_build_sh_builds() {
+        let go_mod = include_str!("../../flannel/go.mod");
+        assert!(
+            go_mod.contains(&format!(
+                "require github.com/flannel-io/flannel {VERSION}\n"
+            )),
+            "{go_mod}"
+        );
+        let build = include_str!("../../upstream/build.sh");
+        assert!(build.contains(&format!("cni_ver={CNI_PLUGIN_VERSION}\n")));
+    }
 
     #[test]
     fn names_round_trip_and_bridge_is_the_default() {
@@ -222,12 +237,13 @@ mod tests {
     #[test]
     fn flannels_rules_are_picked_out_with_their_handles_and_without_counters() {
         // As `nft -a list ruleset` prints iptables-nft's tables and Flannel's own.
-        let ruleset = "table ip nat { # handle 3\n\tchain POSTROUTING { # handle 1\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tcounter packets 35 bytes 2184 jump FLANNEL-POSTRTG # handle 9\n\t}\n\tchain FLANNEL-POSTRTG { # handle 7\n\t\tip saddr 10.244.1.0/24 ip daddr 10.244.0.0/16  counter packets 11 bytes 784 return # handle 10\n\t}\n\tchain KUBE-POSTROUTING { # handle 8\n\t\tmasquerade # handle 11\n\t}\n}\ntable ip flannel-ipv4 { # handle 5\n\tchain postrtg { # handle 1\n\t\tmasquerade # handle 2\n\t}\n}\n";
+        let ruleset = "table ip nat { # handle 3\n\tchain POSTROUTING { # handle 1\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tcounter packets 35 bytes 2184 jump FLANNEL-POSTRTG # handle 9\n\t}\n\tchain FLANNEL-POSTRTG { # handle 7\n\t\tip saddr 10.244.1.0/24 ip daddr 10.244.0.0/16  counter packets 11 bytes 784 return # handle 10\n\t}\n\tchain KUBE-POSTROUTING { # handle 8\n\t\tmasquerade # handle 11\n\t}\n}\ntable ip flannel-ipv4 { # handle 5\n\tcomment \"rules for flannel-ipv4\"\n\tchain postrtg { # handle 1\n\t\tmasquerade # handle 2\n\t}\n}\n";
         assert_eq!(
             flannel_rules(ruleset),
             [
                 "ip nat / POSTROUTING: counter jump FLANNEL-POSTRTG # handle 9",
                 "ip nat / FLANNEL-POSTRTG: ip saddr 10.244.1.0/24 ip daddr 10.244.0.0/16 counter return # handle 10",
+                "ip flannel-ipv4 / : comment \"rules for flannel-ipv4\"",
                 "ip flannel-ipv4 / postrtg: masquerade # handle 2",
             ]
         );

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{images, workspace_root, Cluster, Family, IpFamily};
+use super::{images, workspace_root, Cluster, Cni, Family, IpFamily};
 
 /// Which proxy a cluster runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +115,10 @@ pub const CI_FOCUS: &str = r"\[sig-network\] (Services .*\[Conformance\]|Conntra
 /// The shape of CI's install test: dual-stack nodes, which carry every IPv4 path too, and
 /// upstream's `[Feature:IPv6DualStack]` specs besides CI's focus (about 2 minutes more).
 pub const CI_FAMILY: Family = Family::Dual;
+
+/// The pod network of CI's install test: Flannel with its nftables rules (k3s's default CNI;
+/// the migration and node-life tests keep the bridge plugin, so CI runs both).
+pub const CI_CNI: Cni = Cni::Flannel(super::flannel::Masquerade::Nftables);
 
 /// CI's focus on nodes in `family`: [`CI_FOCUS`], and [`DUAL_STACK_FOCUS`] on dual-stack
 /// nodes.
