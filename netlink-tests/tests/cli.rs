@@ -532,3 +532,26 @@ fn an_oom_score_adj_that_cannot_be_set_is_a_warning() {
     let (st, _) = d.terminate();
     assert!(st.success(), "{}", d.log_text());
 }
+
+/// `--version` names the commit the binary was built from (build.rs reads `.git`; git here
+/// is the oracle), as `kubernetes_build_info{git_commit}` does.
+#[test]
+fn version_names_the_checked_out_commit() {
+    let root = format!("{}/..", env!("CARGO_MANIFEST_DIR"));
+    let head = Command::new("git")
+        .args(["-C", &root, "rev-parse", "HEAD"])
+        .output_within(TEST_LIMIT)
+        .unwrap();
+    assert!(head.status.success(), "git rev-parse HEAD in {root}");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    let out = bin().arg("--version").output_within(TEST_LIMIT).unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text,
+        format!(
+            "kube-nlproxy {} (git commit {head}, kube-proxy v1alpha1 configuration)\n",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+}

@@ -210,6 +210,20 @@ fn valid_ifname(n: &str) -> bool {
             .any(|c| c == '/' || c.is_whitespace() || c == '\0')
 }
 
+/// What `--version` prints: our version, the commit it was built from when known
+/// (build.rs), and the configuration API it reads.
+pub fn version_text(git_commit: &str) -> String {
+    let commit = if git_commit.is_empty() {
+        String::new()
+    } else {
+        format!("git commit {git_commit}, ")
+    };
+    format!(
+        "kube-nlproxy {} ({commit}kube-proxy v1alpha1 configuration)\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 impl Config {
     /// Parses the arguments after the program name into what to do.
     pub fn from_args<I, S>(args: I) -> Result<Command, ConfigError>
@@ -226,10 +240,9 @@ impl Config {
         }
         match parsed.get(cli::VERSION).as_deref() {
             Some("true") | Some("raw") => {
-                return Ok(Command::Print(format!(
-                    "kube-nlproxy {} (kube-proxy v1alpha1 configuration)\n",
-                    env!("CARGO_PKG_VERSION")
-                )))
+                return Ok(Command::Print(version_text(env!(
+                    "KUBE_NLPROXY_GIT_COMMIT"
+                ))))
             }
             Some("false") | None => {}
             Some(other) => {

@@ -850,6 +850,19 @@ fn kubespray_ipvs_file() {
 }
 
 #[test]
+fn version_names_the_commit_when_the_build_knew_it() {
+    let v = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        super::version_text("0123456789abcdef0123456789abcdef01234567"),
+        format!("kube-nlproxy {v} (git commit 0123456789abcdef0123456789abcdef01234567, kube-proxy v1alpha1 configuration)\n")
+    );
+    assert_eq!(
+        super::version_text(""),
+        format!("kube-nlproxy {v} (kube-proxy v1alpha1 configuration)\n")
+    );
+}
+
+#[test]
 fn help_and_version() {
     assert!(matches!(Config::from_args(["--help"]), Ok(Command::Help)));
     assert!(matches!(Config::from_args(["-h"]), Ok(Command::Help)));

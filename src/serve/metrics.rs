@@ -253,7 +253,7 @@ impl Metrics {
                 major: "1".into(),
                 minor: "37".into(),
                 git_version: format!("kube-nlproxy-{}", env!("CARGO_PKG_VERSION")),
-                git_commit: option_env!("KUBE_NLPROXY_GIT_COMMIT").unwrap_or("").into(),
+                git_commit: env!("KUBE_NLPROXY_GIT_COMMIT").into(),
                 git_tree_state: String::new(),
                 build_date: String::new(),
                 go_version: String::new(),
