@@ -12,6 +12,7 @@ use crate::proxy::{SyncError, SyncStats};
 use crate::serve::admin::Shared;
 use crate::serve::metrics::{unix_secs, FamilyLabel, PolicyLabel};
 use crate::serve::service_health::{plan_health_checks, ServiceHealthServers};
+use crate::source::kube::service_ref;
 
 /// Feeds health, metrics and health-check ports from the sync loop.
 pub struct Hooks {
@@ -72,14 +73,7 @@ impl Hooks {
             for c in new {
                 for spn in [&c.owner, &c.other] {
                     let _ = w.send(crate::source::kube::Warning {
-                        reference: k8s_openapi::api::core::v1::ObjectReference {
-                            api_version: Some("v1".into()),
-                            kind: Some("Service".into()),
-                            namespace: Some(spn.namespace.to_string()),
-                            name: Some(spn.name.to_string()),
-                            uid: Some(format!("{}/{}", spn.namespace, spn.name)),
-                            ..Default::default()
-                        },
+                        reference: service_ref(&spn.namespace, &spn.name),
                         reason: "ConflictingServicePort".into(),
                         action: "Sync".into(),
                         note: c.to_string(),
@@ -122,167 +116,203 @@ impl SyncHooks for Hooks {
     }
 
     fn synced(&mut self, state: &ProxyState, res: &Result<SyncStats, SyncError>, took: Duration) {
-        let now = SystemTime::now();
-        let m = &self.shared.metrics;
-        match res {
-            Ok(s) => {
-                m.observe_sync(&self.families, s.full, took, true);
-                // Per-sync summaries at V(2), as upstream; the first one also at V(0) so
-                // that a default log shows the proxy came up.
-                if !self.first_sync_logged {
-                    self.first_sync_logged = true;
-                    tracing::info!(rules = s.rules, elements = s.elements, took = ?took, "initial sync done");
-                }
-                tracing::debug!(
-                    full = s.full,
-                    rules = s.rules,
-                    elements = s.elements,
-                    ipv4_ops = s.ops_of(Family::Ip),
-                    ipv6_ops = s.ops_of(Family::Ip6),
-                    took = ?took,
-                    "synced"
-                );
-                m.service_changes_pending.set(0);
-                m.endpoint_changes_pending.set(0);
-                if let Some(d) = s.conntrack_duration {
-                    for f in FamilyLabel::of_each(&self.families) {
-                        m.conntrack_duration
-                            .get_or_create(&f)
-                            .observe(d.as_secs_f64());
-                    }
-                }
-                for &f in &self.families {
-                    let n = s.conntrack_deleted_by_family.get(&f).copied().unwrap_or(0);
-                    m.conntrack_deleted
-                        .get_or_create(&FamilyLabel::of(f))
-                        .inc_by(n as u64);
-                }
-                if s.restored > 0 {
-                    m.nftables_restores.inc();
-                }
-                if let Some(l) = &s.listeners {
-                    *self.shared.listeners.lock().expect("listeners") = l.clone();
-                }
-                let mut h = self.shared.health.lock().expect("proxy health");
-                for &f in &self.families {
-                    h.updated(f, now);
-                }
-                drop(h);
-                // Network programming latency: from the EndpointSlice change to now, once per
-                // trigger time.
-                // Each trigger time once: the ones this state adds or changes against the
-                // last synced one (a diff of shared maps, not a walk of every port).
-                let mut observed = Vec::new();
-                let empty = crate::model::OrdMap::new();
-                let before = self
-                    .synced_state
-                    .as_ref()
-                    .map_or(&empty, |p| &p.trigger_times);
-                for d in before.diff(&state.trigger_times) {
-                    use imbl::ordmap::DiffItem;
-                    let (spn, t) = match d {
-                        DiffItem::Add(k, t) | DiffItem::Update { new: (k, t), .. } => (k, t),
-                        DiffItem::Remove(..) => continue,
-                    };
-                    if let Ok(d) = now.duration_since(*t) {
-                        observed.push(d);
-                        // Per family of the Service's ClusterIPs, as each upstream
-                        // proxier observes its own.
-                        let mut fams: Vec<Family> = state
-                            .services
-                            .get(spn)
-                            .map(|sp| sp.cluster_ips.iter().map(Family::of).collect())
-                            .unwrap_or_default();
-                        fams.sort();
-                        fams.dedup();
-                        for f in fams {
-                            m.network_programming_duration
-                                .get_or_create(&FamilyLabel::of(f))
-                                .observe(d.as_secs_f64());
-                        }
-                    }
-                }
-                // Each latency, not only the histogram's buckets (1 s apart around the
-                // 1.5 s churn goal of issue #18): `RUST_LOG=info,network_programming=debug`.
-                if !observed.is_empty() {
-                    tracing::debug!(
-                        target: "network_programming",
-                        latencies_ms = %observed
-                            .iter()
-                            .map(|d| d.as_millis().to_string())
-                            .collect::<Vec<_>>()
-                            .join(" "),
-                        "network programming latencies of this sync"
-                    );
-                }
-                let counts = self.no_local.update(state);
-                // Once for both plans below.
-                let changed = since(self.synced_state.as_ref(), state);
-                for (f, (internal, external)) in [Family::Ip, Family::Ip6].into_iter().zip(counts) {
-                    if !self.families.contains(&f) {
-                        continue;
-                    }
-                    for (policy, n) in [("internal", internal), ("external", external)] {
-                        m.no_local_endpoints
-                            .get_or_create(&PolicyLabel {
-                                traffic_policy: policy.into(),
-                                ip_family: FamilyLabel::of(f).ip_family,
-                            })
-                            .set(n as i64);
-                    }
-                }
-                if let Some((forwarder, listen)) = self.localhost.as_mut() {
-                    use crate::modes::userspace::localhost::plan_localhost;
-                    if touches(changed.as_ref(), state, |sp| sp.node_port.is_some()) {
-                        self.localhost_plan = plan_localhost(state, listen);
-                    }
-                    let failed = forwarder.sync(self.localhost_plan.clone());
-                    if let Some(lm) = &self.shared.localhost_metrics {
-                        for (ip, _, _) in failed {
-                            lm.creation_failures
-                                .get_or_create(&FamilyLabel::of(Family::of(&ip)))
-                                .inc();
-                        }
-                        for v4 in [true, false] {
-                            if !listen.of(v4).is_empty() {
-                                let f = if v4 { Family::Ip } else { Family::Ip6 };
-                                lm.listeners
-                                    .get_or_create(&FamilyLabel::of(f))
-                                    .set(forwarder.listening(v4) as i64);
-                            }
-                        }
-                    }
-                }
-                if touches(changed.as_ref(), state, |sp| {
-                    sp.health_check_node_port.is_some() && sp.external_policy_local
-                }) {
-                    self.hc_plan = plan_health_checks(state);
-                }
-                for (port, svc, err) in self.hc.sync(self.hc_plan.clone()) {
-                    if let Some(w) = &self.warnings {
-                        let _ = w.send(crate::source::kube::Warning {
-                            reference: k8s_openapi::api::core::v1::ObjectReference {
-                                api_version: Some("v1".into()),
-                                kind: Some("Service".into()),
-                                namespace: Some(svc.namespace.clone()),
-                                name: Some(svc.name.clone()),
-                                // upstream: UID is the Service's namespace/name
-                                uid: Some(format!("{}/{}", svc.namespace, svc.name)),
-                                ..Default::default()
-                            },
-                            reason: "FailedToStartServiceHealthcheck".into(),
-                            action: "Listen".into(),
-                            note: format!(
-                                "node {} failed to start healthcheck on port {port}: {err}",
-                                state.node.name
-                            ),
-                        });
-                    }
-                }
-                drop(changed);
-                self.synced_state = Some(state.clone());
+        let stats = match res {
+            Ok(s) => s,
+            Err(_) => {
+                self.shared
+                    .metrics
+                    .observe_sync(&self.families, true, took, false);
+                return;
             }
-            Err(_) => m.observe_sync(&self.families, true, took, false),
+        };
+        let now = SystemTime::now();
+        self.record_sync(stats, took);
+        self.mark_healthy(stats, now);
+        let prev = self.synced_state.take();
+        self.observe_programming_latency(prev.as_ref(), state, now);
+        self.publish_no_local_endpoints(state);
+        // What changed, worked out once for both plans below.
+        let changed = since(prev.as_ref(), state);
+        self.sync_localhost_node_ports(changed.as_ref(), state);
+        self.sync_health_check_ports(changed.as_ref(), state);
+        drop(changed);
+        self.synced_state = Some(state.clone());
+    }
+}
+
+/// The steps of [`SyncHooks::synced`] after a successful sync, in order.
+impl Hooks {
+    /// Sync metrics, logs and the conntrack and restore counters of one sync.
+    fn record_sync(&mut self, s: &SyncStats, took: Duration) {
+        let m = &self.shared.metrics;
+        m.observe_sync(&self.families, s.full, took, true);
+        // Per-sync summaries at V(2), as upstream; the first one also at V(0) so that a
+        // default log shows the proxy came up.
+        if !self.first_sync_logged {
+            self.first_sync_logged = true;
+            tracing::info!(rules = s.rules, elements = s.elements, took = ?took, "initial sync done");
+        }
+        tracing::debug!(
+            full = s.full,
+            rules = s.rules,
+            elements = s.elements,
+            ipv4_ops = s.ops_of(Family::Ip),
+            ipv6_ops = s.ops_of(Family::Ip6),
+            took = ?took,
+            "synced"
+        );
+        m.service_changes_pending.set(0);
+        m.endpoint_changes_pending.set(0);
+        if let Some(d) = s.conntrack_duration {
+            for f in FamilyLabel::of_each(&self.families) {
+                m.conntrack_duration
+                    .get_or_create(&f)
+                    .observe(d.as_secs_f64());
+            }
+        }
+        for &f in &self.families {
+            let n = s.conntrack_deleted_by_family.get(&f).copied().unwrap_or(0);
+            m.conntrack_deleted
+                .get_or_create(&FamilyLabel::of(f))
+                .inc_by(n as u64);
+        }
+        if s.restored > 0 {
+            m.nftables_restores.inc();
+        }
+    }
+
+    /// The listeners the sync opened, and each family's last successful update.
+    fn mark_healthy(&mut self, s: &SyncStats, now: SystemTime) {
+        if let Some(l) = &s.listeners {
+            *self.shared.listeners.lock().expect("listeners") = l.clone();
+        }
+        let mut h = self.shared.health.lock().expect("proxy health");
+        for &f in &self.families {
+            h.updated(f, now);
+        }
+    }
+
+    /// Network programming latency: from each EndpointSlice change to now, once per
+    /// trigger time (those `state` adds or changes against `prev`: a diff of shared maps,
+    /// not a walk of every port).
+    fn observe_programming_latency(
+        &mut self,
+        prev: Option<&ProxyState>,
+        state: &ProxyState,
+        now: SystemTime,
+    ) {
+        let m = &self.shared.metrics;
+        let mut observed = Vec::new();
+        let empty = crate::model::OrdMap::new();
+        let before = prev.map_or(&empty, |p| &p.trigger_times);
+        for d in before.diff(&state.trigger_times) {
+            use imbl::ordmap::DiffItem;
+            let (spn, t) = match d {
+                DiffItem::Add(k, t) | DiffItem::Update { new: (k, t), .. } => (k, t),
+                DiffItem::Remove(..) => continue,
+            };
+            if let Ok(d) = now.duration_since(*t) {
+                observed.push(d);
+                // Per family of the Service's ClusterIPs, as each upstream proxier observes
+                // its own.
+                let mut fams: Vec<Family> = state
+                    .services
+                    .get(spn)
+                    .map(|sp| sp.cluster_ips.iter().map(Family::of).collect())
+                    .unwrap_or_default();
+                fams.sort();
+                fams.dedup();
+                for f in fams {
+                    m.network_programming_duration
+                        .get_or_create(&FamilyLabel::of(f))
+                        .observe(d.as_secs_f64());
+                }
+            }
+        }
+        // Each latency, not only the histogram's buckets (1 s apart around the 1.5 s churn
+        // goal of issue #18): `RUST_LOG=info,network_programming=debug`.
+        if !observed.is_empty() {
+            tracing::debug!(
+                target: "network_programming",
+                latencies_ms = %observed
+                    .iter()
+                    .map(|d| d.as_millis().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                "network programming latencies of this sync"
+            );
+        }
+    }
+
+    /// The no-local-endpoints gauges per traffic policy, in the families programmed.
+    fn publish_no_local_endpoints(&mut self, state: &ProxyState) {
+        let counts = self.no_local.update(state);
+        let m = &self.shared.metrics;
+        for (f, (internal, external)) in [Family::Ip, Family::Ip6].into_iter().zip(counts) {
+            if !self.families.contains(&f) {
+                continue;
+            }
+            for (policy, n) in [("internal", internal), ("external", external)] {
+                m.no_local_endpoints
+                    .get_or_create(&PolicyLabel {
+                        traffic_policy: policy.into(),
+                        ip_family: FamilyLabel::of(f).ip_family,
+                    })
+                    .set(n as i64);
+            }
+        }
+    }
+
+    /// The localhost NodePort forwarder: its plan again when a NodePort changed, its
+    /// listeners synced, their failures and counts as metrics.
+    fn sync_localhost_node_ports(&mut self, changed: Option<&SinceSynced>, state: &ProxyState) {
+        let Some((forwarder, listen)) = self.localhost.as_mut() else {
+            return;
+        };
+        use crate::modes::userspace::localhost::plan_localhost;
+        if touches(changed, state, |sp| sp.node_port.is_some()) {
+            self.localhost_plan = plan_localhost(state, listen);
+        }
+        let failed = forwarder.sync(self.localhost_plan.clone());
+        let Some(lm) = &self.shared.localhost_metrics else {
+            return;
+        };
+        for (ip, _, _) in failed {
+            lm.creation_failures
+                .get_or_create(&FamilyLabel::of(Family::of(&ip)))
+                .inc();
+        }
+        for v4 in [true, false] {
+            if !listen.of(v4).is_empty() {
+                let f = if v4 { Family::Ip } else { Family::Ip6 };
+                lm.listeners
+                    .get_or_create(&FamilyLabel::of(f))
+                    .set(forwarder.listening(v4) as i64);
+            }
+        }
+    }
+
+    /// The health-check node ports: their plan again when a port they depend on changed,
+    /// the servers synced, a Warning event on the Service for each port that failed to
+    /// listen (upstream's `FailedToStartServiceHealthcheck`).
+    fn sync_health_check_ports(&mut self, changed: Option<&SinceSynced>, state: &ProxyState) {
+        if touches(changed, state, |sp| {
+            sp.health_check_node_port.is_some() && sp.external_policy_local
+        }) {
+            self.hc_plan = plan_health_checks(state);
+        }
+        for (port, svc, err) in self.hc.sync(self.hc_plan.clone()) {
+            if let Some(w) = &self.warnings {
+                let _ = w.send(crate::source::kube::Warning {
+                    reference: service_ref(&svc.namespace, &svc.name),
+                    reason: "FailedToStartServiceHealthcheck".into(),
+                    action: "Listen".into(),
+                    note: format!(
+                        "node {} failed to start healthcheck on port {port}: {err}",
+                        state.node.name
+                    ),
+                });
+            }
         }
     }
 }

@@ -88,6 +88,19 @@ pub fn node_ref(node: &str) -> ObjectReference {
     }
 }
 
+/// A reference to a Service, as upstream's proxier events name it (its UID is the
+/// Service's `namespace/name`, not the object's UID: the proxier never sees that).
+pub fn service_ref(namespace: &str, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        uid: Some(format!("{namespace}/{name}")),
+        ..Default::default()
+    }
+}
+
 /// Publishes the "Starting" event (upstream's `birthCry`), then any warnings sent on
 /// `warnings`. Failures are logged.
 pub async fn run_events(
@@ -124,5 +137,22 @@ pub async fn run_events(
         if let Err(e) = recorder.publish(&ev, &w.reference).await {
             tracing::warn!(reason = %w.reason, err = %e, "cannot publish an event");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_is_referenced_as_upstreams_proxier_references_it() {
+        let r = service_ref("default", "web");
+        assert_eq!(r.api_version.as_deref(), Some("v1"));
+        assert_eq!(r.kind.as_deref(), Some("Service"));
+        assert_eq!(r.namespace.as_deref(), Some("default"));
+        assert_eq!(r.name.as_deref(), Some("web"));
+        // pkg/proxy/healthcheck: the UID is namespace/name.
+        assert_eq!(r.uid.as_deref(), Some("default/web"));
+        assert_eq!(node_ref("n1").uid.as_deref(), Some("n1"));
     }
 }
