@@ -143,16 +143,7 @@ pub fn plan_changes(
 ) -> Plan {
     let mut tx = Transaction::new(last.family(), last.table.name.clone());
     let empty = Fragment::default();
-    let mut pairs: Vec<(&Fragment, &Fragment)> = Vec::new();
-    if !Arc::ptr_eq(&last.base, new_base) && *last.base != **new_base {
-        pairs.push((&last.base, new_base));
-    }
-    for c in changes {
-        pairs.push((
-            c.old.as_deref().unwrap_or(&empty),
-            c.new.as_deref().unwrap_or(&empty),
-        ));
-    }
+    let pairs = changed_pairs(last, new_base, changes, &empty);
     let new_chains: BTreeSet<&str> = pairs
         .iter()
         .flat_map(|(_, n)| n.chains.keys().map(String::as_str))
@@ -162,10 +153,62 @@ pub fn plan_changes(
             tx.delete(Chain::regular(c.clone()));
         }
     }
-    let mut stale_chains = Vec::new();
-    let mut stale_sets = Vec::new();
+    let stale = diff_chains_and_sets(&pairs, &mut tx);
+    diff_elements(last, new_base, changes, &pairs, &mut tx);
+    let mut names = Vec::new();
+    for (name, chain) in stale.chains {
+        if !new_chains.contains(name.as_str()) {
+            tx.flush(chain);
+            names.push(name);
+        }
+    }
+    for s in stale.sets {
+        tx.delete(s);
+    }
+    Plan {
+        tx,
+        stale_chains: names,
+    }
+}
+
+/// Each changed fragment as (committed, wanted): the base when it changed, then each
+/// service port's (an absent side is `empty`).
+fn changed_pairs<'a>(
+    last: &'a Ruleset,
+    new_base: &'a Arc<Fragment>,
+    changes: &'a [Change],
+    empty: &'a Fragment,
+) -> Vec<(&'a Fragment, &'a Fragment)> {
+    let mut pairs: Vec<(&Fragment, &Fragment)> = Vec::new();
+    if !Arc::ptr_eq(&last.base, new_base) && *last.base != **new_base {
+        pairs.push((&last.base, new_base));
+    }
+    for c in changes {
+        pairs.push((
+            c.old.as_deref().unwrap_or(empty),
+            c.new.as_deref().unwrap_or(empty),
+        ));
+    }
+    pairs
+}
+
+/// What the changed fragments no longer define: flushed and deleted after everything else
+/// in the batch (a chain only when no wanted fragment defines it again).
+struct Stale {
+    chains: Vec<(String, Chain)>,
+    sets: Vec<Set>,
+}
+
+/// Chains and sets: new sets and chains added, a chain whose rules changed flushed and
+/// refilled (all rule operations after every addition, so a jump never precedes its
+/// target), and what went returned as [`Stale`].
+fn diff_chains_and_sets(pairs: &[(&Fragment, &Fragment)], tx: &mut Transaction) -> Stale {
+    let mut stale = Stale {
+        chains: Vec::new(),
+        sets: Vec::new(),
+    };
     let mut rule_ops = Vec::new();
-    for (old, new) in &pairs {
+    for (old, new) in pairs {
         for (name, s) in &new.sets {
             if !old.sets.contains_key(name) {
                 tx.add(s.clone());
@@ -186,26 +229,36 @@ pub fn plan_changes(
         }
         for (name, (chain, _)) in &old.chains {
             if !new.chains.contains_key(name) {
-                stale_chains.push((name.clone(), chain.clone()));
+                stale.chains.push((name.clone(), chain.clone()));
             }
         }
         for (name, s) in &old.sets {
             if !new.sets.contains_key(name) {
-                stale_sets.push(s.clone());
+                stale.sets.push(s.clone());
             }
         }
     }
     tx.ops.extend(rule_ops);
-    // Elements: per touched key, the contributors after the change. When they agree (the
-    // usual case: one owner, or several adding identical data such as a shared ClusterIP)
-    // the answer follows from the counts; when they disagree, the fixed owner order decides.
+    stale
+}
+
+/// Elements: per touched key, the element in force after the change
+/// ([`element_in_force_after`]) against the one before; deletions go first, additions
+/// after all of them (a key whose data changes is deleted and added again).
+fn diff_elements(
+    last: &Ruleset,
+    new_base: &Arc<Fragment>,
+    changes: &[Change],
+    pairs: &[(&Fragment, &Fragment)],
+    tx: &mut Transaction,
+) {
     let mut overrides: BTreeMap<&ServicePortName, Option<&Fragment>> = BTreeMap::new();
     for c in changes {
         overrides.insert(&c.name, c.new.as_deref());
     }
     // (contributions removed, contributions added) per key.
     let mut delta: BTreeMap<ElemKey, (usize, Vec<&SharedElement>)> = BTreeMap::new();
-    for (old, new) in &pairs {
+    for (old, new) in pairs {
         for e in &old.elements {
             delta.entry(key_of(e)).or_default().0 += 1;
         }
@@ -215,34 +268,10 @@ pub fn plan_changes(
     }
     let mut adds = Vec::new();
     for (k, (removed, added)) in &delta {
-        let (before_el, before) = match last.index.get(k) {
-            Some((in_force, s)) => (Some(in_force), Some(s)),
-            None => (None, None),
-        };
-        let remaining = before
-            .map_or(0, |s| s.count as usize)
-            .saturating_sub(*removed);
-        let agree = |e: &&SharedElement, with: &Element| same_data(e, with);
-        let after_el: Option<&SharedElement> = match (before, added.first()) {
-            (Some(s), _) if s.mixed => owner_of(new_base, &last.services, &overrides, k).0,
-            (_, None) if remaining > 0 => before_el,
-            (_, None) => None,
-            (Some(_), Some(_)) if remaining > 0 => {
-                if before_el.is_some_and(|b| added.iter().all(|e| agree(e, b))) {
-                    before_el
-                } else {
-                    owner_of(new_base, &last.services, &overrides, k).0
-                }
-            }
-            (_, Some(first)) => {
-                if added.iter().all(|e| agree(e, first)) {
-                    Some(*first)
-                } else {
-                    owner_of(new_base, &last.services, &overrides, k).0
-                }
-            }
-        };
-        match (before_el, after_el) {
+        let before = last.index.get(k);
+        let owner = || owner_of(new_base, &last.services, &overrides, k).0;
+        let after = element_in_force_after(before, *removed, added, owner);
+        match (before.map(|(e, _)| e), after) {
             (Some(b), None) => tx.delete(b.clone()),
             (None, Some(a)) => adds.push(a.clone()),
             (Some(b), Some(a)) if !same_data(a, b) => {
@@ -255,19 +284,53 @@ pub fn plan_changes(
     for a in adds {
         tx.add(a);
     }
-    let mut names = Vec::new();
-    for (name, chain) in stale_chains {
-        if !new_chains.contains(name.as_str()) {
-            tx.flush(chain);
-            names.push(name);
+}
+
+/// Which element holds a shared key after a change: `before` is the element in force and
+/// its [`Slot`] (contributors, whether they disagreed), `removed` how many contributions the
+/// changed fragments took away, `added` those they add. When the contributors agree (one
+/// owner, or several adding identical data such as a shared ClusterIP) the counts decide;
+/// when they disagree, `owner` (the fixed owner order: base first, then the oldest Service)
+/// does, a walk of every fragment adding the key.
+///
+/// | before | added | contributors left of the old | in force after |
+/// |---|---|---|---|
+/// | disagreeing (`mixed`) | any | any | `owner()` |
+/// | any | none | some | the one before |
+/// | any | none | none | none: deleted |
+/// | present | some, all agreeing with it | some | the one before |
+/// | present | some, one differing | some | `owner()` |
+/// | any | some, all agreeing | none (or none before) | the first added |
+/// | any | some, disagreeing | none (or none before) | `owner()` |
+fn element_in_force_after<'a>(
+    before: Option<(&'a SharedElement, super::index::Slot)>,
+    removed: usize,
+    added: &[&'a SharedElement],
+    owner: impl FnOnce() -> Option<&'a SharedElement>,
+) -> Option<&'a SharedElement> {
+    let before_el = before.map(|(e, _)| e);
+    let remaining = before
+        .map_or(0, |(_, s)| s.count as usize)
+        .saturating_sub(removed);
+    let agree = |e: &&SharedElement, with: &Element| same_data(e, with);
+    match (before, added.first()) {
+        (Some((_, s)), _) if s.mixed => owner(),
+        (_, None) if remaining > 0 => before_el,
+        (_, None) => None,
+        (Some(_), Some(_)) if remaining > 0 => {
+            if before_el.is_some_and(|b| added.iter().all(|e| agree(e, b))) {
+                before_el
+            } else {
+                owner()
+            }
         }
-    }
-    for s in stale_sets {
-        tx.delete(s);
-    }
-    Plan {
-        tx,
-        stale_chains: names,
+        (_, Some(first)) => {
+            if added.iter().all(|e| agree(e, first)) {
+                Some(*first)
+            } else {
+                owner()
+            }
+        }
     }
 }
 
