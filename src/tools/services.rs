@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::args::{self, Flag};
-use super::explain::{self, external_client, KernelView, VirtualServerReport};
+use super::explain::{self, external_client, KernelView, Verdict, VirtualServerReport};
 use super::{Printed, ToolError};
 use crate::kernel::nft::eval::{Host, Packet};
 use crate::kernel::nft::live::{typed_key, LiveTable};
@@ -93,7 +93,7 @@ pub struct FrontendView {
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Destination {
-    pub verdict: &'static str,
+    pub verdict: Verdict,
     pub endpoint: Option<String>,
     pub probability: f64,
 }
@@ -304,7 +304,7 @@ pub fn services(
                     .real_servers
                     .iter()
                     .map(|r| Destination {
-                        verdict: "ipvs",
+                        verdict: Verdict::Ipvs,
                         endpoint: Some(r.address.clone()),
                         probability: r.share,
                     })
@@ -361,10 +361,10 @@ pub fn render_text(l: &Listing) -> String {
                 .map(|o| match &o.endpoint {
                     Some(e) => format!("{e} ({:.0}%)", o.probability * 100.0),
                     None => match o.verdict {
-                        "reject" => "rejected".into(),
-                        "drop" => "dropped".into(),
-                        "accept" => "accepted (no DNAT here)".into(),
-                        v => v.to_string(),
+                        Verdict::Reject => "rejected".into(),
+                        Verdict::Drop => "dropped".into(),
+                        Verdict::Accept => "accepted (no DNAT here)".into(),
+                        v => v.as_str().to_string(),
                     },
                 })
                 .collect();
@@ -512,8 +512,8 @@ mod tests {
             assert_eq!(
                 eps,
                 [
-                    ("dnat", "10.244.1.2:8080", 0.5),
-                    ("dnat", "10.244.2.2:8080", 0.5)
+                    (Verdict::Dnat, "10.244.1.2:8080", 0.5),
+                    (Verdict::Dnat, "10.244.2.2:8080", 0.5)
                 ],
                 "{f:?}"
             );

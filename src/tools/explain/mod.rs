@@ -23,7 +23,7 @@ pub(crate) use report::sock;
 use report::why_masquerade;
 pub use report::{
     explain_table, render_text, virtual_server, Outcome, RealServerReport, Report, TableReport,
-    VirtualServerReport,
+    Verdict, VirtualServerReport,
 };
 pub(crate) use source::first_global;
 use source::resolve_from;
@@ -229,7 +229,7 @@ pub fn trace(
     if tables
         .iter()
         .flat_map(|t| &t.outcomes)
-        .any(|o| o.verdict == "redirect")
+        .any(|o| o.verdict == Verdict::Redirect)
     {
         let addr = metrics;
         match kv.listeners(addr) {
@@ -328,7 +328,7 @@ pub fn refused(report: &Report) -> bool {
         .tables
         .iter()
         .flat_map(|t| &t.outcomes)
-        .any(|o| matches!(o.verdict, "drop" | "reject"))
+        .any(|o| o.verdict.turns_away())
 }
 
 #[cfg(test)]

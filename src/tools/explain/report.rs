@@ -32,12 +32,51 @@ pub struct RealServerReport {
     pub inactive_conns: u32,
 }
 
+/// What happens to a packet in the end, as the tools' JSON spells it (`dnat`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Accepted with its destination rewritten to an endpoint.
+    Dnat,
+    /// Accepted and redirected to this host's listener (userspace mode).
+    Redirect,
+    /// Accepted unchanged (delivered here or routed on).
+    Accept,
+    /// Refused: the client sees connection refused.
+    Reject,
+    /// Dropped: the client sees a timeout.
+    Drop,
+    /// A rule explain cannot evaluate decided.
+    Unknown,
+    /// Scheduled by an IPVS virtual server (`services` in IPVS mode).
+    Ipvs,
+}
+
+impl Verdict {
+    /// The JSON spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Dnat => "dnat",
+            Verdict::Redirect => "redirect",
+            Verdict::Accept => "accept",
+            Verdict::Reject => "reject",
+            Verdict::Drop => "drop",
+            Verdict::Unknown => "unknown",
+            Verdict::Ipvs => "ipvs",
+        }
+    }
+
+    /// Whether the client is turned away (refused or timed out).
+    pub fn turns_away(self) -> bool {
+        matches!(self, Verdict::Drop | Verdict::Reject)
+    }
+}
+
 /// One possible result for the packet in one table.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Outcome {
     pub probability: f64,
-    /// `dnat`, `redirect`, `accept`, `reject`, `drop` or `unknown`.
-    pub verdict: &'static str,
+    pub verdict: Verdict,
     pub destination: Option<String>,
     pub masquerade: bool,
     /// Why the source is (or is not) rewritten, from the rules that decided it.
@@ -106,14 +145,14 @@ pub(super) fn why_masquerade(p: &Path) -> Option<String> {
 
 fn outcome(p: &Path) -> Outcome {
     let (verdict, destination, detail) = match (&p.end, p.dnat, p.redirect) {
-        (End::Accept { .. }, Some((a, port)), _) => ("dnat", Some(sock(a, port)), None),
+        (End::Accept { .. }, Some((a, port)), _) => (Verdict::Dnat, Some(sock(a, port)), None),
         (End::Accept { .. }, None, Some(port)) => (
-            "redirect",
+            Verdict::Redirect,
             Some(format!(":{port}")),
             Some("to this host's listener (userspace mode)".into()),
         ),
         (End::Accept { delivered }, None, None) => (
-            "accept",
+            Verdict::Accept,
             None,
             Some(
                 match delivered {
@@ -124,21 +163,21 @@ fn outcome(p: &Path) -> Outcome {
             ),
         ),
         (End::Reject { chain, handle }, ..) => (
-            "reject",
+            Verdict::Reject,
             None,
             Some(format!(
                 "chain {chain}, rule {handle}: the client sees connection refused"
             )),
         ),
         (End::Drop { chain, handle }, ..) => (
-            "drop",
+            Verdict::Drop,
             None,
             Some(format!(
                 "chain {chain}, rule {handle}: the client sees a timeout"
             )),
         ),
         (End::Unknown { chain, handle, why }, ..) => (
-            "unknown",
+            Verdict::Unknown,
             None,
             Some(format!("chain {chain}, rule {handle}: {why}")),
         ),
@@ -229,13 +268,15 @@ pub fn render_text(r: &Report) -> String {
         );
         for o in &t.outcomes {
             let head = match (&o.destination, o.verdict) {
-                (Some(d), "dnat") => format!("DNAT to {d}"),
-                (Some(d), "redirect") => format!("redirect to {d}"),
-                _ => o.verdict.to_uppercase(),
+                (Some(d), Verdict::Dnat) => format!("DNAT to {d}"),
+                (Some(d), Verdict::Redirect) => format!("redirect to {d}"),
+                _ => o.verdict.as_str().to_uppercase(),
             };
             let masq = match (&o.masquerade_reason, o.verdict) {
                 (Some(why), _) => format!(", masquerade: {why}"),
-                (None, "dnat" | "accept" | "redirect") => ", source kept".into(),
+                (None, Verdict::Dnat | Verdict::Accept | Verdict::Redirect) => {
+                    ", source kept".into()
+                }
                 _ => String::new(),
             };
             let _ = writeln!(s, "  {:>5.1}%  {head}{masq}", o.probability * 100.0);
@@ -320,4 +361,22 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Verdict;
+
+    #[test]
+    fn a_verdict_is_written_as_the_json_always_spelt_it() {
+        use Verdict::*;
+        for v in [Dnat, Redirect, Accept, Reject, Drop, Unknown, Ipvs] {
+            assert_eq!(
+                serde_json::to_value(v).unwrap(),
+                serde_json::Value::from(v.as_str())
+            );
+        }
+        assert_eq!(Dnat.as_str(), "dnat");
+        assert!(Drop.turns_away() && Reject.turns_away() && !Dnat.turns_away());
+    }
 }
