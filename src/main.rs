@@ -1,5 +1,6 @@
 //! The kube-nlproxy binary: parse flags, set up logging, run until SIGTERM.
 
+use kube_nlproxy::app::{EXIT_FAILED, EXIT_USAGE};
 use kube_nlproxy::config::{Command, Config};
 
 fn main() -> std::process::ExitCode {
@@ -45,13 +46,13 @@ fn main() -> std::process::ExitCode {
         }
         Err(e) => {
             eprintln!("kube-nlproxy: {e}");
-            return std::process::ExitCode::from(2);
+            return std::process::ExitCode::from(EXIT_USAGE);
         }
     };
     if let Some(path) = &cfg.write_config_to {
         if let Err(e) = std::fs::write(path, cfg.to_yaml()) {
             eprintln!("kube-nlproxy: cannot write {}: {e}", path.display());
-            return std::process::ExitCode::FAILURE;
+            return std::process::ExitCode::from(EXIT_FAILED);
         }
         return std::process::ExitCode::SUCCESS;
     }
@@ -71,7 +72,7 @@ fn main() -> std::process::ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kube-nlproxy: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            return std::process::ExitCode::from(EXIT_FAILED);
         }
     };
     let tool = state_tool.is_some();
@@ -82,7 +83,7 @@ fn main() -> std::process::ExitCode {
         }
         Err(e) if e.is_usage() => {
             eprintln!("kube-nlproxy: {e}");
-            std::process::ExitCode::from(2)
+            std::process::ExitCode::from(EXIT_USAGE)
         }
         Err(e) => {
             let e = anyhow::Error::from(e);
@@ -91,7 +92,7 @@ fn main() -> std::process::ExitCode {
             tracing::error!(err = %chain, "command failed");
             eprintln!("kube-nlproxy: {e:#}");
             // status and diff: trouble is 2, as diff(1); the daemon's failure stays 1.
-            std::process::ExitCode::from(if tool { EXIT_TROUBLE } else { 1 })
+            std::process::ExitCode::from(if tool { EXIT_TROUBLE } else { EXIT_FAILED })
         }
     }
 }

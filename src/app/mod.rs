@@ -70,6 +70,14 @@ impl AppError {
     }
 }
 
+/// Exit status of the daemon (and `--once`, `--cleanup`) when it fails: kube-proxy's.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit status for a command line or configuration that cannot run (a bad flag or field,
+/// named on the one line printed). Upstream exits 1 for every error (component-base's
+/// `cli.Run`); 2 here, as the tools' [`crate::tools::EXIT_TROUBLE`], so that scripts tell a
+/// typo from a failure.
+pub const EXIT_USAGE: u8 = 2;
+
 /// How a run ended without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finished {
