@@ -487,16 +487,6 @@ pub fn render_text(r: &Report, diff: bool) -> String {
     s
 }
 
-fn mode_name(m: ProxyMode) -> &'static str {
-    match m {
-        ProxyMode::Nftables => "nftables",
-        ProxyMode::Ipvs => "ipvs",
-        ProxyMode::Userspace => "userspace",
-        #[allow(unreachable_patterns)]
-        _ => "other",
-    }
-}
-
 /// `status` or `diff` of `state` (from the daemon's sources) against the live kernel.
 /// A finding (exit 1) when the live kernel differs from the plan.
 pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::Printed, ToolError> {
@@ -527,7 +517,7 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
                 tool: if tool.diff { "diff" } else { "status" },
                 msg: format!(
                     "--proxy-mode {}: the userspace mode's table names listener ports the daemon picks at run time; status and diff cover the nftables and ipvs modes",
-                    mode_name(cfg.mode)
+                    cfg.mode.name()
                 ),
             })
         }
@@ -575,7 +565,7 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
     let in_sync = families.iter().all(|f| f.differences.is_empty())
         && ipvs.as_ref().is_none_or(|i| i.differences.is_empty());
     let report = Report {
-        mode: mode_name(cfg.mode),
+        mode: cfg.mode.name(),
         source: match (&cfg.manifests, &cfg.kubeconfig, &cfg.master) {
             (Some(m), _, _) => format!("--manifests {}", m.display()),
             (None, Some(k), _) => format!("the API server of {}", k.display()),
