@@ -37,7 +37,7 @@ pub enum AppError {
     #[error("the configuration file changed; exiting so that the new one is used on restart")]
     ConfigChanged,
     #[error("cannot configure the Kubernetes client: {0} (give --kubeconfig or --master, or --manifests PATH to run from files)")]
-    Kube(String),
+    Kube(#[from] crate::source::kube::ClientError),
     #[error("the source ended before delivering a state")]
     SourceEnded,
     #[error("cannot start the {0} thread: {1}")]

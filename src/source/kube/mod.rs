@@ -307,25 +307,35 @@ fn watch_streams(
 pub async fn client(
     kubeconfig: Option<&std::path::Path>,
     master: Option<&str>,
-) -> Result<kube::Client, String> {
+) -> Result<kube::Client, ClientError> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
-    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let kubeconfig_error = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| ClientError::Kubeconfig { path, source }
+    };
+    let master_url = |m: &str| {
+        m.parse::<http::Uri>()
+            .map_err(|source| ClientError::Master {
+                master: m.to_string(),
+                source,
+            })
+    };
     let mut config = match (kubeconfig, master) {
         (Some(path), _) => {
-            let kc = Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let kc = Kubeconfig::read_from(path).map_err(kubeconfig_error(path))?;
             kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
-                .map_err(|e| err(&e))?
+                .map_err(kubeconfig_error(path))?
         }
         // Inside a pod keep the service account's token and CA, only the address changes.
         (None, Some(m)) => match kube::Config::incluster() {
             Ok(c) => c,
-            Err(_) => kube::Config::new(m.parse().map_err(|e| err(&e))?),
+            Err(_) => kube::Config::new(master_url(m)?),
         },
-        (None, None) => kube::Config::infer().await.map_err(|e| err(&e))?,
+        (None, None) => kube::Config::infer().await?,
     };
     if let Some(m) = master {
-        config.cluster_url = m.parse().map_err(|e| err(&e))?;
+        config.cluster_url = master_url(m)?;
     }
     // Plain HTTP needs no trust store, but kube-rs builds its TLS layer regardless and
     // without a configured CA reads the system's, failing where there is none (a
@@ -338,15 +348,55 @@ pub async fn client(
         .authority()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| err(&e))?;
+    let builder = kube::client::ClientBuilder::try_from(config)?;
     Ok(builder
         .with_layer(&crate::source::rest_client::MetricsLayer { host })
         .build())
 }
 
+/// Why [`client`] could not configure the API client; each names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{}: {source}", path.display())]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("--master {master:?}: {source}")]
+    Master {
+        master: String,
+        source: http::uri::InvalidUri,
+    },
+    #[error(transparent)]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error(transparent)]
+    Build(#[from] kube::Error),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_that_cannot_be_configured_says_what_to_fix() {
+        let e = client(Some(std::path::Path::new("/no/such/kubeconfig")), None)
+            .await
+            .err()
+            .expect("a kubeconfig that is not there");
+        assert!(matches!(e, ClientError::Kubeconfig { .. }), "{e:?}");
+        assert!(e.to_string().starts_with("/no/such/kubeconfig: "), "{e}");
+        // Outside a pod, a --master that is no URL.
+        if kube::Config::incluster().is_err() {
+            let e = client(None, Some("http://[::1"))
+                .await
+                .err()
+                .expect("a bad --master");
+            assert!(
+                e.to_string().starts_with("--master \"http://[::1\": "),
+                "{e}"
+            );
+        }
+    }
     use kube::ResourceExt;
 
     fn svc(name: &str) -> Service {
