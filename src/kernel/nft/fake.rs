@@ -171,7 +171,10 @@ impl FakeNftables {
                             }
                             Expr::DnatLookup { key, .. } => fs.set.endpoints && fs.set.key == *key,
                             Expr::InSet { key, .. } => !fs.set.endpoints || fs.set.key == *key,
-                            _ => !fs.set.map && !fs.set.endpoints,
+                            // An update writes the key into a plain (dynamic) set.
+                            Expr::UpdateSet { .. } => !fs.set.map && !fs.set.endpoints,
+                            // set_ref is None for every other kind.
+                            _ => unreachable!("{e:?} names no set"),
                         };
                         if !fits {
                             return Err(reject(op, EINVAL, "set/map type mismatch"));

@@ -507,7 +507,12 @@ pub fn canonical_rule(exprs: &[KExpr], data_len: &dyn Fn(&str) -> usize) -> Vec<
                 op,
                 sreg_key: read(sreg_key, &map),
             },
-            e => e,
+            // No register read or written: kept as they are. Named, not a catch-all, so
+            // that a new expression kind does not compile until its registers are mapped.
+            e @ (KExpr::ImmVerdict(_)
+            | KExpr::Masq { .. }
+            | KExpr::Reject { .. }
+            | KExpr::Counter) => e,
         })
         .collect()
 }

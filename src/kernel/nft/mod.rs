@@ -3,6 +3,20 @@
 //! [`Element`]s, batched in a [`Transaction`]. Everything here is pure; `encode` lowers a
 //! transaction to one nfnetlink batch, `render` prints it as `nft` syntax, `fake` applies it
 //! in memory, and `netlink` (the only I/O file) sends it to the kernel.
+//!
+//! The path a new expression takes, file by file (each match over expression kinds names
+//! every kind, with no catch-all arm, so the compiler lists the places left to do):
+//! 1. [`Expr`] here: the typed form the proxiers build;
+//! 2. `lower`: its kernel expressions ([`lower::KExpr`]; a new kernel expression also gets
+//!    its `NFTA_EXPR_NAME` in `KExpr::name`);
+//! 3. `encode`: their netlink attributes (byte tests against `nft --debug=netlink`);
+//! 4. `decode`: the same attributes read back from the kernel;
+//! 5. `render`: `nft` syntax (the golden files and the kernel-vs-`nft` differential tests);
+//! 6. `live`: `canonical_rule`, which renumbers the registers it reads and writes, so
+//!    that the kernel's rule and ours compare equal;
+//! 7. `eval`: what it does to a packet (explain's machine);
+//! 8. `trace`: how explain names it in a path;
+//! 9. `fake`: what the in-memory kernel does with it.
 
 pub mod decode;
 pub mod encode;
@@ -571,13 +585,32 @@ impl Expr {
             | Expr::DnatMap { map, .. }
             | Expr::DnatHash { map, .. }
             | Expr::DnatLookup { map, .. } => Some(map),
-            _ => None,
+            // Every other kind by name: a new one that reads a set must not compile here
+            // as one that does not (the fake kernel's set checks rely on this).
+            Expr::Addr { .. }
+            | Expr::L4Proto(_)
+            | Expr::IifName { .. }
+            | Expr::CtStateNew
+            | Expr::CtStateInvalid
+            | Expr::CtStatusDnat
+            | Expr::FibLocal(_)
+            | Expr::MarkBitClear(_)
+            | Expr::NumgenZero(_)
+            | Expr::MarkOr(_)
+            | Expr::MarkXor(_)
+            | Expr::Masquerade { .. }
+            | Expr::Dnat { .. }
+            | Expr::Redirect { .. }
+            | Expr::Reject
+            | Expr::Counter
+            | Expr::Verdict(_) => None,
         }
     }
     /// The chain this expression jumps to, if any.
     pub fn chain_ref(&self) -> Option<&str> {
         match self {
             Expr::Verdict(v) => v.target(),
+            // Only a verdict names a chain; a vmap's chains are in its elements.
             _ => None,
         }
     }
