@@ -998,7 +998,42 @@ pub(super) mod upstream_flows {
 
     use crate::model::fixtures::endpoints::{endpoint, EndpointFixture};
 
-    type FlowRow = (&'static str, &'static str, &'static str, bool);
+    /// One row of upstream's flow tables (`packetFlowTest`): a packet from `source` to
+    /// `destination`, the `output` upstream's tracer expects (the DNAT targets, sorted, or
+    /// `DROP`/`REJECT`, or "" when nothing of ours matched) and whether it is masqueraded.
+    struct PacketFlow {
+        source: &'static str,
+        destination: &'static str,
+        output: &'static str,
+        masquerade: bool,
+    }
+
+    /// A [`PacketFlow`] with upstream's `name` and destination `port` (its
+    /// `TestInternalExternalMasquerade` rows).
+    struct NamedFlow {
+        name: &'static str,
+        source: &'static str,
+        destination: &'static str,
+        port: u16,
+        output: &'static str,
+        masquerade: bool,
+    }
+
+    /// One variant of upstream's `TestInternalExternalMasquerade` (`masqueradeAll`, a
+    /// LocalTrafficDetector or none) and how its flows differ from the base table's.
+    struct MasqueradeVariant {
+        name: &'static str,
+        masquerade_all: bool,
+        local_detector: bool,
+        overrides: &'static [FlowOverride],
+    }
+
+    /// A flow of the base table, by name, whose output or masquerade differs in a variant.
+    struct FlowOverride {
+        flow: &'static str,
+        output: Option<&'static str>,
+        masquerade: Option<bool>,
+    }
 
     /// Upstream's `output` for one flow, traced along the hooks the packet meets as
     /// upstream's packet-flow tracer does: the pre-DNAT filter, NAT (prerouting, or output
@@ -1198,7 +1233,7 @@ pub(super) mod upstream_flows {
 
     /// The LoadBalancer Service of upstream's TestTerminatingEndpoints* tables (ClusterIP
     /// 172.30.1.1:80, ingress 1.2.3.4, healthCheckNodePort 30000), endpoints on port 80.
-    fn terminating_case(local_policy: bool, eps: &[Endpoint], flows: &[FlowRow], case: &str) {
+    fn terminating_case(local_policy: bool, eps: &[Endpoint], flows: &[PacketFlow], case: &str) {
         let mut s = syncer();
         let svc = {
             let mut sp = ServicePort::new(spn("ns1", "svc1"), ip("172.30.1.1"), 80);
@@ -1209,7 +1244,13 @@ pub(super) mod upstream_flows {
             sp
         };
         s.sync(&state(vec![(svc.clone(), eps.to_vec())])).unwrap();
-        for (src, dst, want, want_masq) in flows {
+        for PacketFlow {
+            source: src,
+            destination: dst,
+            output: want,
+            masquerade: want_masq,
+        } in flows
+        {
             let (got, masq) = flow_output(&mut s, src, dst, 80);
             assert_eq!(got, *want, "{case}: {src} → {dst}");
             assert_eq!(masq, *want_masq, "{case}: {src} → {dst} masquerade");
@@ -1230,7 +1271,7 @@ pub(super) mod upstream_flows {
     /// another node; flows as source, destination, output, masquerade).
     #[test]
     fn terminating_endpoints_traffic_policy_local() {
-        let cases: &[(&str, &[Endpoint], &[FlowRow])] = &[
+        let cases: &[(&str, &[Endpoint], &[PacketFlow])] = &[
             (
                 "ready endpoints exist",
                 &[
@@ -1245,13 +1286,18 @@ pub(super) mod upstream_flows {
                     endpoint("10.0.1.5:80"),
                 ],
                 &[
-                    (
-                        "10.0.0.2",
-                        "172.30.1.1",
-                        "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
-                        false,
-                    ),
-                    ("203.0.113.2", "1.2.3.4", "10.0.1.1:80, 10.0.1.2:80", false),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "10.0.1.1:80, 10.0.1.2:80",
+                        masquerade: false,
+                    },
                 ],
             ),
             (
@@ -1267,16 +1313,36 @@ pub(super) mod upstream_flows {
                     endpoint("10.0.1.5:80"),
                 ],
                 &[
-                    ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
-                    ("203.0.113.2", "1.2.3.4", "10.0.1.2:80, 10.0.1.3:80", false),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "10.0.1.5:80",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "10.0.1.2:80, 10.0.1.3:80",
+                        masquerade: false,
+                    },
                 ],
             ),
             (
                 "terminating endpoints on remote node",
                 &[endpoint("10.0.1.5:80").not_ready().terminating()],
                 &[
-                    ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
-                    ("203.0.113.2", "1.2.3.4", "DROP", false),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "10.0.1.5:80",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "DROP",
+                        masquerade: false,
+                    },
                 ],
             ),
             (
@@ -1293,10 +1359,30 @@ pub(super) mod upstream_flows {
                         .terminating(),
                 ],
                 &[
-                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
-                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
-                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
-                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
                 ],
             ),
         ];
@@ -1311,272 +1397,332 @@ pub(super) mod upstream_flows {
     /// this node and one remote.
     #[test]
     fn internal_external_masquerade() {
-        let flows: &[(&str, &str, &str, u16, &str, bool)] = &[
-            (
-                "pod to ClusterIP",
-                "10.0.0.2",
-                "172.30.0.41",
-                80,
-                "10.180.0.1:80, 10.180.1.1:80",
-                false,
-            ),
-            (
-                "pod to NodePort",
-                "10.0.0.2",
-                NODE_IP,
-                3001,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "pod to LB",
-                "10.0.0.2",
-                "1.2.3.4",
-                80,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "node to ClusterIP",
-                NODE_IP,
-                "172.30.0.41",
-                80,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "node to NodePort",
-                NODE_IP,
-                NODE_IP,
-                3001,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "node to LB",
-                NODE_IP,
-                "1.2.3.4",
-                80,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "external to ClusterIP",
-                "203.0.113.2",
-                "172.30.0.41",
-                80,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "external to NodePort",
-                "203.0.113.2",
-                NODE_IP,
-                3001,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "external to LB",
-                "203.0.113.2",
-                "1.2.3.4",
-                80,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "pod to ClusterIP with eTP:Local",
-                "10.0.0.2",
-                "172.30.0.42",
-                80,
-                "10.180.0.2:80, 10.180.1.2:80",
-                false,
-            ),
-            (
-                "pod to NodePort with eTP:Local",
-                "10.0.0.2",
-                NODE_IP,
-                3002,
-                "10.180.0.2:80, 10.180.1.2:80",
-                false,
-            ),
-            (
-                "pod to LB with eTP:Local",
-                "10.0.0.2",
-                "5.6.7.8",
-                80,
-                "10.180.0.2:80, 10.180.1.2:80",
-                false,
-            ),
-            (
-                "node to ClusterIP with eTP:Local",
-                NODE_IP,
-                "172.30.0.42",
-                80,
-                "10.180.0.2:80, 10.180.1.2:80",
-                true,
-            ),
-            (
-                "node to NodePort with eTP:Local",
-                NODE_IP,
-                NODE_IP,
-                3001,
-                "10.180.0.1:80, 10.180.1.1:80",
-                true,
-            ),
-            (
-                "node to LB with eTP:Local",
-                NODE_IP,
-                "5.6.7.8",
-                80,
-                "10.180.0.2:80, 10.180.1.2:80",
-                true,
-            ),
-            (
-                "external to ClusterIP with eTP:Local",
-                "203.0.113.2",
-                "172.30.0.42",
-                80,
-                "10.180.0.2:80, 10.180.1.2:80",
-                true,
-            ),
-            (
-                "external to NodePort with eTP:Local",
-                "203.0.113.2",
-                NODE_IP,
-                3002,
-                "10.180.0.2:80",
-                false,
-            ),
-            (
-                "external to LB with eTP:Local",
-                "203.0.113.2",
-                "5.6.7.8",
-                80,
-                "10.180.0.2:80",
-                false,
-            ),
-            (
-                "pod to ClusterIP with iTP:Local",
-                "10.0.0.2",
-                "172.30.0.43",
-                80,
-                "10.180.0.3:80",
-                false,
-            ),
-            (
-                "pod to NodePort with iTP:Local",
-                "10.0.0.2",
-                NODE_IP,
-                3003,
-                "10.180.0.3:80, 10.180.1.3:80",
-                true,
-            ),
-            (
-                "pod to LB with iTP:Local",
-                "10.0.0.2",
-                "9.10.11.12",
-                80,
-                "10.180.0.3:80, 10.180.1.3:80",
-                true,
-            ),
-            (
-                "node to ClusterIP with iTP:Local",
-                NODE_IP,
-                "172.30.0.43",
-                80,
-                "10.180.0.3:80",
-                true,
-            ),
-            (
-                "node to NodePort with iTP:Local",
-                NODE_IP,
-                NODE_IP,
-                3003,
-                "10.180.0.3:80, 10.180.1.3:80",
-                true,
-            ),
-            (
-                "node to LB with iTP:Local",
-                NODE_IP,
-                "9.10.11.12",
-                80,
-                "10.180.0.3:80, 10.180.1.3:80",
-                true,
-            ),
-            (
-                "external to ClusterIP with iTP:Local",
-                "203.0.113.2",
-                "172.30.0.43",
-                80,
-                "10.180.0.3:80",
-                true,
-            ),
-            (
-                "external to NodePort with iTP:Local",
-                "203.0.113.2",
-                NODE_IP,
-                3003,
-                "10.180.0.3:80, 10.180.1.3:80",
-                true,
-            ),
-            (
-                "external to LB with iTP:Local",
-                "203.0.113.2",
-                "9.10.11.12",
-                80,
-                "10.180.0.3:80, 10.180.1.3:80",
-                true,
-            ),
+        let flows: &[NamedFlow] = &[
+            NamedFlow {
+                name: "pod to ClusterIP",
+                source: "10.0.0.2",
+                destination: "172.30.0.41",
+                port: 80,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "pod to NodePort",
+                source: "10.0.0.2",
+                destination: NODE_IP,
+                port: 3001,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "pod to LB",
+                source: "10.0.0.2",
+                destination: "1.2.3.4",
+                port: 80,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to ClusterIP",
+                source: NODE_IP,
+                destination: "172.30.0.41",
+                port: 80,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to NodePort",
+                source: NODE_IP,
+                destination: NODE_IP,
+                port: 3001,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to LB",
+                source: NODE_IP,
+                destination: "1.2.3.4",
+                port: 80,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to ClusterIP",
+                source: "203.0.113.2",
+                destination: "172.30.0.41",
+                port: 80,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to NodePort",
+                source: "203.0.113.2",
+                destination: NODE_IP,
+                port: 3001,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to LB",
+                source: "203.0.113.2",
+                destination: "1.2.3.4",
+                port: 80,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "pod to ClusterIP with eTP:Local",
+                source: "10.0.0.2",
+                destination: "172.30.0.42",
+                port: 80,
+                output: "10.180.0.2:80, 10.180.1.2:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "pod to NodePort with eTP:Local",
+                source: "10.0.0.2",
+                destination: NODE_IP,
+                port: 3002,
+                output: "10.180.0.2:80, 10.180.1.2:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "pod to LB with eTP:Local",
+                source: "10.0.0.2",
+                destination: "5.6.7.8",
+                port: 80,
+                output: "10.180.0.2:80, 10.180.1.2:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "node to ClusterIP with eTP:Local",
+                source: NODE_IP,
+                destination: "172.30.0.42",
+                port: 80,
+                output: "10.180.0.2:80, 10.180.1.2:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to NodePort with eTP:Local",
+                source: NODE_IP,
+                destination: NODE_IP,
+                port: 3001,
+                output: "10.180.0.1:80, 10.180.1.1:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to LB with eTP:Local",
+                source: NODE_IP,
+                destination: "5.6.7.8",
+                port: 80,
+                output: "10.180.0.2:80, 10.180.1.2:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to ClusterIP with eTP:Local",
+                source: "203.0.113.2",
+                destination: "172.30.0.42",
+                port: 80,
+                output: "10.180.0.2:80, 10.180.1.2:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to NodePort with eTP:Local",
+                source: "203.0.113.2",
+                destination: NODE_IP,
+                port: 3002,
+                output: "10.180.0.2:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "external to LB with eTP:Local",
+                source: "203.0.113.2",
+                destination: "5.6.7.8",
+                port: 80,
+                output: "10.180.0.2:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "pod to ClusterIP with iTP:Local",
+                source: "10.0.0.2",
+                destination: "172.30.0.43",
+                port: 80,
+                output: "10.180.0.3:80",
+                masquerade: false,
+            },
+            NamedFlow {
+                name: "pod to NodePort with iTP:Local",
+                source: "10.0.0.2",
+                destination: NODE_IP,
+                port: 3003,
+                output: "10.180.0.3:80, 10.180.1.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "pod to LB with iTP:Local",
+                source: "10.0.0.2",
+                destination: "9.10.11.12",
+                port: 80,
+                output: "10.180.0.3:80, 10.180.1.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to ClusterIP with iTP:Local",
+                source: NODE_IP,
+                destination: "172.30.0.43",
+                port: 80,
+                output: "10.180.0.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to NodePort with iTP:Local",
+                source: NODE_IP,
+                destination: NODE_IP,
+                port: 3003,
+                output: "10.180.0.3:80, 10.180.1.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "node to LB with iTP:Local",
+                source: NODE_IP,
+                destination: "9.10.11.12",
+                port: 80,
+                output: "10.180.0.3:80, 10.180.1.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to ClusterIP with iTP:Local",
+                source: "203.0.113.2",
+                destination: "172.30.0.43",
+                port: 80,
+                output: "10.180.0.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to NodePort with iTP:Local",
+                source: "203.0.113.2",
+                destination: NODE_IP,
+                port: 3003,
+                output: "10.180.0.3:80, 10.180.1.3:80",
+                masquerade: true,
+            },
+            NamedFlow {
+                name: "external to LB with iTP:Local",
+                source: "203.0.113.2",
+                destination: "9.10.11.12",
+                port: 80,
+                output: "10.180.0.3:80, 10.180.1.3:80",
+                masquerade: true,
+            },
         ];
-        type Override = (&'static str, Option<&'static str>, Option<bool>);
-        let cases: &[(&str, bool, bool, &[Override])] = &[
-            ("base", false, true, &[]),
-            (
-                "no LocalTrafficDetector",
-                false,
-                false,
-                &[
-                    ("node to ClusterIP", None, Some(false)),
-                    ("node to ClusterIP with eTP:Local", None, Some(false)),
-                    ("node to ClusterIP with iTP:Local", None, Some(false)),
-                    ("external to ClusterIP", None, Some(false)),
-                    ("external to ClusterIP with eTP:Local", None, Some(false)),
-                    ("external to ClusterIP with iTP:Local", None, Some(false)),
-                    (
-                        "pod to NodePort with eTP:Local",
-                        Some("10.180.0.2:80"),
-                        None,
-                    ),
-                    ("pod to LB with eTP:Local", Some("10.180.0.2:80"), None),
+        let cases: &[MasqueradeVariant] = &[
+            MasqueradeVariant {
+                name: "base",
+                masquerade_all: false,
+                local_detector: true,
+                overrides: &[],
+            },
+            MasqueradeVariant {
+                name: "no LocalTrafficDetector",
+                masquerade_all: false,
+                local_detector: false,
+                overrides: &[
+                    FlowOverride {
+                        flow: "node to ClusterIP",
+                        output: None,
+                        masquerade: Some(false),
+                    },
+                    FlowOverride {
+                        flow: "node to ClusterIP with eTP:Local",
+                        output: None,
+                        masquerade: Some(false),
+                    },
+                    FlowOverride {
+                        flow: "node to ClusterIP with iTP:Local",
+                        output: None,
+                        masquerade: Some(false),
+                    },
+                    FlowOverride {
+                        flow: "external to ClusterIP",
+                        output: None,
+                        masquerade: Some(false),
+                    },
+                    FlowOverride {
+                        flow: "external to ClusterIP with eTP:Local",
+                        output: None,
+                        masquerade: Some(false),
+                    },
+                    FlowOverride {
+                        flow: "external to ClusterIP with iTP:Local",
+                        output: None,
+                        masquerade: Some(false),
+                    },
+                    FlowOverride {
+                        flow: "pod to NodePort with eTP:Local",
+                        output: Some("10.180.0.2:80"),
+                        masquerade: None,
+                    },
+                    FlowOverride {
+                        flow: "pod to LB with eTP:Local",
+                        output: Some("10.180.0.2:80"),
+                        masquerade: None,
+                    },
                 ],
-            ),
-            (
-                "masqueradeAll",
-                true,
-                true,
-                &[
-                    ("pod to ClusterIP", None, Some(true)),
-                    ("pod to ClusterIP with eTP:Local", None, Some(true)),
-                    ("pod to ClusterIP with iTP:Local", None, Some(true)),
+            },
+            MasqueradeVariant {
+                name: "masqueradeAll",
+                masquerade_all: true,
+                local_detector: true,
+                overrides: &[
+                    FlowOverride {
+                        flow: "pod to ClusterIP",
+                        output: None,
+                        masquerade: Some(true),
+                    },
+                    FlowOverride {
+                        flow: "pod to ClusterIP with eTP:Local",
+                        output: None,
+                        masquerade: Some(true),
+                    },
+                    FlowOverride {
+                        flow: "pod to ClusterIP with iTP:Local",
+                        output: None,
+                        masquerade: Some(true),
+                    },
                 ],
-            ),
-            (
-                "masqueradeAll, no LocalTrafficDetector",
-                true,
-                false,
-                &[
-                    ("pod to ClusterIP", None, Some(true)),
-                    ("pod to ClusterIP with eTP:Local", None, Some(true)),
-                    ("pod to ClusterIP with iTP:Local", None, Some(true)),
-                    (
-                        "pod to NodePort with eTP:Local",
-                        Some("10.180.0.2:80"),
-                        None,
-                    ),
-                    ("pod to LB with eTP:Local", Some("10.180.0.2:80"), None),
+            },
+            MasqueradeVariant {
+                name: "masqueradeAll, no LocalTrafficDetector",
+                masquerade_all: true,
+                local_detector: false,
+                overrides: &[
+                    FlowOverride {
+                        flow: "pod to ClusterIP",
+                        output: None,
+                        masquerade: Some(true),
+                    },
+                    FlowOverride {
+                        flow: "pod to ClusterIP with eTP:Local",
+                        output: None,
+                        masquerade: Some(true),
+                    },
+                    FlowOverride {
+                        flow: "pod to ClusterIP with iTP:Local",
+                        output: None,
+                        masquerade: Some(true),
+                    },
+                    FlowOverride {
+                        flow: "pod to NodePort with eTP:Local",
+                        output: Some("10.180.0.2:80"),
+                        masquerade: None,
+                    },
+                    FlowOverride {
+                        flow: "pod to LB with eTP:Local",
+                        output: Some("10.180.0.2:80"),
+                        masquerade: None,
+                    },
                 ],
-            ),
+            },
         ];
         let services = || {
             let mk = |ns: &str, cip: &str, np: u16, lb: &str, f: &dyn Fn(&mut ServicePort)| {
@@ -1609,10 +1755,16 @@ pub(super) mod upstream_flows {
                 ),
             ]
         };
-        for (case, masquerade_all, detector, overrides) in cases {
+        for MasqueradeVariant {
+            name: case,
+            masquerade_all,
+            local_detector,
+            overrides,
+        } in cases
+        {
             let cfg = ProxierConfig {
                 masquerade_all: *masquerade_all,
-                local_detector: if *detector {
+                local_detector: if *local_detector {
                     LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()])
                 } else {
                     LocalDetector::None
@@ -1623,18 +1775,19 @@ pub(super) mod upstream_flows {
                 NftablesProxier::new(FakeNftables::new(), cfg, DetectLocal::ClusterCidr(vec![]));
             s.sync(&state(services())).unwrap();
             let mut applied = 0;
-            for (name, src, dst, port, output, masq) in flows {
-                let (mut want, mut want_masq) = (output.to_string(), *masq);
-                if let Some((_, o, m)) = overrides.iter().find(|(n, _, _)| n == name) {
+            for f in flows {
+                let (mut want, mut want_masq) = (f.output.to_string(), f.masquerade);
+                if let Some(o) = overrides.iter().find(|o| o.flow == f.name) {
                     applied += 1;
-                    if let Some(o) = o {
-                        want = o.to_string();
+                    if let Some(out) = o.output {
+                        want = out.to_string();
                     }
-                    if let Some(m) = m {
-                        want_masq = *m;
+                    if let Some(m) = o.masquerade {
+                        want_masq = m;
                     }
                 }
-                let (got, got_masq) = flow_output(&mut s, src, dst, *port);
+                let name = f.name;
+                let (got, got_masq) = flow_output(&mut s, f.source, f.destination, f.port);
                 assert_eq!(got, want, "{case}: {name}");
                 assert_eq!(got_masq, want_masq, "{case}: {name}: masquerade");
             }
@@ -2185,7 +2338,7 @@ pub(super) mod upstream_flows {
     /// TestTerminatingEndpointsTrafficPolicyCluster, every row.
     #[test]
     fn terminating_endpoints_traffic_policy_cluster() {
-        let cases: &[(&str, &[Endpoint], &[FlowRow])] = &[
+        let cases: &[(&str, &[Endpoint], &[PacketFlow])] = &[
             (
                 "ready endpoints exist",
                 &[
@@ -2199,18 +2352,18 @@ pub(super) mod upstream_flows {
                     endpoint("10.0.1.5:80"),
                 ],
                 &[
-                    (
-                        "10.0.0.2",
-                        "172.30.1.1",
-                        "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
-                        false,
-                    ),
-                    (
-                        "203.0.113.2",
-                        "1.2.3.4",
-                        "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
-                        true,
-                    ),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80",
+                        masquerade: true,
+                    },
                 ],
             ),
             (
@@ -2225,26 +2378,36 @@ pub(super) mod upstream_flows {
                     endpoint("10.0.1.5:80").not_ready().terminating(),
                 ],
                 &[
-                    (
-                        "10.0.0.2",
-                        "172.30.1.1",
-                        "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
-                        false,
-                    ),
-                    (
-                        "203.0.113.2",
-                        "1.2.3.4",
-                        "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
-                        true,
-                    ),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "10.0.1.2:80, 10.0.1.3:80, 10.0.1.5:80",
+                        masquerade: true,
+                    },
                 ],
             ),
             (
                 "terminating endpoints on remote node",
                 &[endpoint("10.0.1.5:80").not_ready().terminating()],
                 &[
-                    ("10.0.0.2", "172.30.1.1", "10.0.1.5:80", false),
-                    ("203.0.113.2", "1.2.3.4", "10.0.1.5:80", true),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "10.0.1.5:80",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "10.0.1.5:80",
+                        masquerade: true,
+                    },
                 ],
             ),
             (
@@ -2261,10 +2424,30 @@ pub(super) mod upstream_flows {
                         .terminating(),
                 ],
                 &[
-                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
-                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
-                    ("10.0.0.2", "172.30.1.1", "REJECT", false),
-                    ("203.0.113.2", "1.2.3.4", "REJECT", false),
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "10.0.0.2",
+                        destination: "172.30.1.1",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
+                    PacketFlow {
+                        source: "203.0.113.2",
+                        destination: "1.2.3.4",
+                        output: "REJECT",
+                        masquerade: false,
+                    },
                 ],
             ),
         ];
