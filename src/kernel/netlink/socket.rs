@@ -227,6 +227,33 @@ impl NetlinkSocket {
         Ok(buf)
     }
 
+    /// Receives notifications (a socket subscribed to multicast groups) until a receive
+    /// fails: the messages of each datagram go to `is_foreign`, and `on_foreign` runs when
+    /// it says one is someone else's change, or when the kernel dropped notifications
+    /// (`ENOBUFS`: assume the worst). A datagram that does not parse is skipped. Meant for a
+    /// thread of its own; the nftables table monitor and the rtnetlink link watch both run it.
+    pub fn watch_notifications(
+        &mut self,
+        mut is_foreign: impl FnMut(&[RawMsg<'_>]) -> bool,
+        mut on_foreign: impl FnMut(),
+    ) -> Result<()> {
+        loop {
+            let buf = match self.recv_raw() {
+                Ok(b) => b,
+                Err(e) if e.errno() == Some(libc::ENOBUFS) => {
+                    on_foreign();
+                    continue;
+                }
+                Err(e) if e.errno() == Some(libc::EAGAIN) => continue,
+                Err(e) => return Err(e),
+            };
+            let Ok(msgs) = parse_msgs(&buf) else { continue };
+            if is_foreign(&msgs) {
+                on_foreign();
+            }
+        }
+    }
+
     /// Receives one datagram and splits it into messages.
     pub fn recv(&mut self) -> Result<Vec<OwnedMsg>> {
         let (buf, _) = self.sock.recv_from_full().map_err(io_err("recv"))?;

@@ -6,7 +6,7 @@
 
 use super::uapi::*;
 
-use crate::kernel::netlink::msg::{parse_msgs, Attrs, RawMsg};
+use crate::kernel::netlink::msg::{Attrs, RawMsg};
 use crate::kernel::netlink::socket::{NetlinkSocket, NETLINK_NETFILTER};
 
 use super::encode::{NFNL_SUBSYS_NFTABLES, NFT_MSG_GETGEN};
@@ -80,34 +80,23 @@ fn listen(
     mut sock: NetlinkSocket,
     table: String,
     our_port: impl Fn() -> u32,
-    mut on_foreign: impl FnMut(),
+    on_foreign: impl FnMut(),
 ) -> Result<(), crate::kernel::netlink::Error> {
     let families = Family::all();
-    loop {
-        let buf = match sock.recv_raw() {
-            Ok(b) => b,
-            // ENOBUFS: notifications were lost, so assume the worst.
-            Err(e) if e.errno() == Some(libc::ENOBUFS) => {
-                on_foreign();
-                continue;
-            }
-            Err(e) if e.errno() == Some(libc::EAGAIN) => continue,
-            Err(e) => return Err(e),
-        };
-        let Ok(msgs) = parse_msgs(&buf) else { continue };
-        let port = our_port();
-        if msgs
-            .iter()
-            .any(|m| is_foreign_change(m, &table, &families, port))
-        {
-            on_foreign();
-        }
-    }
+    sock.watch_notifications(
+        |msgs| {
+            let port = our_port();
+            msgs.iter()
+                .any(|m| is_foreign_change(m, &table, &families, port))
+        },
+        on_foreign,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel::netlink::msg::parse_msgs;
     use crate::kernel::netlink::msg::MsgWriter;
     use crate::kernel::nft::encode::{msg_type, nfgenmsg, NFT_MSG_DELTABLE};
 

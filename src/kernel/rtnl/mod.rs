@@ -268,7 +268,7 @@ pub fn is_foreign_change(
 pub fn watch(
     link_name: String,
     our_port: impl Fn() -> u32,
-    mut on_foreign: impl FnMut(),
+    on_foreign: impl FnMut(),
 ) -> Result<(), crate::kernel::netlink::Error> {
     let mut sock = NetlinkSocket::open(NETLINK_ROUTE)?;
     for g in [
@@ -279,28 +279,15 @@ pub fn watch(
         sock.add_membership(g)?;
     }
     let mut lookup = NetlinkLinks::open().map_err(|e| e.source)?;
-    loop {
-        let buf = match sock.recv_raw() {
-            Ok(b) => b,
-            Err(e) if e.errno() == Some(libc::ENOBUFS) => {
-                on_foreign();
-                continue;
-            }
-            Err(e) if e.errno() == Some(libc::EAGAIN) => continue,
-            Err(e) => return Err(e),
-        };
-        let Ok(msgs) = crate::kernel::netlink::msg::parse_msgs(&buf) else {
-            continue;
-        };
-        let index = lookup.link(&link_name).ok().flatten().map(|l| l.index);
-        let port = our_port();
-        if msgs
-            .iter()
-            .any(|m| is_foreign_change(m, &link_name, index, port))
-        {
-            on_foreign();
-        }
-    }
+    sock.watch_notifications(
+        |msgs| {
+            let index = lookup.link(&link_name).ok().flatten().map(|l| l.index);
+            let port = our_port();
+            msgs.iter()
+                .any(|m| is_foreign_change(m, &link_name, index, port))
+        },
+        on_foreign,
+    )
 }
 
 impl NetlinkLinks {
