@@ -7,13 +7,12 @@ use crate::modes::{ipvs, nftables, userspace};
 use crate::proxy::{cleanup, SyncError};
 
 use super::leftovers::{upstream_ipsets, upstream_legacy_chains};
-use super::mode::options;
 use super::AppError;
 
 /// `--cleanup`: removes what every mode created (our tables, our IPVS virtual servers and
 /// the dummy link) and upstream kube-proxy's nftables tables.
 pub(super) fn run(cfg: &Config) -> Result<(), AppError> {
-    let opts = options(cfg);
+    let opts = cfg.proxy_options();
     let mut nft = NetlinkNftables::open().map_err(AppError::Netlink)?;
     let mut removed = nftables::cleanup(&mut nft, &opts)?;
     removed.extend(userspace::cleanup(&mut nft, &opts)?);

@@ -7,22 +7,10 @@ use crate::kernel::conntrack::Conntrack;
 use crate::kernel::nft::netlink::NetlinkNftables;
 use crate::model::ProxyState;
 use crate::modes::{ipvs, nftables, userspace};
-use crate::proxy::{Options, Proxier};
+use crate::proxy::Proxier;
 
 use super::leftovers::{self, drain_ipvs_leftovers, open_nft, remove_leftovers};
 use super::AppError;
-
-/// The options every mode is opened with.
-pub(super) fn options(cfg: &Config) -> Options {
-    Options {
-        proxier: cfg.proxier.clone(),
-        detect_local: cfg.detect_local.clone(),
-        sync_period: cfg.sync_period,
-        conntrack_cleanup: cfg.conntrack_cleanup,
-        reset_dead_endpoint_connections: cfg.reset_dead_endpoint_connections,
-        families: cfg.families.clone(),
-    }
-}
 
 /// What [`open_mode`] gives: a proxier over the kernel, or a dry run's text.
 pub(super) enum Opened {
@@ -45,7 +33,7 @@ pub(super) fn open_mode(
     kernel: Kernel,
     state: &ProxyState,
 ) -> Result<Opened, AppError> {
-    let opts = options(cfg);
+    let opts = cfg.proxy_options();
     let proxier = |p: Box<dyn Proxier + Send>| Opened::Proxier {
         proxier: p,
         link: None,

@@ -210,6 +210,21 @@ fn valid_ifname(n: &str) -> bool {
             .any(|c| c == '/' || c.is_whitespace() || c == '\0')
 }
 
+impl Config {
+    /// The options every mode's proxier is opened with (the daemon's, and what `status` and
+    /// `diff` plan with, so that both plan the same).
+    pub fn proxy_options(&self) -> crate::proxy::Options {
+        crate::proxy::Options {
+            proxier: self.proxier.clone(),
+            detect_local: self.detect_local.clone(),
+            sync_period: self.sync_period,
+            conntrack_cleanup: self.conntrack_cleanup,
+            reset_dead_endpoint_connections: self.reset_dead_endpoint_connections,
+            families: self.families.clone(),
+        }
+    }
+}
+
 /// What `--version` prints: our version, the commit it was built from when known
 /// (build.rs), and the configuration API it reads.
 pub fn version_text(git_commit: &str) -> String {

@@ -163,14 +163,7 @@ pub struct Report {
 /// `status` or `diff` of `state` (from the daemon's sources) against the live kernel.
 /// A finding (exit 1) when the live kernel differs from the plan.
 pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::Printed, ToolError> {
-    let opts = crate::proxy::Options {
-        proxier: cfg.proxier.clone(),
-        detect_local: cfg.detect_local.clone(),
-        sync_period: cfg.sync_period,
-        conntrack_cleanup: cfg.conntrack_cleanup,
-        reset_dead_endpoint_connections: cfg.reset_dead_endpoint_connections,
-        families: cfg.families.clone(),
-    };
+    let opts = cfg.proxy_options();
     let mut kernel = LiveKernel::new();
     let mut families = Vec::new();
     let mut ipvs = None;
