@@ -5,7 +5,7 @@
 //! I/O: namespaces, files, processes.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::host::{self, Holder};
@@ -334,19 +334,24 @@ impl Node {
     fn spawn_kubelet(&mut self) {
         let bin = super::binaries().node.join("kubelet");
         let mut cmd = self.holder.command(bin.to_str().unwrap());
-        cmd.args(&self.kubelet_args)
-            .env(
-                "PATH",
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )
-            .stdin(Stdio::null())
-            .stdout(self.log("kubelet.log"))
-            .stderr(self.log("kubelet.log"));
-        self.kubelet = Some(
-            crate::bounded::dies_with_parent(&mut cmd)
-                .spawn()
-                .expect("start kubelet"),
-        );
+        cmd.args(&self.kubelet_args);
+        self.kubelet = Some(self.spawn_daemon(cmd, "kubelet"));
+    }
+
+    /// Starts `cmd` (a node daemon called `name`) in the node's namespaces with the system
+    /// PATH, its output in `NAME.log`, killed if the test process dies.
+    fn spawn_daemon(&self, mut cmd: Command, name: &str) -> Child {
+        let log = format!("{name}.log");
+        cmd.env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .stdin(Stdio::null())
+        .stdout(self.log(&log))
+        .stderr(self.log(&log));
+        crate::bounded::dies_with_parent(&mut cmd)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: start {name}: {e}", self.name))
     }
 
     /// Stops the kubelet (SIGTERM, then SIGKILL after 10 s); its pods keep running, as when
@@ -397,19 +402,8 @@ impl Node {
             "--ip-masq",
             &format!("--net-config-path={}", conf.display()),
         ])
-        .env("NODE_NAME", &self.name)
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .stdin(Stdio::null())
-        .stdout(self.log("flanneld.log"))
-        .stderr(self.log("flanneld.log"));
-        self.flanneld = Some(
-            crate::bounded::dies_with_parent(&mut cmd)
-                .spawn()
-                .expect("start flanneld"),
-        );
+        .env("NODE_NAME", &self.name);
+        self.flanneld = Some(self.spawn_daemon(cmd, "flanneld"));
     }
 
     /// Whether flanneld has written the node's subnet file.
