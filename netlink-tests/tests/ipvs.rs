@@ -115,6 +115,41 @@ fn ipvs_deprecation_event_reaches_a_real_api_server() {
     );
 }
 
+/// A guest that does not reach its command within `--boot-timeout` is killed and booted once
+/// more, then reported (exit 125), rather than holding a CI run for the whole `--timeout`
+/// (one boot printed nothing for 1200 s, 2026-12-06). A healthy boot takes ~6 s, so 1 s never
+/// suffices: both boots time out.
+#[test]
+fn a_guest_that_does_not_boot_is_booted_once_more_then_reported() {
+    use netlink_tests::bounded::OutputWithin;
+    netlink_tests::ns::require_root();
+    if std::env::var_os(IN_VM).is_some() {
+        return;
+    }
+    let script = workspace().join("netlink-tests/vm/run-in-vm.sh");
+    let t0 = std::time::Instant::now();
+    let out = Command::new(&script)
+        .args(["--boot-timeout", "1", "--timeout", "60", "--", "/bin/true"])
+        .output_within(std::time::Duration::from_secs(120))
+        .expect("run run-in-vm.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("did not reach its command within 1s")
+            .count(),
+        2,
+        "{stderr}"
+    );
+    assert!(stderr.contains("booting it once more"), "{stderr}");
+    assert!(stderr.contains(", twice"), "{stderr}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(30),
+        "two 1 s boot windows, not the 60 s run timeout: {:?}",
+        t0.elapsed()
+    );
+}
+
 /// How [`run_in_vm`] boots the guest.
 #[derive(Default)]
 struct Vm {
