@@ -2,42 +2,71 @@
 //! defaulted, converted, the logging flags over it, a warning for each flag it replaces), or
 //! without it the flags over upstream's defaults, as options.go's `Complete` and
 //! `processV1Alpha1Flags` do; then the warnings every given flag earns (deprecated, no
-//! effect here). Pure: the file's bytes are read by the caller.
+//! effect here); then upstream's platform defaults and our overrides of the running mode's
+//! settings. The one phase that reads the parsed flags: it hands on the configuration and
+//! the other flags as a typed [`CliOptions`]. Pure: the file's bytes are read by the caller.
 
 use std::path::PathBuf;
 
-use super::flag_fields::{apply, CONFIG_FLAGS, LOGGING_FLAGS, V1ALPHA1_FLAGS};
+use super::file::internal::KubeProxyConfig;
+use super::file::{decode, v1alpha1};
+use super::flags::fields::{apply, Namer, CONFIG_FLAGS, LOGGING_FLAGS, OVERRIDES, V1ALPHA1_FLAGS};
+use super::flags::options::CliOptions;
 use super::flags::{cli, Meaning, Parsed, Target};
-use super::internal::KubeProxyConfig;
-use super::{bad, decode, v1alpha1, ConfigError};
+use super::{bad, ConfigError};
 
-/// What loading produced: the configuration before our overrides, and where it came from.
+/// What loading produced: the configuration with our overrides applied, the other flags,
+/// and where each value came from.
 pub(super) struct Loaded {
     pub config: KubeProxyConfig,
+    pub options: CliOptions,
+    /// Names the file field or the flag in an error.
+    pub namer: Namer,
+    /// No mode was configured (upstream's platform default applied).
+    pub mode_defaulted: bool,
     /// The `--config` file and its bytes (the file watcher compares against them).
     pub file: Option<(PathBuf, Vec<u8>)>,
     pub warnings: Vec<String>,
 }
 
-/// The file when there is one, else the flags; then the flags' own warnings.
-pub(super) fn load(p: &Parsed, file: Option<(PathBuf, Vec<u8>)>) -> Result<Loaded, ConfigError> {
-    let mut loaded = match file {
-        Some((path, bytes)) => load_file(p, path, bytes)?,
-        None => load_flags(p),
-    };
-    warn_about_given_flags(p, &mut loaded.warnings);
-    Ok(loaded)
+/// What the configuration came from before overrides.
+struct Source {
+    config: KubeProxyConfig,
+    file: Option<(PathBuf, Vec<u8>)>,
+    warnings: Vec<String>,
 }
 
-/// `--write-config-to`'s path, when given and not empty.
-pub(super) fn write_config_to(p: &Parsed) -> Option<PathBuf> {
-    p.get(cli::WRITE_CONFIG_TO)
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
+/// The file when there is one, else the flags; then the flags' own warnings and our
+/// overrides.
+pub(super) fn load(p: &Parsed, file: Option<(PathBuf, Vec<u8>)>) -> Result<Loaded, ConfigError> {
+    let options = CliOptions::from_parsed(p);
+    let Source {
+        mut config,
+        file,
+        mut warnings,
+    } = match file {
+        Some((path, bytes)) => load_file(p, path, bytes)?,
+        None => load_flags(p, &options),
+    };
+    warn_about_given_flags(p, &mut warnings);
+    let mode_defaulted = apply_overrides(&mut config, p)?;
+    warn_about_file_fields(&options, &config, &mut warnings);
+    let namer = Namer {
+        file: file.as_ref().map(|(path, _)| path.display().to_string()),
+        given: options.given.clone(),
+    };
+    Ok(Loaded {
+        config,
+        options,
+        namer,
+        mode_defaulted,
+        file,
+        warnings,
+    })
 }
 
 /// With `--config`: the file replaces the flag values, except the logging flags.
-fn load_file(p: &Parsed, path: PathBuf, bytes: Vec<u8>) -> Result<Loaded, ConfigError> {
+fn load_file(p: &Parsed, path: PathBuf, bytes: Vec<u8>) -> Result<Source, ConfigError> {
     let shown = path.display().to_string();
     let text = std::str::from_utf8(&bytes).map_err(|e| {
         bad(
@@ -61,7 +90,7 @@ fn load_file(p: &Parsed, path: PathBuf, bytes: Vec<u8>) -> Result<Loaded, Config
     let mut config = KubeProxyConfig::from_v1alpha1(&v);
     apply(LOGGING_FLAGS, &mut config, p);
     warn_about_replaced_flags(p, &mut warnings);
-    Ok(Loaded {
+    Ok(Source {
         config,
         file: Some((path, bytes)),
         warnings,
@@ -86,11 +115,11 @@ fn warn_about_replaced_flags(p: &Parsed, warnings: &mut Vec<String>) {
 }
 
 /// Without `--config`: the flags over upstream's defaults.
-fn load_flags(p: &Parsed) -> Loaded {
+fn load_flags(p: &Parsed, options: &CliOptions) -> Source {
     let mut config = KubeProxyConfig::defaulted();
     apply(CONFIG_FLAGS, &mut config, p);
     apply(LOGGING_FLAGS, &mut config, p);
-    if write_config_to(p).is_none() {
+    if options.write_config_to.is_none() {
         let hp = p
             .get(cli::HEALTHZ_PORT)
             .unwrap_or(v1alpha1::PROXY_HEALTHZ_PORT.into());
@@ -103,7 +132,7 @@ fn load_flags(p: &Parsed) -> Loaded {
             address_from_deprecated_port(&config.metrics_bind_address, mp);
     }
     apply(V1ALPHA1_FLAGS, &mut config, p);
-    Loaded {
+    Source {
         config,
         file: None,
         warnings: Vec::new(),
@@ -134,5 +163,38 @@ fn warn_about_given_flags(p: &Parsed, warnings: &mut Vec<String>) {
                 warnings.push(w);
             }
         }
+    }
+}
+
+/// Upstream's platform defaults (an empty mode is iptables), then our own flags over the
+/// running mode's settings and `--hostname-override`. Returns whether the mode was
+/// defaulted.
+fn apply_overrides(kp: &mut KubeProxyConfig, p: &Parsed) -> Result<bool, ConfigError> {
+    let mode_defaulted = kp.apply_platform_defaults();
+    apply(OVERRIDES, kp, p);
+    if let Some(h) = p.get(cli::HOSTNAME_OVERRIDE).filter(|h| !h.is_empty()) {
+        let h = h.trim();
+        if h.is_empty() {
+            return Err(bad(
+                "--hostname-override",
+                "empty hostname-override is invalid",
+            ));
+        }
+        kp.hostname_override = h.to_lowercase();
+    }
+    Ok(mode_defaulted)
+}
+
+/// File fields accepted without effect (the flags warn for themselves when loaded).
+fn warn_about_file_fields(o: &CliOptions, kp: &KubeProxyConfig, warnings: &mut Vec<String>) {
+    if !kp.logging.vmodule.is_empty() && !o.given(cli::VMODULE.name) {
+        warnings.push(
+            "config field logging.vmodule has no effect here: per-file verbosity needs Go \
+             source files; logging.verbosity applies to all"
+                .into(),
+        );
+    }
+    if kp.enable_profiling && !o.given(cli::PROFILING.name) {
+        warnings.push("config field enableProfiling has no effect here: no /debug/pprof".into());
     }
 }

@@ -4,43 +4,41 @@
 //! replaces the flag values (a warning names each flag so ignored), except the logging
 //! flags and `--hostname-override`; without it the flags apply over upstream's defaults.
 //! Errors name the file field when the value came from the file, the flag otherwise.
-//! [`Config::from_parsed_with`] reads as its phases: load (`load.rs`), overrides,
-//! validation (`validation.rs`), resolve (`resolve.rs`). Pure apart from reading the config
-//! file.
+//!
+//! Laid out as upstream separates `options.go` from `apis/config/{types,v1alpha1,validation}`:
+//! [`flags`] (the command line), [`file`] (the configuration file's types, decoder and
+//! internal form) and [`gates`] (feature gates) are the rooms; the phases
+//! [`Config::from_parsed_with`] runs sit here: load (`load.rs`: the file or the flags, our
+//! overrides, and the other flags as a typed `CliOptions`), validation (`validation.rs`),
+//! resolve (`resolve.rs`, which never sees the raw flags). `startup_checks` are upstream's
+//! checks once the node is known. Pure apart from reading the config file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub mod decode;
-pub mod duration;
-mod flag_defaults;
-mod flag_fields;
-mod flag_handles;
+pub mod file;
 pub mod flags;
 pub mod gates;
-mod gates_table;
-pub mod internal;
 mod load;
 #[cfg(test)]
 mod proptests;
 mod resolve;
 pub mod startup_checks;
-pub mod v1alpha1;
 mod validation;
-pub mod yaml_out;
 
 use crate::kernel::conntrack::tuning::ConntrackConfig;
 use crate::kernel::nft::Cidr;
 use crate::proxy::{LoopbackListeners, ProxierConfig};
-use flag_fields::Namer;
+use file::internal::KubeProxyConfig;
+use file::{duration, v1alpha1};
 use flags::{cli, Parsed};
-use internal::KubeProxyConfig;
 // What the configuration tests (`tests.rs`, `use super::*`) name.
 #[cfg(test)]
 use {
     crate::model::Protocol,
     crate::proxy::{LocalDetector, LoopbackNodePorts, NodePortAddresses},
+    file::decode,
     v1alpha1::GoDuration,
 };
 
@@ -304,25 +302,9 @@ impl Config {
         p: &Parsed,
         file: Option<(PathBuf, Vec<u8>)>,
     ) -> Result<Config, ConfigError> {
-        let load::Loaded {
-            config: mut kp,
-            file,
-            mut warnings,
-        } = load::load(p, file)?;
-        let mode_defaulted = apply_overrides(&mut kp, p)?;
-        let namer = Namer {
-            file: file.as_ref().map(|(path, _)| path.display().to_string()),
-            parsed: p,
-        };
-        let gates = check(&kp, &namer, &mut warnings)?;
-        let resolving = resolve::Resolving {
-            file,
-            mode_defaulted,
-            gates,
-            warnings,
-            namer,
-        };
-        resolve::resolve(p, kp, resolving)
+        let mut loaded = load::load(p, file)?;
+        let gates = validation::check(&loaded.config, &loaded.namer, &mut loaded.warnings)?;
+        resolve::resolve(loaded, gates)
     }
 
     /// The effective configuration in upstream's v1alpha1 shape: what `--write-config-to`
@@ -335,110 +317,6 @@ impl Config {
     pub fn to_yaml(&self) -> String {
         v1alpha1::to_yaml(&self.to_kube_proxy_configuration())
     }
-}
-
-/// What upstream's `/flagz` lists: every flag of upstream's command line with the value it
-/// holds (its default unless given: with `--config` the flags still hold their own values,
-/// as upstream's flag set does), plus each of our flags that was given. Values are printed
-/// as pflag's `String()` prints them. Pure.
-pub fn flagz_values(p: &Parsed) -> std::collections::BTreeMap<String, String> {
-    let mut out: std::collections::BTreeMap<String, String> = flag_defaults::FLAG_DEFAULTS
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    for (spec, _) in &p.set {
-        let all = p.all(spec.name);
-        let last = all.last().copied().unwrap_or_default();
-        let v = match spec.kind {
-            flags::Kind::Bool => flags::parse_bool(last).unwrap_or(false).to_string(),
-            flags::Kind::Int32 | flags::Kind::Level => match flags::parse_int(last) {
-                Ok(n) => n.to_string(),
-                Err(_) => last.to_string(),
-            },
-            flags::Kind::Duration => match duration::parse(last) {
-                Ok(ns) => duration::format(ns),
-                Err(_) => last.to_string(),
-            },
-            // pflag's stringSlice prints `[a,b]`.
-            flags::Kind::StrSlice => format!(
-                "[{}]",
-                all.iter()
-                    .flat_map(|v| flags::split_list(v))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            // cliflag's MapStringBool prints its sorted `k=v` pairs.
-            flags::Kind::MapBool => {
-                let mut m = std::collections::BTreeMap::new();
-                for kv in all.iter().flat_map(|v| v.split(',')) {
-                    if let Some((k, b)) = kv.split_once('=') {
-                        m.insert(k.trim(), flags::parse_bool(b.trim()).unwrap_or(false));
-                    }
-                }
-                m.iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            }
-            flags::Kind::VModule => all.join(","),
-            _ => last.to_string(),
-        };
-        out.insert(spec.name.to_string(), v);
-    }
-    out
-}
-
-/// Upstream's platform defaults (an empty mode is iptables), then our own flags over the
-/// running mode's settings and `--hostname-override`. Returns whether the mode was
-/// defaulted.
-fn apply_overrides(kp: &mut KubeProxyConfig, p: &Parsed) -> Result<bool, ConfigError> {
-    let mode_defaulted = kp.apply_platform_defaults();
-    flag_fields::apply(flag_fields::OVERRIDES, kp, p);
-    if let Some(h) = p.get(cli::HOSTNAME_OVERRIDE).filter(|h| !h.is_empty()) {
-        let h = h.trim();
-        if h.is_empty() {
-            return Err(bad(
-                "--hostname-override",
-                "empty hostname-override is invalid",
-            ));
-        }
-        kp.hostname_override = h.to_lowercase();
-    }
-    Ok(mode_defaulted)
-}
-
-/// The feature gates, applied before validating as upstream's `Complete` does (an unknown
-/// gate, a locked one set to the other value or a missing dependency stops the start),
-/// then upstream's validation, whose first error is reported with a count of the others.
-fn check(
-    kp: &KubeProxyConfig,
-    namer: &Namer,
-    warnings: &mut Vec<String>,
-) -> Result<gates::FeatureGates, ConfigError> {
-    let (gates, gate_warnings) = gates::FeatureGates::from_map(&kp.feature_gates)
-        .map_err(|e| bad(&namer.name("featureGates"), e.to_string()))?;
-    warnings.extend(gate_warnings);
-    let violations = validation::validate(kp);
-    if let Some(first) = violations.first() {
-        let more = match violations.len() {
-            1 => String::new(),
-            n => format!(" (and {} more)", n - 1),
-        };
-        return Err(bad(
-            &namer.name(&first.field),
-            format!("{}: {}{more}", first.value, first.why),
-        ));
-    }
-    // Upstream's validation accepts ipvs only while the (deprecated) KubeProxyIPVS gate
-    // is on (pkg/proxy/apis/config/validation `validateProxyModeLinux`).
-    if kp.mode == "ipvs" && !gates.enabled(gates::KUBE_PROXY_IPVS) {
-        return Err(bad(
-            &namer.name("mode"),
-            "\"ipvs\": must be iptables, nftables, userspace or blank (blank means iptables, \
-             served here by the nftables engine): ipvs needs the KubeProxyIPVS feature gate",
-        ));
-    }
-    Ok(gates)
 }
 
 #[cfg(test)]

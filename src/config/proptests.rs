@@ -5,7 +5,8 @@
 
 use proptest::prelude::*;
 
-use super::{duration, flags, Config};
+use super::file::duration;
+use super::{flags, Config};
 
 fn parse_file(text: &str, _name: &str) {
     let p = flags::parse(["--hostname-override", "n"]).expect("static flags");

@@ -2,15 +2,17 @@
 //! own flags turned into the values the daemon runs with, one small function per derived
 //! value (mode, node name, service CIDRs, detect-local, NodePort addresses, nftables table,
 //! API server, servers, IPVS, localhost NodePorts, conntrack). Each error names the flag or
-//! the file field the value came from. Pure apart from reading the kernel's host name.
+//! the file field the value came from. It reads what loading handed on (the configuration
+//! and the typed [`CliOptions`]), never the raw flags. Pure apart from reading the kernel's
+//! host name.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 
-use super::flag_fields::Namer;
-use super::flags::{cli, Parsed};
-use super::internal::KubeProxyConfig;
-use super::v1alpha1::{self, GoDuration};
+use super::file::internal::KubeProxyConfig;
+use super::file::v1alpha1::{self, GoDuration};
+use super::flags::fields::Namer;
+use super::flags::options::CliOptions;
+use super::load::Loaded;
 use super::{bad, cidr_sloppy, gates, hostname, valid_ifname, Config, ConfigError, ProxyMode};
 use crate::kernel::conntrack::tuning::ConntrackConfig;
 use crate::kernel::nft::Cidr;
@@ -21,54 +23,42 @@ use crate::proxy::{
     NodePortAddresses, ProxierConfig,
 };
 
-/// What the earlier phases hand to [`resolve`] besides the configuration.
-pub(super) struct Resolving<'a> {
-    pub file: Option<(PathBuf, Vec<u8>)>,
-    pub mode_defaulted: bool,
-    pub gates: gates::FeatureGates,
-    pub warnings: Vec<String>,
-    pub namer: Namer<'a>,
-}
-
-/// The effective configuration, from the validated upstream one and our flags.
-pub(super) fn resolve(
-    p: &Parsed,
-    kp: KubeProxyConfig,
-    r: Resolving,
-) -> Result<Config, ConfigError> {
-    let Resolving {
-        file,
-        mode_defaulted,
-        gates,
-        mut warnings,
+/// The effective configuration, from the loaded and validated upstream one, the other
+/// flags and the feature gates.
+pub(super) fn resolve(loaded: Loaded, gates: gates::FeatureGates) -> Result<Config, ConfigError> {
+    let Loaded {
+        config: kp,
+        options: o,
         namer,
-    } = r;
+        mode_defaulted,
+        file,
+        mut warnings,
+    } = loaded;
     let mut notices = Vec::new();
     let mode = resolve_mode(&kp, mode_defaulted, &mut notices);
     let node_name = resolve_node_name(&kp)?;
-    let mut rules = resolve_rules(p, &kp, mode, &gates, &namer)?;
-    rules.proxier.load_balancing = resolve_load_balancing(p, &kp, mode, &mut warnings)?;
-    let master = resolve_master(p)?;
+    let mut rules = resolve_rules(&o, &kp, mode, &gates, &namer)?;
+    rules.proxier.load_balancing = resolve_load_balancing(&o, &kp, mode, &mut warnings)?;
+    let master = resolve_master(&o)?;
     let healthz_bind_address =
         resolve_server("healthzBindAddress", &kp.healthz_bind_address, &namer)?;
     let metrics_bind_address =
         resolve_server("metricsBindAddress", &kp.metrics_bind_address, &namer)?;
     let mut ipvs = resolve_ipvs(&kp, &namer)?;
     ipvs.load_balancing = rules.proxier.load_balancing;
-    warn_about_file_fields(p, &kp, &mut warnings);
-    let reset_dead_endpoint_connections = resolve_dead_endpoint_reset(p, &kp, mode, &mut warnings);
+    let reset_dead_endpoint_connections = resolve_dead_endpoint_reset(&o, &kp, mode, &mut warnings);
     let (config_path, config_bytes) = file.unzip();
     Ok(Config {
         families: crate::model::net::Family::all().to_vec(),
         oom_score_adj: kp
             .oom_score_adj
             .unwrap_or(v1alpha1::KUBE_PROXY_OOM_SCORE_ADJ),
-        write_config_to: super::load::write_config_to(p),
+        write_config_to: o.write_config_to,
         state_tool: None,
         config_path,
         config_bytes,
-        manifests: non_empty(p.get(cli::MANIFESTS)).map(PathBuf::from),
-        kubeconfig: non_empty(Some(kp.client_connection.kubeconfig.clone())).map(PathBuf::from),
+        manifests: o.manifests,
+        kubeconfig: non_empty(Some(kp.client_connection.kubeconfig.clone())).map(Into::into),
         master,
         node_name,
         mode,
@@ -82,11 +72,11 @@ pub(super) fn resolve(
         healthz_bind_address,
         metrics_bind_address,
         bind_address_hard_fail: kp.bind_address_hard_fail,
-        cleanup: p.get(cli::CLEANUP).unwrap_or(false),
-        once: p.get(cli::ONCE).unwrap_or(false),
-        dry_run: p.get(cli::DRY_RUN).unwrap_or(false),
-        init_only: p.get(cli::INIT_ONLY).unwrap_or(false),
-        conntrack_cleanup: !p.get(cli::NO_CONNTRACK_CLEANUP).unwrap_or(false),
+        cleanup: o.cleanup,
+        once: o.once,
+        dry_run: o.dry_run,
+        init_only: o.init_only,
+        conntrack_cleanup: o.conntrack_cleanup,
         reset_dead_endpoint_connections,
         json_logs: kp.logging.format == "json",
         localhost_listeners: rules.localhost_listeners,
@@ -97,19 +87,19 @@ pub(super) fn resolve(
         warnings,
         detect_local: rules.detect_local,
         gates,
-        flagz: super::flagz_values(p),
+        flagz: o.flagz,
         upstream: kp,
     })
 }
 
 /// `--reset-dead-endpoint-connections`; warned about where the mode cannot honour it.
 fn resolve_dead_endpoint_reset(
-    p: &Parsed,
+    o: &CliOptions,
     kp: &KubeProxyConfig,
     mode: ProxyMode,
     warnings: &mut Vec<String>,
 ) -> bool {
-    let on = p.get(cli::RESET_DEAD_ENDPOINT_CONNECTIONS).unwrap_or(false);
+    let on = o.reset_dead_endpoint_connections;
     let why = match mode {
         ProxyMode::Ipvs => "IPVS forwards by its own connection table, not by conntrack's",
         ProxyMode::Userspace => "the userspace proxy's own sessions are the connections",
@@ -179,22 +169,18 @@ struct RuleSettings {
 
 /// The planner's settings, in the order their values are checked.
 fn resolve_rules(
-    p: &Parsed,
+    o: &CliOptions,
     kp: &KubeProxyConfig,
     mode: ProxyMode,
     gates: &gates::FeatureGates,
     namer: &Namer,
 ) -> Result<RuleSettings, ConfigError> {
-    let service_cidrs = resolve_service_cidrs(p)?;
+    let service_cidrs = resolve_service_cidrs(o)?;
     let detect_local = resolve_detect_local(kp, namer)?;
     let nodeport_addresses = resolve_nodeport_addresses(kp, namer)?;
-    let table = resolve_table(p, mode)?;
-    let (localhost_listeners, loopback_nodeports) = localhost_nodeports(
-        kp,
-        &nodeport_addresses,
-        gates,
-        p.get(cli::LOCALHOST_NODEPORTS),
-    );
+    let table = resolve_table(o, mode)?;
+    let (localhost_listeners, loopback_nodeports) =
+        localhost_nodeports(kp, &nodeport_addresses, gates, o.localhost_nodeports);
     // Upstream's iptables mode sets route_localnet=1 for its localhost NodePorts and
     // guards it; ours forwards them in userspace but leaves the node as upstream does.
     let localnet_guard = iptables_localhost_nodeports(kp, &nodeport_addresses);
@@ -223,12 +209,12 @@ fn resolve_rules(
 /// endpoints in turn whatever is asked, which is not an error (the flag may be shared by
 /// every node of a cluster) but is said.
 fn resolve_load_balancing(
-    p: &Parsed,
+    o: &CliOptions,
     kp: &KubeProxyConfig,
     mode: ProxyMode,
     warnings: &mut Vec<String>,
 ) -> Result<LoadBalancing, ConfigError> {
-    let Some(s) = non_empty(p.get(cli::LOAD_BALANCING)) else {
+    let Some(s) = &o.load_balancing else {
         return Ok(LoadBalancing::Random);
     };
     let lb = LoadBalancing::parse(s.trim()).ok_or_else(|| {
@@ -247,8 +233,8 @@ fn resolve_load_balancing(
 }
 
 /// `--service-cidrs`: comma-separated CIDRs.
-fn resolve_service_cidrs(p: &Parsed) -> Result<Vec<Cidr>, ConfigError> {
-    match p.get(cli::SERVICE_CIDRS) {
+fn resolve_service_cidrs(o: &CliOptions) -> Result<Vec<Cidr>, ConfigError> {
+    match &o.service_cidrs {
         Some(s) if !s.trim().is_empty() => s
             .split(',')
             .map(str::trim)
@@ -341,9 +327,9 @@ fn masquerade_bit(kp: &KubeProxyConfig) -> u8 {
 }
 
 /// `--nftables-table`, else the mode's default table.
-fn resolve_table(p: &Parsed, mode: ProxyMode) -> Result<String, ConfigError> {
-    let table = match p.get(cli::NFTABLES_TABLE) {
-        Some(t) => t,
+fn resolve_table(o: &CliOptions, mode: ProxyMode) -> Result<String, ConfigError> {
+    let table = match &o.nftables_table {
+        Some(t) => t.clone(),
         None => match mode {
             ProxyMode::Nftables | ProxyMode::Userspace => names::DEFAULT_TABLE.into(),
             ProxyMode::Ipvs => crate::modes::ipvs::table::DEFAULT_TABLE.into(),
@@ -364,8 +350,8 @@ fn resolve_table(p: &Parsed, mode: ProxyMode) -> Result<String, ConfigError> {
 }
 
 /// `--master`: an http(s) URL, or none.
-fn resolve_master(p: &Parsed) -> Result<Option<String>, ConfigError> {
-    let master = non_empty(p.get(cli::MASTER));
+fn resolve_master(o: &CliOptions) -> Result<Option<String>, ConfigError> {
+    let master = o.master.clone();
     if let Some(m) = &master {
         if !(m.starts_with("http://") || m.starts_with("https://")) {
             return Err(bad("--master", format!("{m:?} is not an http(s) URL")));
@@ -446,7 +432,7 @@ fn localhost_nodeports(
     kp: &KubeProxyConfig,
     addresses: &NodePortAddresses,
     gates: &gates::FeatureGates,
-    ours: Option<bool>,
+    ours: bool,
 ) -> (LoopbackListeners, LoopbackPolicy) {
     let gate =
         kp.mode == "nftables" && gates.enabled(gates::KUBE_PROXY_NFTABLES_LOCALHOST_NODE_PORTS);
@@ -462,7 +448,7 @@ fn localhost_nodeports(
         v4: served(policy.v4),
         v6: served(policy.v6),
     };
-    if ours.unwrap_or(false) || iptables_localhost_nodeports(kp, addresses) {
+    if ours || iptables_localhost_nodeports(kp, addresses) {
         listeners.v4 = vec![Protocol::Tcp, Protocol::Udp];
         policy.v4 = LoopbackNodePorts::Untouched;
     }
@@ -498,19 +484,5 @@ fn log_level(verbosity: u32) -> &'static str {
         0 | 1 => "info",
         2 | 3 => "debug",
         _ => "trace",
-    }
-}
-
-/// File fields accepted without effect (the flags warn for themselves when loaded).
-fn warn_about_file_fields(p: &Parsed, kp: &KubeProxyConfig, warnings: &mut Vec<String>) {
-    if !kp.logging.vmodule.is_empty() && !p.given(cli::VMODULE) {
-        warnings.push(
-            "config field logging.vmodule has no effect here: per-file verbosity needs Go \
-             source files; logging.verbosity applies to all"
-                .into(),
-        );
-    }
-    if kp.enable_profiling && !p.given(cli::PROFILING) {
-        warnings.push("config field enableProfiling has no effect here: no /debug/pprof".into());
     }
 }

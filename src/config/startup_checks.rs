@@ -10,8 +10,8 @@
 
 use std::net::IpAddr;
 
-use super::internal::KubeProxyConfig;
-use super::v1alpha1::{parse_ip_sloppy, split_host_port};
+use super::file::internal::KubeProxyConfig;
+use super::file::v1alpha1::{parse_ip_sloppy, split_host_port};
 use crate::model::net::{Cidr, Family};
 
 /// What upstream logs each non-fatal finding with (the finding is the logged error).

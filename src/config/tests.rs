@@ -716,7 +716,7 @@ fn write_config_round_trips_and_is_upstream_shaped() {
 /// kubeadm's ConfigMap as shipped (undefaulted v1alpha1) with kubeadm's command line.
 #[test]
 fn kubeadm_configmap_starts_with_upstreams_defaults() {
-    let text = include_str!("testdata/kubeadm_config.conf");
+    let text = include_str!("file/testdata/kubeadm_config.conf");
     let p = flags::parse([
         "--config=/var/lib/kube-proxy/config.conf",
         "--hostname-override=node-1",

@@ -1,10 +1,16 @@
 //! Upstream's `Validate` (pkg/proxy/apis/config/validation/validation.go) on the internal
 //! configuration: one function per section, each given its field path as upstream's are,
 //! and [`validate`] collecting their errors in upstream's order with upstream's texts.
-//! Only the rules that apply on Linux. Pure.
+//! Only the rules that apply on Linux. [`check`] runs it after the feature gates, as
+//! upstream's `Complete` and `Validate` do, and turns the first failure into the one error
+//! the user sees. Pure.
 
-use super::internal::KubeProxyConfig;
-use super::v1alpha1::{parse_ip_sloppy, split_host_port, ClientConnection, Conntrack, GoDuration};
+use super::file::internal::KubeProxyConfig;
+use super::file::v1alpha1::{
+    parse_ip_sloppy, split_host_port, ClientConnection, Conntrack, GoDuration,
+};
+use super::flags::fields::Namer;
+use super::{bad, gates, ConfigError};
 
 /// One validation failure: the v1alpha1 field (JSON path), the value, and upstream's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,6 +382,40 @@ fn valid_cidr(s: &str) -> bool {
         && len.len() <= 3
         && len.bytes().all(|b| b.is_ascii_digit())
         && len.parse::<u32>().is_ok_and(|l| l <= max)
+}
+
+/// The feature gates, applied before validating as upstream's `Complete` does (an unknown
+/// gate, a locked one set to the other value or a missing dependency stops the start),
+/// then upstream's validation, whose first error is reported with a count of the others.
+pub(super) fn check(
+    kp: &KubeProxyConfig,
+    namer: &Namer,
+    warnings: &mut Vec<String>,
+) -> Result<gates::FeatureGates, ConfigError> {
+    let (gates, gate_warnings) = gates::FeatureGates::from_map(&kp.feature_gates)
+        .map_err(|e| bad(&namer.name("featureGates"), e.to_string()))?;
+    warnings.extend(gate_warnings);
+    let violations = validate(kp);
+    if let Some(first) = violations.first() {
+        let more = match violations.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        return Err(bad(
+            &namer.name(&first.field),
+            format!("{}: {}{more}", first.value, first.why),
+        ));
+    }
+    // Upstream's validation accepts ipvs only while the (deprecated) KubeProxyIPVS gate
+    // is on (pkg/proxy/apis/config/validation `validateProxyModeLinux`).
+    if kp.mode == "ipvs" && !gates.enabled(gates::KUBE_PROXY_IPVS) {
+        return Err(bad(
+            &namer.name("mode"),
+            "\"ipvs\": must be iptables, nftables, userspace or blank (blank means iptables, \
+             served here by the nftables engine): ipvs needs the KubeProxyIPVS feature gate",
+        ));
+    }
+    Ok(gates)
 }
 
 #[cfg(test)]

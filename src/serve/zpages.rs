@@ -186,7 +186,7 @@ pub fn structured_content_type(yaml: bool, version: &str, kind: &str) -> String 
 pub fn encode(obj: &Value, yaml: bool, pretty: bool) -> String {
     if yaml {
         let mut s = String::new();
-        crate::config::yaml_out::emit(obj, 0, &mut s);
+        crate::config::file::yaml_out::emit(obj, 0, &mut s);
         return s;
     }
     let body = if pretty {

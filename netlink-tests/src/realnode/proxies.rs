@@ -197,7 +197,7 @@ pub fn kubeadm_configmap(mode: &str) -> String {
 /// `networking.podSubnet`, the kubeconfig names the API server at its primary address, and
 /// an IPv6 cluster binds `::` (kubeadm's `DefaultProxyBindAddressv6`).
 pub fn kubeadm_configmap_for(mode: &str, family: Family) -> String {
-    let mut config = include_str!("../../../src/config/testdata/kubeadm_config.conf")
+    let mut config = include_str!("../../../src/config/file/testdata/kubeadm_config.conf")
         .replace("mode: \"\"", &format!("mode: \"{mode}\""))
         .replace(
             &format!("clusterCIDR: {}\n", super::CLUSTER_CIDR),

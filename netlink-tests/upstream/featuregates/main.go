@@ -4,14 +4,14 @@
 //   - with no argument, every feature gate the binary registers in its default gate
 //     (pkg/features, client-go's adapter, apiserver's, component-base's metrics, logs and
 //     zpages gates, and the generic AllAlpha/AllBeta), with each gate's versioned specs and
-//     its dependencies: src/config/gates_table.rs;
+//     its dependencies: src/config/gates/table.rs;
 //
 //   - with "flags", every flag of the command line (what /flagz lists) and its default value
-//     as pflag prints it: src/config/flag_defaults.rs.
+//     as pflag prints it: src/config/flags/defaults.rs.
 //
 //     cd netlink-tests/upstream && export GOFLAGS=-mod=mod GOTOOLCHAIN=local
-//     go run ./featuregates > ../../src/config/gates_table.rs
-//     go run ./featuregates flags > ../../src/config/flag_defaults.rs
+//     go run ./featuregates > ../../src/config/gates/table.rs
+//     go run ./featuregates flags > ../../src/config/flags/defaults.rs
 //     cd ../.. && cargo fmt --all
 //
 // Importing cmd/kube-proxy/app (and what cmd/kube-proxy's main imports) runs the same init
@@ -103,7 +103,7 @@ func main() {
 	fmt.Println("//! netlink-tests/upstream/featuregates (see its header for the command); do not edit.")
 	fmt.Println("//! Pure data.")
 	fmt.Println()
-	fmt.Println("use super::gates::{GateDef, Spec, Stage};")
+	fmt.Println("use super::{GateDef, Spec, Stage};")
 	fmt.Println()
 	fmt.Printf("/// The binary version the gates are resolved at (component-base's DefaultKubeBinaryVersion).\n")
 	fmt.Printf("pub const BINARY_VERSION: (u32, u32) = %s;\n\n", ver(version.DefaultKubeBinaryVersion))

@@ -2,13 +2,15 @@
 //! component-base's `featuregate.SetFromMap` on the binary's default gate, at emulation
 //! version 1.37 (the binary version: kube-proxy has no `--emulated-version`) and minimum
 //! compatibility version 1.36 (one minor before). Every gate the upstream binary knows is in
-//! [`gates_table`](super::gates_table); an unknown gate, a locked gate set to the other value,
+//! [`table`]; an unknown gate, a locked gate set to the other value,
 //! a gate not yet available at 1.37 and an enabled gate whose dependencies are off are
 //! errors with upstream's texts; setting a deprecated or GA gate is a warning. Pure.
 
 use std::collections::BTreeMap;
 
-use super::gates_table::{BINARY_VERSION, GATES};
+mod table;
+
+use table::{BINARY_VERSION, GATES};
 
 /// A gate's maturity (component-base's `prerelease`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

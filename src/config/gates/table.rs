@@ -2,7 +2,7 @@
 //! netlink-tests/upstream/featuregates (see its header for the command); do not edit.
 //! Pure data.
 
-use super::gates::{GateDef, Spec, Stage};
+use super::{GateDef, Spec, Stage};
 
 /// The binary version the gates are resolved at (component-base's DefaultKubeBinaryVersion).
 pub const BINARY_VERSION: (u32, u32) = (1, 37);

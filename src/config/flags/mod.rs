@@ -5,8 +5,19 @@
 //! interchangeable, `-v 2`/`-v=2`/`-v2`, a repeated flag's last value wins (list flags
 //! append, as pflag's do), `--` ends the flags. Values are checked as pflag checks them,
 //! with pflag's error texts. Pure.
+//!
+//! The rest of this room: [`handles`] (typed handles on the flags, checked when the crate
+//! compiles), [`fields`] (the one table of which file field each flag sets), [`defaults`]
+//! (upstream's defaults, generated), [`options`] (the flags that are not file fields, read
+//! once into a typed struct) and [`flagz`] (what `/flagz` lists).
 
-use super::duration;
+pub(super) mod defaults;
+pub(super) mod fields;
+pub mod flagz;
+mod handles;
+pub mod options;
+
+use crate::config::file::{duration, v1alpha1};
 
 /// What a flag's value is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +223,7 @@ pub fn spec(name: &str) -> Option<&'static FlagSpec> {
     FLAGS.iter().find(|s| s.name == name)
 }
 
-pub use super::flag_handles::{cli, EveryValue, Flag, FlagValue};
+pub use handles::{cli, EveryValue, Flag, FlagValue};
 
 /// A command-line error, worded as pflag/cobra word theirs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -369,20 +380,20 @@ fn check(spec: &FlagSpec, v: &str) -> Result<(), String> {
             Ok(())
         }
         Ip => {
-            if v.is_empty() || super::v1alpha1::parse_ip_sloppy(v).is_some() {
+            if v.is_empty() || v1alpha1::parse_ip_sloppy(v).is_some() {
                 Ok(())
             } else {
                 Err(format!("{v:?} is not a valid IP address"))
             }
         }
         IpPort => {
-            if v.is_empty() || super::v1alpha1::parse_ip_sloppy(v).is_some() {
+            if v.is_empty() || v1alpha1::parse_ip_sloppy(v).is_some() {
                 return Ok(());
             }
-            let (host, port) = super::v1alpha1::split_host_port(v).ok_or_else(|| {
+            let (host, port) = v1alpha1::split_host_port(v).ok_or_else(|| {
                 format!("{v:?} is not in a valid format (ip or ip:port): missing port in address")
             })?;
-            if super::v1alpha1::parse_ip_sloppy(host).is_none() {
+            if v1alpha1::parse_ip_sloppy(host).is_none() {
                 return Err(format!("{host:?} is not a valid IP address"));
             }
             port.parse::<u16>()

@@ -5,12 +5,14 @@
 //! own overrides of the running mode's settings. Each row's flag and type are checked when
 //! the crate compiles ([`Flag::new`]). Pure.
 
-use super::flags::{self, EveryValue, Flag, Parsed};
-use super::internal::KubeProxyConfig;
-use super::v1alpha1::{self, GoDuration};
+use std::collections::BTreeSet;
+
+use crate::config::file::internal::KubeProxyConfig;
+use crate::config::file::v1alpha1::{self, GoDuration};
+use crate::config::flags::{self, EveryValue, Flag, Parsed};
 
 /// A flag, the v1alpha1 fields (JSON paths) it sets, and the setter for its value.
-pub(super) struct Binding {
+pub(in crate::config) struct Binding {
     /// Every field the flag can set (some depend on the mode), for naming it in errors.
     fields: &'static [&'static str],
     set: Set,
@@ -84,7 +86,7 @@ const fn every(
 
 /// The flags upstream binds straight into the config object (options.go `AddFlags`):
 /// applied over the defaults when there is no `--config`.
-pub(super) const CONFIG_FLAGS: &[Binding] = &[
+pub(in crate::config) const CONFIG_FLAGS: &[Binding] = &[
     every("feature-gates", &["featureGates"], |c, values| {
         for v in values {
             for kv in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -230,7 +232,7 @@ pub(super) const CONFIG_FLAGS: &[Binding] = &[
 /// `processV1Alpha1Flags` (without `--config`, after the bound flags): the sync-period
 /// flags of the other mode are ignored, the cluster CIDRs are split. The iptables flags set
 /// the internal sync periods in every mode but ipvs, so they name nftables' fields too.
-pub(super) const V1ALPHA1_FLAGS: &[Binding] = &[
+pub(in crate::config) const V1ALPHA1_FLAGS: &[Binding] = &[
     duration(
         "iptables-sync-period",
         &["iptables.syncPeriod", "nftables.syncPeriod"],
@@ -266,7 +268,7 @@ pub(super) const V1ALPHA1_FLAGS: &[Binding] = &[
 
 /// `copyLogsFromFlags`: the logging flags win over the file too; `--vmodule` entries come
 /// first.
-pub(super) const LOGGING_FLAGS: &[Binding] = &[
+pub(in crate::config) const LOGGING_FLAGS: &[Binding] = &[
     text("logging-format", &["logging.format"], |c, v| {
         c.logging.format = v.into()
     }),
@@ -324,7 +326,7 @@ pub(super) const LOGGING_FLAGS: &[Binding] = &[
 
 /// Our own flags over the file and upstream's flags: the running mode's settings, applied
 /// once the mode is known.
-pub(super) const OVERRIDES: &[Binding] = &[
+pub(in crate::config) const OVERRIDES: &[Binding] = &[
     i32(
         "masquerade-bit",
         &["iptables.masqueradeBit", "nftables.masqueradeBit"],
@@ -386,7 +388,7 @@ impl Binding {
 }
 
 /// Applies every given flag of `table`, in the table's order.
-pub(super) fn apply(table: &[Binding], c: &mut KubeProxyConfig, p: &Parsed) {
+pub(in crate::config) fn apply(table: &[Binding], c: &mut KubeProxyConfig, p: &Parsed) {
     for b in table {
         b.apply(c, p);
     }
@@ -394,7 +396,7 @@ pub(super) fn apply(table: &[Binding], c: &mut KubeProxyConfig, p: &Parsed) {
 
 /// The flag that sets a v1alpha1 field, for error messages (no `--config`): ours when it
 /// was given, else upstream's; the field itself when no flag sets it.
-pub(super) fn flag_of(field: &str, p: &Parsed) -> String {
+fn flag_of(field: &str, given: &BTreeSet<&str>) -> String {
     let base = field.split('[').next().unwrap_or(field);
     let setters = || {
         TABLES
@@ -403,7 +405,7 @@ pub(super) fn flag_of(field: &str, p: &Parsed) -> String {
             .filter(|b| b.fields.contains(&base))
     };
     setters()
-        .find(|b| b.ours() && p.changed(b.flag()))
+        .find(|b| b.ours() && given.contains(b.flag()))
         .or_else(|| setters().find(|b| !b.ours()))
         .or_else(|| setters().next())
         .map(|b| format!("--{}", b.flag()))
@@ -411,21 +413,22 @@ pub(super) fn flag_of(field: &str, p: &Parsed) -> String {
 }
 
 /// Where an error about a field points: the file's field, or the flag.
-pub(super) struct Namer<'a> {
+pub(in crate::config) struct Namer {
     /// The `--config` file as shown, when there is one.
     pub file: Option<String>,
-    pub parsed: &'a Parsed,
+    /// The flags given, by name.
+    pub given: BTreeSet<&'static str>,
 }
 
-impl Namer<'_> {
+impl Namer {
     /// `config file F field X`, or the flag that sets X (always the flag for a logging
     /// field when `--logging-format` was given: the logging flags win over the file).
     pub fn name(&self, field: &str) -> String {
         let logging_flag =
-            field.starts_with("logging.") && self.parsed.given(flags::cli::LOGGING_FORMAT);
+            field.starts_with("logging.") && self.given.contains(flags::cli::LOGGING_FORMAT.name);
         match &self.file {
             Some(f) if !logging_flag => format!("config file {f} field {field}"),
-            _ => flag_of(field, self.parsed),
+            _ => flag_of(field, &self.given),
         }
     }
 }
@@ -464,11 +467,11 @@ mod tests {
 
     #[test]
     fn errors_name_ours_when_given_else_upstreams() {
-        let p = flags::parse(["--masquerade-bit=3"]).unwrap();
+        let p = BTreeSet::from(["masquerade-bit"]);
         assert_eq!(flag_of("iptables.masqueradeBit", &p), "--masquerade-bit");
         assert_eq!(flag_of("nftables.masqueradeBit", &p), "--masquerade-bit");
         assert_eq!(flag_of("ipvs.syncPeriod", &p), "--ipvs-sync-period");
-        let p = Parsed::default();
+        let p = BTreeSet::new();
         assert_eq!(
             flag_of("iptables.masqueradeBit", &p),
             "--iptables-masquerade-bit"

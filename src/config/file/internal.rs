@@ -1,7 +1,7 @@
 //! Upstream's internal `KubeProxyConfiguration` (pkg/proxy/apis/config/types.go): one sync
 //! period pair and one masqueradeAll, taken from the section of the mode, the cluster CIDRs
 //! as a list. The conversions to and from v1alpha1 are upstream's (v1alpha1/conversion.go);
-//! validation is in [`super::validation`]. Pure.
+//! validation is in [`crate::config::validation`]. Pure.
 
 use std::collections::BTreeMap;
 

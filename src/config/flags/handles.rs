@@ -3,12 +3,12 @@
 //! misspelt name or a flag read as the wrong type never builds. [`cli`] holds the handles
 //! read outside the flag-to-field bindings. Pure.
 
-use super::duration;
-use super::flags::{parse_bool, parse_int, split_list, FlagSpec, Kind, FLAGS};
-use super::v1alpha1::GoDuration;
+use super::{parse_bool, parse_int, split_list, FlagSpec, Kind, FLAGS};
+use crate::config::file::duration;
+use crate::config::file::v1alpha1::GoDuration;
 use Kind::*;
 
-/// [`super::flags::spec`] when the crate compiles.
+/// [`super::spec`] when the crate compiles.
 const fn const_spec(name: &str) -> Option<&'static FlagSpec> {
     let mut i = 0;
     while i < FLAGS.len() {
@@ -175,14 +175,14 @@ mod tests {
             assert_eq!(const_spec(spec.name).map(|s| s.name), Some(spec.name));
         }
         assert!(const_spec("no-such-flag").is_none());
-        for (name, _) in super::super::flag_defaults::FLAG_DEFAULTS {
+        for (name, _) in super::super::defaults::FLAG_DEFAULTS {
             assert!(const_spec(name).is_some_and(|s| !s.ours), "--{name}");
         }
     }
 
     #[test]
     fn handles_read_as_their_types() {
-        let p = super::super::flags::parse([
+        let p = super::super::parse([
             "--once",
             "--master=https://x",
             "--vmodule=a=1",
