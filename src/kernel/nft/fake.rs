@@ -5,10 +5,12 @@
 
 use std::collections::BTreeMap;
 
+use libc::{EBUSY, EEXIST, EINVAL, ENOENT};
+
 use super::decode::ListedTable;
 use super::render;
 use super::{
-    Chain, Element, Error, Expr, Family, Field, KeyValue, Nftables, Object, Op, Rule, Set,
+    Chain, Element, Error, Expr, Family, Field, KeyValue, Nftables, Object, Op, Rule, Set, Table,
     Transaction,
 };
 
@@ -52,6 +54,181 @@ fn reject(op: &Op, errno: i32, why: &str) -> Error {
 }
 
 impl FakeTable {
+    fn apply_table_op(&mut self, op: &Op, tb: &Table) -> Result<(), Error> {
+        match op {
+            Op::Add(_) => self.comment = tb.comment.clone(),
+            Op::Flush(_) => {
+                for c in self.chains.values_mut() {
+                    c.rules.clear();
+                }
+            }
+            Op::Delete(_) => unreachable!("handled by apply"),
+        }
+        Ok(())
+    }
+
+    fn apply_chain_op(&mut self, op: &Op, c: &Chain) -> Result<(), Error> {
+        match op {
+            Op::Add(_) => match self.chains.get(&c.name) {
+                Some(old) if old.chain.base != c.base => {
+                    return Err(reject(op, EEXIST, "chain exists with another hook"))
+                }
+                Some(_) => {}
+                None => {
+                    let chain = FakeChain {
+                        chain: c.clone(),
+                        rules: vec![],
+                    };
+                    self.chains.insert(c.name.clone(), chain);
+                }
+            },
+            Op::Flush(_) => self.chain_mut(op, &c.name)?.rules.clear(),
+            Op::Delete(_) => {
+                let fc = self.chain_mut(op, &c.name)?;
+                if !fc.rules.is_empty() || self.chain_referenced(&c.name) {
+                    return Err(reject(op, EBUSY, "chain is not empty or still referenced"));
+                }
+                self.chains.remove(&c.name);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_rule_op(&mut self, op: &Op, r: &Rule, family: Family) -> Result<(), Error> {
+        match op {
+            Op::Add(_) => {
+                self.chain_mut(op, &r.chain)?;
+                for e in &r.exprs {
+                    self.check_expr_refs(op, e, family)?;
+                }
+                self.chain_mut(op, &r.chain)?.rules.push(r.clone());
+            }
+            // Handles are the kernel's; only foreign rules are deleted by handle (cleanup),
+            // and that is proven against the kernel.
+            Op::Delete(_) if r.handle.is_some() => {
+                return Err(reject(
+                    op,
+                    libc::EOPNOTSUPP,
+                    "the fake does not model rule handles",
+                ));
+            }
+            Op::Flush(_) | Op::Delete(_) => self.chain_mut(op, &r.chain)?.rules.clear(),
+        }
+        Ok(())
+    }
+
+    /// What the kernel checks of one expression of a rule being added: a valid hash, and
+    /// that the chain it jumps to and the set it reads exist and fit.
+    fn check_expr_refs(&self, op: &Op, e: &Expr, family: Family) -> Result<(), Error> {
+        if let Some((errno, why)) = invalid_hash(e, family) {
+            return Err(reject(op, errno, why));
+        }
+        if let Some(c) = e.chain_ref() {
+            if !self.chains.contains_key(c) {
+                return Err(reject(op, ENOENT, &format!("jump to missing chain {c}")));
+            }
+        }
+        let Some(s) = e.set_ref() else {
+            return Ok(());
+        };
+        let Some(fs) = self.sets.get(s) else {
+            return Err(reject(op, ENOENT, &format!("no such set {s}")));
+        };
+        // A membership test may look in any set or map; a verdict or a NAT lookup needs
+        // the map whose data it uses.
+        let fits = match e {
+            Expr::Vmap { .. } => fs.set.map,
+            Expr::DnatMap { .. } | Expr::DnatHash { .. } => {
+                fs.set.endpoints && fs.set.key.is_empty()
+            }
+            Expr::DnatLookup { key, .. } => fs.set.endpoints && fs.set.key == *key,
+            Expr::InSet { key, .. } => !fs.set.endpoints || fs.set.key == *key,
+            // An update writes the key into a plain (dynamic) set.
+            Expr::UpdateSet { .. } => !fs.set.map && !fs.set.endpoints,
+            // set_ref is None for every other kind.
+            _ => unreachable!("{e:?} names no set"),
+        };
+        if !fits {
+            return Err(reject(op, EINVAL, "set/map type mismatch"));
+        }
+        Ok(())
+    }
+
+    fn apply_set_op(&mut self, op: &Op, s: &Set) -> Result<(), Error> {
+        match op {
+            Op::Add(_) => match self.sets.get(&s.name) {
+                Some(old)
+                    if old.set.key != s.key
+                        || old.set.map != s.map
+                        || old.set.endpoints != s.endpoints
+                        || old.set.timeout != s.timeout =>
+                {
+                    return Err(reject(op, EEXIST, "set exists with another definition"))
+                }
+                Some(_) => {}
+                None => {
+                    let set = FakeSet {
+                        set: s.clone(),
+                        elements: BTreeMap::new(),
+                    };
+                    self.sets.insert(s.name.clone(), set);
+                }
+            },
+            Op::Flush(_) => self.set_mut(op, &s.name)?.elements.clear(),
+            Op::Delete(_) => {
+                self.set_mut(op, &s.name)?;
+                if self.set_referenced(&s.name) {
+                    return Err(reject(op, EBUSY, "set still referenced"));
+                }
+                self.sets.remove(&s.name);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_element_op(&mut self, op: &Op, e: &Element) -> Result<(), Error> {
+        match op {
+            Op::Add(_) => {
+                if let Some(c) = e.verdict().and_then(|v| v.target()) {
+                    if !self.chains.contains_key(c) {
+                        return Err(reject(op, ENOENT, &format!("verdict to missing chain {c}")));
+                    }
+                }
+                let fs = self.set_mut(op, e.set())?;
+                if !element_fits(&fs.set, e) {
+                    return Err(reject(op, EINVAL, "element does not fit the set"));
+                }
+                match fs.elements.get(&e.key) {
+                    Some(old) if old.data() != e.data() => {
+                        return Err(reject(op, EEXIST, "element exists with other data"))
+                    }
+                    _ => {
+                        fs.elements.insert(e.key, e.clone());
+                    }
+                }
+            }
+            Op::Delete(_) => {
+                if self.set_mut(op, e.set())?.elements.remove(&e.key).is_none() {
+                    return Err(reject(op, ENOENT, "no such element"));
+                }
+            }
+            Op::Flush(_) => self.set_mut(op, e.set())?.elements.clear(),
+        }
+        Ok(())
+    }
+
+    fn chain_mut(&mut self, op: &Op, name: &str) -> Result<&mut FakeChain, Error> {
+        self.chains
+            .get_mut(name)
+            .ok_or_else(|| reject(op, ENOENT, "no such chain"))
+    }
+
+    fn set_mut(&mut self, op: &Op, name: &str) -> Result<&mut FakeSet, Error> {
+        self.sets
+            .get_mut(name)
+            .ok_or_else(|| reject(op, ENOENT, "no such set"))
+    }
+
     fn chain_referenced(&self, name: &str) -> bool {
         self.chains
             .values()
@@ -98,206 +275,41 @@ fn invalid_hash(e: &Expr, family: Family) -> Option<(i32, &'static str)> {
     None
 }
 
+/// Whether an element's key and data fit its set: each key component of the kind its
+/// field holds, as the kernel's key length and the set's typeof would require, and data
+/// exactly where the set is a map.
+fn element_fits(set: &Set, e: &Element) -> bool {
+    let key_fits = if set.endpoints && set.key.is_empty() {
+        matches!(e.key.to_vec()[..], [KeyValue::Slot(_)])
+    } else {
+        set.key.len() == e.key.len()
+            && set.key.iter().zip(&e.key).all(|(f, k)| {
+                matches!(
+                    (f, k),
+                    (Field::Saddr | Field::Daddr, KeyValue::Addr(_))
+                        | (Field::L4Proto, KeyValue::Proto(_))
+                        | (Field::Dport | Field::Sport, KeyValue::Port(_))
+                        | (Field::Random(_), KeyValue::Slot(_))
+                )
+            })
+    };
+    key_fits && set.map == e.verdict().is_some() && set.endpoints == e.target().is_some()
+}
+
 impl FakeNftables {
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// One operation, as the kernel would apply it or refuse it (errno and reason).
     fn apply_op(t: &mut FakeTable, family: Family, op: &Op) -> Result<(), Error> {
-        use libc::{EBUSY, EEXIST, EINVAL, ENOENT};
-        match (op, op.object()) {
-            (Op::Add(_), Object::Table(tb)) => t.comment = tb.comment.clone(),
-            (Op::Flush(_), Object::Table(_)) => {
-                for c in t.chains.values_mut() {
-                    c.rules.clear();
-                }
-            }
-            (Op::Delete(_), Object::Table(_)) => unreachable!("handled by apply"),
-            (Op::Add(_), Object::Chain(c)) => match t.chains.get(&c.name) {
-                Some(old) if old.chain.base != c.base => {
-                    return Err(reject(op, EEXIST, "chain exists with another hook"))
-                }
-                Some(_) => {}
-                None => {
-                    t.chains.insert(
-                        c.name.clone(),
-                        FakeChain {
-                            chain: (**c).clone(),
-                            rules: vec![],
-                        },
-                    );
-                }
-            },
-            (Op::Flush(_), Object::Chain(c)) => {
-                t.chains
-                    .get_mut(&c.name)
-                    .ok_or_else(|| reject(op, ENOENT, "no such chain"))?
-                    .rules
-                    .clear();
-            }
-            (Op::Delete(_), Object::Chain(c)) => {
-                let fc = t
-                    .chains
-                    .get(&c.name)
-                    .ok_or_else(|| reject(op, ENOENT, "no such chain"))?;
-                if !fc.rules.is_empty() || t.chain_referenced(&c.name) {
-                    return Err(reject(op, EBUSY, "chain is not empty or still referenced"));
-                }
-                t.chains.remove(&c.name);
-            }
-            (Op::Add(_), Object::Rule(r)) => {
-                if !t.chains.contains_key(&r.chain) {
-                    return Err(reject(op, ENOENT, "no such chain"));
-                }
-                for e in &r.exprs {
-                    if let Some((errno, why)) = invalid_hash(e, family) {
-                        return Err(reject(op, errno, why));
-                    }
-                    if let Some(c) = e.chain_ref() {
-                        if !t.chains.contains_key(c) {
-                            return Err(reject(op, ENOENT, &format!("jump to missing chain {c}")));
-                        }
-                    }
-                    if let Some(s) = e.set_ref() {
-                        let Some(fs) = t.sets.get(s) else {
-                            return Err(reject(op, ENOENT, &format!("no such set {s}")));
-                        };
-                        // A membership test may look in any set or map; a verdict or a NAT
-                        // lookup needs the map whose data it uses.
-                        let fits = match e {
-                            Expr::Vmap { .. } => fs.set.map,
-                            Expr::DnatMap { .. } | Expr::DnatHash { .. } => {
-                                fs.set.endpoints && fs.set.key.is_empty()
-                            }
-                            Expr::DnatLookup { key, .. } => fs.set.endpoints && fs.set.key == *key,
-                            Expr::InSet { key, .. } => !fs.set.endpoints || fs.set.key == *key,
-                            // An update writes the key into a plain (dynamic) set.
-                            Expr::UpdateSet { .. } => !fs.set.map && !fs.set.endpoints,
-                            // set_ref is None for every other kind.
-                            _ => unreachable!("{e:?} names no set"),
-                        };
-                        if !fits {
-                            return Err(reject(op, EINVAL, "set/map type mismatch"));
-                        }
-                    }
-                }
-                t.chains
-                    .get_mut(&r.chain)
-                    .expect("checked")
-                    .rules
-                    .push((**r).clone());
-            }
-            (Op::Delete(_), Object::Rule(r)) if r.handle.is_some() => {
-                // Handles are the kernel's; only foreign rules are deleted by handle
-                // (cleanup), and that is proven against the kernel.
-                return Err(reject(
-                    op,
-                    libc::EOPNOTSUPP,
-                    "the fake does not model rule handles",
-                ));
-            }
-            (Op::Flush(_) | Op::Delete(_), Object::Rule(r)) => {
-                t.chains
-                    .get_mut(&r.chain)
-                    .ok_or_else(|| reject(op, ENOENT, "no such chain"))?
-                    .rules
-                    .clear();
-            }
-            (Op::Add(_), Object::Set(s)) => match t.sets.get(&s.name) {
-                Some(old)
-                    if old.set.key != s.key
-                        || old.set.map != s.map
-                        || old.set.endpoints != s.endpoints
-                        || old.set.timeout != s.timeout =>
-                {
-                    return Err(reject(op, EEXIST, "set exists with another definition"))
-                }
-                Some(_) => {}
-                None => {
-                    t.sets.insert(
-                        s.name.clone(),
-                        FakeSet {
-                            set: (**s).clone(),
-                            elements: BTreeMap::new(),
-                        },
-                    );
-                }
-            },
-            (Op::Flush(_), Object::Set(s)) => {
-                t.sets
-                    .get_mut(&s.name)
-                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?
-                    .elements
-                    .clear();
-            }
-            (Op::Delete(_), Object::Set(s)) => {
-                if !t.sets.contains_key(&s.name) {
-                    return Err(reject(op, ENOENT, "no such set"));
-                }
-                if t.set_referenced(&s.name) {
-                    return Err(reject(op, EBUSY, "set still referenced"));
-                }
-                t.sets.remove(&s.name);
-            }
-            (Op::Add(_), Object::Element(e)) => {
-                if let Some(c) = e.verdict().and_then(|v| v.target()) {
-                    if !t.chains.contains_key(c) {
-                        return Err(reject(op, ENOENT, &format!("verdict to missing chain {c}")));
-                    }
-                }
-                let fs = t
-                    .sets
-                    .get_mut(&**e.set())
-                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
-                let key_fits = if fs.set.endpoints && fs.set.key.is_empty() {
-                    matches!(e.key.to_vec()[..], [KeyValue::Slot(_)])
-                } else {
-                    // Each component of the kind its field holds, as the kernel's key length
-                    // and the set's typeof would require.
-                    fs.set.key.len() == e.key.len()
-                        && fs.set.key.iter().zip(&e.key).all(|(f, k)| {
-                            matches!(
-                                (f, k),
-                                (Field::Saddr | Field::Daddr, KeyValue::Addr(_))
-                                    | (Field::L4Proto, KeyValue::Proto(_))
-                                    | (Field::Dport | Field::Sport, KeyValue::Port(_))
-                                    | (Field::Random(_), KeyValue::Slot(_))
-                            )
-                        })
-                };
-                if !key_fits
-                    || fs.set.map != e.verdict().is_some()
-                    || fs.set.endpoints != e.target().is_some()
-                {
-                    return Err(reject(op, EINVAL, "element does not fit the set"));
-                }
-                match fs.elements.get(&e.key) {
-                    Some(old) if old.data() != e.data() => {
-                        return Err(reject(op, EEXIST, "element exists with other data"))
-                    }
-                    _ => {
-                        fs.elements.insert(e.key, (**e).clone());
-                    }
-                }
-            }
-            (Op::Delete(_), Object::Element(e)) => {
-                let fs = t
-                    .sets
-                    .get_mut(&**e.set())
-                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?;
-                if fs.elements.remove(&e.key).is_none() {
-                    return Err(reject(op, ENOENT, "no such element"));
-                }
-            }
-            (Op::Flush(_), Object::Element(e)) => {
-                t.sets
-                    .get_mut(&**e.set())
-                    .ok_or_else(|| reject(op, ENOENT, "no such set"))?
-                    .elements
-                    .clear();
-            }
+        match op.object() {
+            Object::Table(tb) => t.apply_table_op(op, tb),
+            Object::Chain(c) => t.apply_chain_op(op, c),
+            Object::Rule(r) => t.apply_rule_op(op, r, family),
+            Object::Set(s) => t.apply_set_op(op, s),
+            Object::Element(e) => t.apply_element_op(op, e),
         }
-        Ok(())
     }
 
     /// The rules of a chain, if it exists.
