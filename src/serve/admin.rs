@@ -3,6 +3,7 @@
 //! (upstream's default `bindAddressHardFail: false`).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -171,6 +172,52 @@ pub fn healthz_router(shared: Shared) -> axum::Router {
 /// `/proxyMode`, `/healthz` (the server's own liveness, `ok`), `/metrics/slis`, and
 /// `/statusz` and `/flagz` when their gates are on.
 pub fn metrics_router(shared: Shared) -> axum::Router {
+    let mode = shared.proxy_mode.clone();
+    let configz = shared.configz.clone();
+    let listeners = shared.listeners.clone();
+    let metrics = shared.metrics.clone();
+    // The metrics server's own healthz checks, counted for `/metrics/slis`.
+    let checks = Arc::new(AtomicU64::new(0));
+    let counted = checks.clone();
+    zpage_routes(&shared)
+        .route(
+            "/proxyMode",
+            get(move || async move { plain_text(mode.to_string()) }),
+        )
+        .route(
+            "/healthz",
+            get(move || async move {
+                counted.fetch_add(1, Ordering::Relaxed);
+                plain_text("ok".into())
+            }),
+        )
+        .route(
+            "/metrics/slis",
+            get(
+                move || async move { plain_text(healthz_sli_text(checks.load(Ordering::Relaxed))) },
+            ),
+        )
+        .route(
+            "/userspace/listeners",
+            get(move || async move {
+                let l = listeners.lock().expect("listeners").clone();
+                axum::Json((*l).clone())
+            }),
+        )
+        .route(
+            "/configz",
+            get(move || async move {
+                axum::Json(serde_json::json!({"kubeproxy.config.k8s.io": *configz}))
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || async move { metrics_page(metrics).await }),
+        )
+}
+
+/// `/statusz` and `/flagz`, each where its gate put its content in `shared`.
+fn zpage_routes(shared: &Shared) -> axum::Router {
     let mut router = axum::Router::new();
     if let Some(info) = shared.zpages.statusz.clone() {
         let info = Arc::new(info);
@@ -203,79 +250,48 @@ pub fn metrics_router(shared: Shared) -> axum::Router {
             }),
         );
     }
-    let configz = shared.configz.clone();
-    let mode = shared.proxy_mode.clone();
-    let checks = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let (c1, c2) = (checks.clone(), checks);
-    let plain = |body: String| {
-        let mut r = body.into_response();
-        r.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        r.headers_mut().insert(
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        );
-        r
-    };
     router
-        .route(
-            "/proxyMode",
-            get(move || async move { plain(mode.to_string()) }),
-        )
-        .route(
-            "/healthz",
-            get(move || async move {
-                c1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                plain("ok".into())
-            }),
-        )
-        .route(
-            "/metrics/slis",
-            get(move || async move {
-                // component-base's SLI metrics for the metrics server's healthz checks
-                // (upstream registers only "ping").
-                let n = c2.load(std::sync::atomic::Ordering::Relaxed);
-                plain(format!(
-                    "# HELP kubernetes_healthcheck [STABLE] This metric records the result of a single healthcheck.\n\
-                     # TYPE kubernetes_healthcheck gauge\n\
-                     kubernetes_healthcheck{{name=\"ping\",type=\"healthz\"}} 1\n\
-                     # HELP kubernetes_healthchecks_total [STABLE] This metric records the results of all healthcheck.\n\
-                     # TYPE kubernetes_healthchecks_total counter\n\
-                     kubernetes_healthchecks_total{{name=\"ping\",status=\"success\",type=\"healthz\"}} {n}\n"
-                ))
-            }),
-        )
-        .route("/userspace/listeners", {
-            let listeners = shared.listeners.clone();
-            get(move || async move {
-                let l = listeners.lock().expect("listeners").clone();
-                axum::Json((*l).clone())
-            })
-        })
-        .route(
-            "/configz",
-            get(move || async move {
-                axum::Json(serde_json::json!({"kubeproxy.config.k8s.io": *configz}))
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || async move {
-                // Rendering may read counters from the kernel (a netlink dump).
-                let m = shared.metrics.clone();
-                let body = tokio::task::spawn_blocking(move || m.render())
-                    .await
-                    .unwrap_or_default();
-                let mut r = body.into_response();
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                );
-                r
-            }),
-        )
+}
+
+/// A plain-text answer as upstream's mux writes one.
+fn plain_text(body: String) -> Response {
+    let mut r = body.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+/// component-base's SLI metrics for the metrics server's healthz checks (upstream registers
+/// only "ping"), after `checks` of them.
+fn healthz_sli_text(checks: u64) -> String {
+    format!(
+        "# HELP kubernetes_healthcheck [STABLE] This metric records the result of a single healthcheck.\n\
+         # TYPE kubernetes_healthcheck gauge\n\
+         kubernetes_healthcheck{{name=\"ping\",type=\"healthz\"}} 1\n\
+         # HELP kubernetes_healthchecks_total [STABLE] This metric records the results of all healthcheck.\n\
+         # TYPE kubernetes_healthchecks_total counter\n\
+         kubernetes_healthchecks_total{{name=\"ping\",status=\"success\",type=\"healthz\"}} {checks}\n"
+    )
+}
+
+/// `/metrics`: rendering may read counters from the kernel (a netlink dump), so it runs off
+/// the server's threads.
+async fn metrics_page(metrics: Arc<Metrics>) -> Response {
+    let body = tokio::task::spawn_blocking(move || metrics.render())
+        .await
+        .unwrap_or_default();
+    let mut r = body.into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
 }
 
 /// Serves `router` on `addr` in the background and returns the bound address; a bind
