@@ -220,105 +220,17 @@ pub fn services(
     metrics: std::net::SocketAddr,
 ) -> Result<Listing, ToolError> {
     let locals = kv.local_addrs()?;
-    let host = Host {
-        local_addrs: locals.clone(),
-    };
-    let mut by_service: BTreeMap<(String, u8), Vec<FrontendView>> = BTreeMap::new();
+    let mut by_service: BTreeMap<ServicePort, Vec<FrontendView>> = BTreeMap::new();
     let mut notes = Vec::new();
     for family in Family::all() {
-        let loaded = explain::load_tables(kv, family, table)?;
-        let Some((main, _)) = loaded.iter().find(|(t, _)| t.name == table) else {
-            continue;
+        let traced = FamilyTrace {
+            table,
+            family,
+            locals: &locals,
+            metrics,
         };
-        let found = frontends(main);
-        if found.is_empty() {
-            continue;
-        }
-        // The outside client arrives on the interface of the route to it, and reaches a
-        // NodePort at the address this host answers it from (with no route to outside: an
-        // interface no rule names, and the first global address).
-        let outside = external_client(family);
-        let to_outside = kv.route(outside)?;
-        let outside_iif = to_outside
-            .as_ref()
-            .map_or(explain::UNKNOWN_IIF.to_string(), |(i, _)| i.clone());
-        let node = to_outside
-            .and_then(|(_, src)| src)
-            .or_else(|| explain::first_global(&locals, family));
-        for f in found {
-            let (daddr, from) = match (f.kind, f.address) {
-                (FrontendKind::NodePort, _) => match node {
-                    Some(n) => (n, "outside"),
-                    None => {
-                        notes.push(format!(
-                            "{} NodePort {}: this host has no {} address to trace it to",
-                            f.service,
-                            f.port,
-                            family.name()
-                        ));
-                        continue;
-                    }
-                },
-                (FrontendKind::ClusterIP, Some(a)) => (a, "this host"),
-                (_, Some(a)) => (a, "outside"),
-                (_, None) => continue,
-            };
-            let (saddr, iif) = if from == "this host" {
-                let routed = kv.route(daddr)?.and_then(|(_, src)| src);
-                match routed.or(node) {
-                    Some(s) => (s, None),
-                    None => continue,
-                }
-            } else {
-                (outside, Some(outside_iif.clone()))
-            };
-            let pkt = Packet {
-                saddr,
-                daddr,
-                proto: f.protocol,
-                sport: 40000,
-                dport: f.port,
-                iif,
-                mark: 0,
-            };
-            let mut trace_notes = Vec::new();
-            let (tables, ipvs) =
-                explain::trace(kv, &loaded, &host, &pkt, metrics, &mut trace_notes)?;
-            notes.extend(trace_notes);
-            let mut outcomes: Vec<Destination> = tables
-                .iter()
-                .filter(|t| t.table == table)
-                .flat_map(|t| &t.outcomes)
-                .map(|o| Destination {
-                    verdict: o.verdict,
-                    endpoint: o
-                        .listener
-                        .as_ref()
-                        .map(|l| format!("listener :{}", l.port))
-                        .or_else(|| o.destination.clone()),
-                    probability: o.probability,
-                })
-                .collect();
-            if let Some(vs) = ipvs {
-                outcomes = vs
-                    .real_servers
-                    .iter()
-                    .map(|r| Destination {
-                        verdict: Verdict::Ipvs,
-                        endpoint: Some(r.address.clone()),
-                        probability: r.share,
-                    })
-                    .collect();
-            }
-            by_service
-                .entry((f.service.clone(), f.protocol))
-                .or_default()
-                .push(FrontendView {
-                    kind: f.kind,
-                    address: explain::sock(daddr, f.port),
-                    from,
-                    outcomes,
-                });
+        for (key, view) in traced.run(kv, &mut notes)? {
+            by_service.entry(key).or_default().push(view);
         }
     }
     let services = by_service
@@ -342,6 +254,157 @@ pub fn services(
         ipvs,
         notes,
     })
+}
+
+/// A Service port as the dispatch maps' comments name it, and its protocol number.
+type ServicePort = (String, u8);
+
+/// The frontends of one family's table, each traced with a new connection.
+struct FamilyTrace<'a> {
+    table: &'a str,
+    family: Family,
+    locals: &'a [IpAddr],
+    metrics: std::net::SocketAddr,
+}
+
+/// Where a probe to one frontend comes from.
+struct ProbeSource {
+    saddr: IpAddr,
+    iif: Option<String>,
+    from: &'static str,
+}
+
+impl FamilyTrace<'_> {
+    /// Each frontend found, keyed by its Service port, with where it leads.
+    fn run(
+        &self,
+        kv: &mut dyn KernelView,
+        notes: &mut Vec<String>,
+    ) -> Result<Vec<(ServicePort, FrontendView)>, ToolError> {
+        let loaded = explain::load_tables(kv, self.family, self.table)?;
+        let Some((main, _)) = loaded.iter().find(|(t, _)| t.name == self.table) else {
+            return Ok(Vec::new());
+        };
+        let found = frontends(main);
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The outside client arrives on the interface of the route to it, and reaches a
+        // NodePort at the address this host answers it from (with no route to outside: an
+        // interface no rule names, and the first global address).
+        let outside = external_client(self.family);
+        let to_outside = kv.route(outside)?;
+        let outside_iif = to_outside
+            .as_ref()
+            .map_or(explain::UNKNOWN_IIF.to_string(), |(i, _)| i.clone());
+        let node = to_outside
+            .and_then(|(_, src)| src)
+            .or_else(|| explain::first_global(self.locals, self.family));
+        let host = Host {
+            local_addrs: self.locals.to_vec(),
+        };
+        let mut out = Vec::new();
+        for f in found {
+            let Some(daddr) = self.probe_destination(&f, node, notes) else {
+                continue;
+            };
+            let source = if f.kind == FrontendKind::ClusterIP {
+                // From this host: the source its route to the ClusterIP picks.
+                let routed = kv.route(daddr)?.and_then(|(_, src)| src);
+                let Some(saddr) = routed.or(node) else {
+                    continue;
+                };
+                ProbeSource {
+                    saddr,
+                    iif: None,
+                    from: "this host",
+                }
+            } else {
+                ProbeSource {
+                    saddr: outside,
+                    iif: Some(outside_iif.clone()),
+                    from: "outside",
+                }
+            };
+            let pkt = Packet {
+                saddr: source.saddr,
+                daddr,
+                proto: f.protocol,
+                sport: 40000,
+                dport: f.port,
+                iif: source.iif,
+                mark: 0,
+            };
+            let mut trace_notes = Vec::new();
+            let (tables, ipvs) =
+                explain::trace(kv, &loaded, &host, &pkt, self.metrics, &mut trace_notes)?;
+            notes.extend(trace_notes);
+            let view = FrontendView {
+                kind: f.kind,
+                address: explain::sock(daddr, f.port),
+                from: source.from,
+                outcomes: destinations(self.table, &tables, ipvs),
+            };
+            out.push(((f.service, f.protocol), view));
+        }
+        Ok(out)
+    }
+
+    /// The address a probe of `f` is sent to: a NodePort's at the node's address, the
+    /// others at their own; none (with a note for a NodePort) when there is no such address.
+    fn probe_destination(
+        &self,
+        f: &Frontend,
+        node: Option<IpAddr>,
+        notes: &mut Vec<String>,
+    ) -> Option<IpAddr> {
+        if f.kind != FrontendKind::NodePort {
+            return f.address;
+        }
+        if node.is_none() {
+            notes.push(format!(
+                "{} NodePort {}: this host has no {} address to trace it to",
+                f.service,
+                f.port,
+                self.family.name()
+            ));
+        }
+        node
+    }
+}
+
+/// Where a traced connection went: our table's outcomes, or the IPVS virtual server's real
+/// servers when the connection reached one.
+fn destinations(
+    table: &str,
+    tables: &[explain::TableReport],
+    ipvs: Option<VirtualServerReport>,
+) -> Vec<Destination> {
+    if let Some(vs) = ipvs {
+        return vs
+            .real_servers
+            .iter()
+            .map(|r| Destination {
+                verdict: Verdict::Ipvs,
+                endpoint: Some(r.address.clone()),
+                probability: r.share,
+            })
+            .collect();
+    }
+    tables
+        .iter()
+        .filter(|t| t.table == table)
+        .flat_map(|t| &t.outcomes)
+        .map(|o| Destination {
+            verdict: o.verdict,
+            endpoint: o
+                .listener
+                .as_ref()
+                .map(|l| format!("listener :{}", l.port))
+                .or_else(|| o.destination.clone()),
+            probability: o.probability,
+        })
+        .collect()
 }
 
 /// The text form: one block per Service port, a line per frontend.
