@@ -256,111 +256,124 @@ pub fn render_text(r: &Report) -> String {
         );
     }
     for t in &r.tables {
-        let _ = writeln!(s);
-        let generation = t
-            .generation
-            .map(|g| format!(", generation {g}"))
+        render_table(&mut s, t);
+    }
+    if let Some(v) = &r.ipvs {
+        render_virtual_server(&mut s, v);
+    }
+    s
+}
+
+/// One table's outcomes.
+fn render_table(s: &mut String, t: &TableReport) {
+    let _ = writeln!(s);
+    let generation = t
+        .generation
+        .map(|g| format!(", generation {g}"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        s,
+        "table {} {}{generation} ({} rules, {} elements):",
+        t.family, t.table, t.rules, t.elements
+    );
+    for o in &t.outcomes {
+        render_outcome(s, o);
+    }
+}
+
+/// One outcome: its share, verdict and source, then what led there.
+fn render_outcome(s: &mut String, o: &Outcome) {
+    let head = match (&o.destination, o.verdict) {
+        (Some(d), Verdict::Dnat) => format!("DNAT to {d}"),
+        (Some(d), Verdict::Redirect) => format!("redirect to {d}"),
+        _ => o.verdict.as_str().to_uppercase(),
+    };
+    let masq = match (&o.masquerade_reason, o.verdict) {
+        (Some(why), _) => format!(", masquerade: {why}"),
+        (None, Verdict::Dnat | Verdict::Accept | Verdict::Redirect) => ", source kept".into(),
+        _ => String::new(),
+    };
+    let _ = writeln!(s, "  {:>5.1}%  {head}{masq}", o.probability * 100.0);
+    if let Some(d) = &o.detail {
+        let _ = writeln!(s, "          {d}");
+    }
+    for a in &o.affinity_sets {
+        let _ = writeln!(s, "          session affinity: source recorded in @{a}");
+    }
+    if let Some(l) = &o.listener {
+        let eps: Vec<String> = l.endpoints.iter().map(|e| e.to_string()).collect();
+        let aff = l
+            .affinity_seconds
+            .map(|t| format!(", ClientIP affinity {t} s"))
             .unwrap_or_default();
         let _ = writeln!(
             s,
-            "table {} {}{generation} ({} rules, {} elements):",
-            t.family, t.table, t.rules, t.elements
+            "          listener of {}{}: forwards to {}{aff}",
+            l.service,
+            if l.external {
+                " (external traffic)"
+            } else {
+                ""
+            },
+            if eps.is_empty() {
+                "nothing (no endpoints)".into()
+            } else {
+                eps.join(", ")
+            }
         );
-        for o in &t.outcomes {
-            let head = match (&o.destination, o.verdict) {
-                (Some(d), Verdict::Dnat) => format!("DNAT to {d}"),
-                (Some(d), Verdict::Redirect) => format!("redirect to {d}"),
-                _ => o.verdict.as_str().to_uppercase(),
-            };
-            let masq = match (&o.masquerade_reason, o.verdict) {
-                (Some(why), _) => format!(", masquerade: {why}"),
-                (None, Verdict::Dnat | Verdict::Accept | Verdict::Redirect) => {
-                    ", source kept".into()
-                }
-                _ => String::new(),
-            };
-            let _ = writeln!(s, "  {:>5.1}%  {head}{masq}", o.probability * 100.0);
-            if let Some(d) = &o.detail {
-                let _ = writeln!(s, "          {d}");
-            }
-            for a in &o.affinity_sets {
-                let _ = writeln!(s, "          session affinity: source recorded in @{a}");
-            }
-            if let Some(l) = &o.listener {
-                let eps: Vec<String> = l.endpoints.iter().map(|e| e.to_string()).collect();
-                let aff = l
-                    .affinity_seconds
-                    .map(|t| format!(", ClientIP affinity {t} s"))
-                    .unwrap_or_default();
-                let _ = writeln!(
-                    s,
-                    "          listener of {}{}: forwards to {}{aff}",
-                    l.service,
-                    if l.external {
-                        " (external traffic)"
-                    } else {
-                        ""
-                    },
-                    if eps.is_empty() {
-                        "nothing (no endpoints)".into()
-                    } else {
-                        eps.join(", ")
-                    }
-                );
-            }
-            for st in &o.path {
-                let comment = st
-                    .comment
-                    .as_ref()
-                    .map(|c| format!("  # {c}"))
-                    .unwrap_or_default();
-                let _ = writeln!(
-                    s,
-                    "          {:<11} {} rule {}: {}{comment}",
-                    st.hook,
-                    st.chain,
-                    st.handle,
-                    if st.action.is_empty() {
-                        "match"
-                    } else {
-                        &st.action
-                    }
-                );
-            }
-        }
     }
-    if let Some(v) = &r.ipvs {
-        let _ = writeln!(s);
-        let aff = if v.persistence > 0 {
-            format!(", persistent {} s", v.persistence)
-        } else {
-            String::new()
+    for st in &o.path {
+        let comment = st
+            .comment
+            .as_ref()
+            .map(|c| format!("  # {c}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "          {:<11} {} rule {}: {}{comment}",
+            st.hook,
+            st.chain,
+            st.handle,
+            if st.action.is_empty() {
+                "match"
+            } else {
+                &st.action
+            }
+        );
+    }
+}
+
+/// The IPVS virtual server the connection reaches, with its real servers.
+fn render_virtual_server(s: &mut String, v: &VirtualServerReport) {
+    let _ = writeln!(s);
+    let aff = if v.persistence > 0 {
+        format!(", persistent {} s", v.persistence)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "IPVS virtual server {} (scheduler {}{aff}):",
+        v.service, v.scheduler
+    );
+    if v.real_servers.is_empty() {
+        let _ = writeln!(s, "  no real servers: the connection is refused");
+    }
+    for d in &v.real_servers {
+        let masq = match &d.masquerade_reason {
+            Some(why) => format!("masquerade: {why}"),
+            None => "source kept".into(),
         };
         let _ = writeln!(
             s,
-            "IPVS virtual server {} (scheduler {}{aff}):",
-            v.service, v.scheduler
+            "  {:>5.1}%  {} weight {} ({} active, {} inactive connections), {masq}",
+            d.share * 100.0,
+            d.address,
+            d.weight,
+            d.active_conns,
+            d.inactive_conns
         );
-        if v.real_servers.is_empty() {
-            let _ = writeln!(s, "  no real servers: the connection is refused");
-        }
-        for d in &v.real_servers {
-            let masq = match &d.masquerade_reason {
-                Some(why) => format!("masquerade: {why}"),
-                None => "source kept".into(),
-            };
-            let _ = writeln!(
-                s,
-                "  {:>5.1}%  {} weight {} ({} active, {} inactive connections), {masq}",
-                d.share * 100.0,
-                d.address,
-                d.weight,
-                d.active_conns,
-                d.inactive_conns
-            );
-        }
     }
-    s
 }
 
 #[cfg(test)]
