@@ -255,102 +255,293 @@ fn deploy_names_the_image_xtask_builds() {
     assert_eq!(pod.host_network, Some(true));
 }
 
-/// The image `cargo xtask image` wrote (README's test command builds it first): one static
-/// binary and the kube-proxy link, root, named as deploy/ names it, and written again from
-/// the same binary it is the same bytes.
+/// The image `cargo xtask image` wrote (README's test command builds it first), read back:
+/// its archive's bytes and members, config and the files of its one layer.
+struct BuiltImage {
+    reference: String,
+    bytes: Vec<u8>,
+    digest: String,
+    config: serde_json::Value,
+    /// (path, type, link target, content) of each layer entry, in archive order.
+    files: Vec<(String, tar::EntryType, Option<String>, Vec<u8>)>,
+}
+
+impl BuiltImage {
+    fn read() -> BuiltImage {
+        use std::io::Read;
+        let reference = xtask::image::default_reference().unwrap();
+        let tag = reference.rsplit_once(':').unwrap().1;
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = root.join(format!("target/kube-nlproxy-{tag}.oci.tar"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: run `cargo xtask image` (README's test command does)",
+                path.display()
+            )
+        });
+        let mut members = std::collections::BTreeMap::new();
+        for e in tar::Archive::new(bytes.as_slice()).entries().unwrap() {
+            let mut e = e.unwrap();
+            let p = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).unwrap();
+            members.insert(p, data);
+        }
+        let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&members[p]).unwrap() };
+        let index = json("index.json");
+        assert_eq!(
+            index["manifests"][0]["annotations"]["io.containerd.image.name"],
+            reference.as_str()
+        );
+        let digest = index["manifests"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let manifest = json(&format!("blobs/sha256/{}", &digest[7..]));
+        let config = json(&format!(
+            "blobs/sha256/{}",
+            &manifest["config"]["digest"].as_str().unwrap()[7..]
+        ));
+        let layer = &members[&format!(
+            "blobs/sha256/{}",
+            &manifest["layers"][0]["digest"].as_str().unwrap()[7..]
+        )];
+        let mut files = Vec::new();
+        let gz = flate2::read::GzDecoder::new(layer.as_slice());
+        for e in tar::Archive::new(gz).entries().unwrap() {
+            let mut e = e.unwrap();
+            let h = e.header().clone();
+            let p = e.path().unwrap().to_string_lossy().into_owned();
+            let link = e
+                .link_name()
+                .unwrap()
+                .map(|l| l.to_string_lossy().into_owned());
+            let mut content = Vec::new();
+            e.read_to_end(&mut content).unwrap();
+            assert_eq!(
+                h.entry_type() == tar::EntryType::Regular && h.mode().unwrap() & 0o111 != 0,
+                p == "kube-nlproxy",
+                "only the binary is executable: {p}"
+            );
+            files.push((p, h.entry_type(), link, content));
+        }
+        BuiltImage {
+            reference,
+            bytes,
+            digest,
+            config,
+            files,
+        }
+    }
+
+    fn file(&self, path: &str) -> &[u8] {
+        &self
+            .files
+            .iter()
+            .find(|f| f.0 == path)
+            .unwrap_or_else(|| panic!("no {path} in the image"))
+            .3
+    }
+}
+
+/// One static binary, the kube-proxy link and the licence documents, root, named as deploy/
+/// names it, and written again from the same binary it is the same bytes.
 #[test]
 fn the_release_image_holds_one_static_binary_and_is_reproducible() {
-    use std::io::Read;
-    let reference = xtask::image::default_reference().unwrap();
-    let tag = reference.rsplit_once(':').unwrap().1;
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let path = root.join(format!("target/kube-nlproxy-{tag}.oci.tar"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}: run `cargo xtask image` (README's test command does)",
-            path.display()
-        )
-    });
-    let mut members = std::collections::BTreeMap::new();
-    for e in tar::Archive::new(bytes.as_slice()).entries().unwrap() {
-        let mut e = e.unwrap();
-        let p = e.path().unwrap().to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        e.read_to_end(&mut data).unwrap();
-        members.insert(p, data);
-    }
-    let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&members[p]).unwrap() };
-    let index = json("index.json");
-    assert_eq!(
-        index["manifests"][0]["annotations"]["io.containerd.image.name"],
-        reference.as_str()
-    );
-    let digest = index["manifests"][0]["digest"].as_str().unwrap();
-    let manifest = json(&format!("blobs/sha256/{}", &digest[7..]));
-    let config = json(&format!(
-        "blobs/sha256/{}",
-        &manifest["config"]["digest"].as_str().unwrap()[7..]
-    ));
-    assert_eq!(config["config"]["User"], "0:0");
-    assert_eq!(config["config"]["Entrypoint"][0], "/kube-nlproxy");
-    let layer = &members[&format!(
-        "blobs/sha256/{}",
-        &manifest["layers"][0]["digest"].as_str().unwrap()[7..]
-    )];
-    let mut files = Vec::new();
-    let mut binary = Vec::new();
-    let gz = flate2::read::GzDecoder::new(layer.as_slice());
-    for e in tar::Archive::new(gz).entries().unwrap() {
-        let mut e = e.unwrap();
-        let h = e.header().clone();
-        let p = e.path().unwrap().to_string_lossy().into_owned();
-        if h.entry_type() == tar::EntryType::Regular {
-            assert_eq!(h.mode().unwrap() & 0o111 != 0, p == "kube-nlproxy", "{p}");
-            if p == "kube-nlproxy" {
-                e.read_to_end(&mut binary).unwrap();
-            }
-        }
-        let link = e
-            .link_name()
-            .unwrap()
-            .map(|l| l.to_string_lossy().into_owned());
-        files.push((p, h.entry_type(), link));
-    }
+    let image = BuiltImage::read();
+    assert_eq!(image.config["config"]["User"], "0:0");
+    assert_eq!(image.config["config"]["Entrypoint"][0], "/kube-nlproxy");
     use tar::EntryType::*;
+    let listing: Vec<(&str, tar::EntryType, Option<&str>)> = image
+        .files
+        .iter()
+        .map(|(p, t, l, _)| (p.as_str(), *t, l.as_deref()))
+        .collect();
     assert_eq!(
-        files,
+        listing,
         vec![
-            ("kube-nlproxy".into(), Regular, None),
-            ("usr/".into(), Directory, None),
-            ("usr/local/".into(), Directory, None),
-            ("usr/local/bin/".into(), Directory, None),
+            ("kube-nlproxy", Regular, None),
+            ("usr/", Directory, None),
+            ("usr/local/", Directory, None),
+            ("usr/local/bin/", Directory, None),
+            ("usr/local/bin/kube-proxy", Symlink, Some("/kube-nlproxy")),
+            ("usr/share/", Directory, None),
+            ("usr/share/doc/", Directory, None),
+            ("usr/share/doc/kube-nlproxy/", Directory, None),
+            ("usr/share/doc/kube-nlproxy/LICENSE", Regular, None),
             (
-                "usr/local/bin/kube-proxy".into(),
-                Symlink,
-                Some("/kube-nlproxy".into())
+                "usr/share/doc/kube-nlproxy/THIRD_PARTY_NOTICES",
+                Regular,
+                None
             ),
+            ("usr/share/doc/kube-nlproxy/sbom.spdx.json", Regular, None),
         ]
     );
+    let binary = image.file("kube-nlproxy").to_vec();
     assert_eq!(
         xtask::image::elf_needs_interpreter(&binary),
         Ok(false),
         "static"
     );
-    // The same binary written again: the same digest.
+    // The same binary and documents written again: the same digest.
     let dir = std::env::temp_dir().join(format!("nlp-image-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("kube-nlproxy"), &binary).unwrap();
-    let created = config["created"].as_str().unwrap().to_string();
+    let created = image.config["created"].as_str().unwrap().to_string();
     let epoch = if created == "1970-01-01T00:00:00Z" {
         0
     } else {
         panic!("built with SOURCE_DATE_EPOCH set ({created}): rebuild without it to compare")
     };
-    let img = xtask::image::release_image(&dir.join("kube-nlproxy"), &reference, epoch).unwrap();
+    let docs = ["LICENSE", "THIRD_PARTY_NOTICES", "sbom.spdx.json"]
+        .iter()
+        .map(|n| {
+            let content = image.file(&format!("usr/share/doc/kube-nlproxy/{n}"));
+            (n.to_string(), content.to_vec())
+        })
+        .collect();
+    let provenance = xtask::image::Provenance::of_checkout().unwrap();
+    let img = xtask::image::release_image(
+        &dir.join("kube-nlproxy"),
+        &image.reference,
+        epoch,
+        &provenance,
+        docs,
+    )
+    .unwrap();
     let again = xtask::oci::write_archive(&img, &dir.join("again.tar")).unwrap();
-    assert_eq!(again.digest, digest);
-    assert_eq!(std::fs::read(dir.join("again.tar")).unwrap(), bytes);
+    assert_eq!(again.digest, image.digest);
+    assert_eq!(std::fs::read(dir.join("again.tar")).unwrap(), image.bytes);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #53: the image says where it came from (OCI labels: version, revision, created,
+/// licences) and carries the project's LICENSE, an SPDX SBOM of exactly what the binary
+/// links (checked against `cargo tree`'s normal, non-proc-macro dependencies and dpkg's
+/// glibc and libgcc) and the third-party notices with every component's licence texts.
+#[test]
+#[allow(clippy::disallowed_methods)] // oracles: git, cargo tree, dpkg-query
+fn the_image_names_its_revision_and_carries_licences_and_an_sbom() {
+    use std::process::Command;
+    let run = |cmd: &mut Command| -> String {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let image = BuiltImage::read();
+    let labels = &image.config["config"]["Labels"];
+    let head = run(Command::new("git")
+        .current_dir(&root)
+        .args(["rev-parse", "HEAD"]));
+    assert_eq!(labels["org.opencontainers.image.revision"], head.trim());
+    assert_eq!(labels["org.opencontainers.image.licenses"], "Apache-2.0");
+    assert_eq!(
+        labels["org.opencontainers.image.version"],
+        image.reference.rsplit_once(':').unwrap().1
+    );
+    assert_eq!(
+        labels["org.opencontainers.image.created"],
+        image.config["created"]
+    );
+    let licence = std::fs::read(root.join("LICENSE")).unwrap();
+    assert_eq!(image.file("usr/share/doc/kube-nlproxy/LICENSE"), licence);
+
+    let sbom: serde_json::Value =
+        serde_json::from_slice(image.file("usr/share/doc/kube-nlproxy/sbom.spdx.json")).unwrap();
+    assert_eq!(sbom["spdxVersion"], "SPDX-2.3");
+    let packages = sbom["packages"].as_array().unwrap();
+    let purls: std::collections::BTreeSet<String> = packages
+        .iter()
+        .map(|p| {
+            p["externalRefs"][0]["referenceLocator"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let tree = run(Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args([
+            "tree",
+            "--locked",
+            "-p",
+            "kube-nlproxy",
+            "-e",
+            "normal,no-proc-macro",
+        ])
+        .args(["--target", "x86_64-unknown-linux-gnu", "--prefix", "none"])
+        .args(["--format", "pkg:cargo/{p}"]));
+    let linked: std::collections::BTreeSet<String> = tree
+        .lines()
+        .map(|l| {
+            // "pkg:cargo/name vX.Y.Z (*)" or "... (/path)": name and version only.
+            let mut words = l.split_whitespace();
+            let name = words.next().unwrap();
+            let version = words.next().unwrap().trim_start_matches('v');
+            format!("{name}@{version}")
+        })
+        .collect();
+    let cargo_purls: std::collections::BTreeSet<String> = purls
+        .iter()
+        .filter(|p| p.starts_with("pkg:cargo/"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        cargo_purls, linked,
+        "the SBOM's crates are what the binary links"
+    );
+    // The C runtime: glibc and libgcc, each at the version dpkg has installed.
+    for name in ["glibc", "libgcc"] {
+        let p = packages
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in the SBOM"));
+        let purl = p["externalRefs"][0]["referenceLocator"].as_str().unwrap();
+        let package = purl
+            .strip_prefix("pkg:deb/debian/")
+            .and_then(|r| r.split_once('@'))
+            .unwrap_or_else(|| panic!("{purl}"))
+            .0;
+        let version = run(Command::new("dpkg-query").args(["-W", "-f", "${Version}", package]));
+        assert_eq!(p["versionInfo"], version.as_str(), "{name}");
+    }
+    // Every crate checksum is Cargo.lock's (spot-check: each has one, 64 hex digits).
+    for p in packages.iter().filter(|p| {
+        p["downloadLocation"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("https://crates.io/"))
+    }) {
+        let sum = p["checksums"][0]["checksumValue"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{p}"
+        );
+    }
+
+    let notices = String::from_utf8(
+        image
+            .file("usr/share/doc/kube-nlproxy/THIRD_PARTY_NOTICES")
+            .to_vec(),
+    )
+    .unwrap();
+    for p in &packages[1..] {
+        let line = format!(
+            "- {} {}: {}\n",
+            p["name"].as_str().unwrap(),
+            p["versionInfo"].as_str().unwrap(),
+            p["licenseDeclared"].as_str().unwrap()
+        );
+        assert!(notices.contains(&line), "notices lack {line:?}");
+    }
+    // Texts, not only names: tokio's MIT licence, glibc's LGPL and Debian's copyright file.
+    assert!(notices.contains("Permission is hereby granted, free of charge"));
+    assert!(
+        notices.contains("GNU LESSER GENERAL PUBLIC LICENSE\n                       Version 2.1")
+    );
+    assert!(notices.contains("--- /usr/share/common-licenses/LGPL-2.1\n"));
 }
 
 /// Issue #53: Cargo.toml declares Apache-2.0 for every crate; the licence's text is at the

@@ -34,6 +34,11 @@ pub fn workspace_root() -> PathBuf {
 
 /// `version = "…"` of kube-nlproxy's `[package]` in the workspace's Cargo.toml.
 pub fn package_version(cargo_toml: &str) -> Option<String> {
+    package_field(cargo_toml, "version")
+}
+
+/// A string field of the `[package]` section (`key = "…"`).
+pub fn package_field(cargo_toml: &str, key: &str) -> Option<String> {
     let mut in_package = false;
     for line in cargo_toml.lines() {
         let line = line.trim();
@@ -41,11 +46,14 @@ pub fn package_version(cargo_toml: &str) -> Option<String> {
             in_package = line == "[package]";
             continue;
         }
-        if in_package {
-            if let Some(v) = line.strip_prefix("version") {
-                let v = v.trim_start().strip_prefix('=')?.trim().trim_matches('"');
-                return Some(v.to_string());
-            }
+        if !in_package {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        if k.trim() == key {
+            return Some(v.trim().trim_matches('"').to_string());
         }
     }
     None
@@ -130,8 +138,74 @@ pub fn elf_needs_interpreter(elf: &[u8]) -> Result<bool, String> {
     Ok(false)
 }
 
-/// The release image around `binary`.
-pub fn release_image(binary: &Path, reference: &str, epoch: u64) -> io::Result<Image> {
+/// Where and from what the image was built: its OCI labels beyond title and licence.
+#[derive(Debug, Clone, Default)]
+pub struct Provenance {
+    /// `org.opencontainers.image.source`: the repository's URL (Cargo.toml's `repository`,
+    /// or `--source`); the label is left out when unknown.
+    pub source: Option<String>,
+    /// `org.opencontainers.image.revision`: the git commit (empty: left out).
+    pub revision: String,
+}
+
+impl Provenance {
+    /// The checkout's: its commit as build.rs reads it, Cargo.toml's repository.
+    pub fn of_checkout() -> io::Result<Provenance> {
+        let root = workspace_root();
+        let toml = std::fs::read_to_string(root.join("Cargo.toml"))?;
+        Ok(Provenance {
+            source: package_field(&toml, "repository"),
+            revision: crate::git_commit::git_commit(&root, &mut |_| {}),
+        })
+    }
+}
+
+/// Where the image keeps its licence, third-party notices and SBOM.
+pub const DOC_DIR: &str = "/usr/share/doc/kube-nlproxy";
+
+/// The files of [`DOC_DIR`]: the project's LICENSE, the third-party notices and the SPDX
+/// SBOM of what `bom` says the binary holds.
+pub fn doc_files(
+    bom: &crate::sbom::Bom,
+    licence: &[u8],
+    epoch: u64,
+    provenance: &Provenance,
+) -> Vec<(String, Vec<u8>)> {
+    let mut components = bom.components.clone();
+    if let (Some(main), Some(source)) = (components.first_mut(), &provenance.source) {
+        main.download = source.clone();
+    }
+    let version = components
+        .first()
+        .map(|c| c.version.clone())
+        .unwrap_or_default();
+    let revision = if provenance.revision.is_empty() {
+        "unknown-revision"
+    } else {
+        &provenance.revision
+    };
+    let namespace = format!("https://spdx.org/spdxdocs/kube-nlproxy-{version}-{revision}");
+    let doc = crate::sbom::spdx(&components, &crate::oci::rfc3339(epoch), &namespace);
+    let mut sbom = serde_json::to_vec_pretty(&doc).expect("JSON values serialise");
+    sbom.push(b'\n');
+    vec![
+        ("LICENSE".into(), licence.to_vec()),
+        (
+            "THIRD_PARTY_NOTICES".into(),
+            crate::sbom::notices(&components, &bom.texts).into_bytes(),
+        ),
+        ("sbom.spdx.json".into(), sbom),
+    ]
+}
+
+/// The release image around `binary`, with `docs` (name, content) in [`DOC_DIR`].
+pub fn release_image(
+    binary: &Path,
+    reference: &str,
+    epoch: u64,
+    provenance: &Provenance,
+    docs: Vec<(String, Vec<u8>)>,
+) -> io::Result<Image> {
     let elf = std::fs::read(binary)
         .map_err(|e| io::Error::new(e.kind(), format!("reading {}: {e}", binary.display())))?;
     match elf_needs_interpreter(&elf) {
@@ -145,24 +219,31 @@ pub fn release_image(binary: &Path, reference: &str, epoch: u64) -> io::Result<I
         Err(e) => return Err(io::Error::other(format!("{}: {e}", binary.display()))),
     }
     let version = reference.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
-    let labels = BTreeMap::from([
+    let mut labels: BTreeMap<String, String> = [
+        ("title", "kube-nlproxy"),
         (
-            "org.opencontainers.image.title".into(),
-            "kube-nlproxy".into(),
+            "description",
+            "A Kubernetes service proxy that programs the kernel only through netlink",
         ),
-        (
-            "org.opencontainers.image.description".into(),
-            "A Kubernetes service proxy that programs the kernel only through netlink".into(),
-        ),
-        (
-            "org.opencontainers.image.licenses".into(),
-            "Apache-2.0".into(),
-        ),
-        (
-            "org.opencontainers.image.version".into(),
-            version.to_string(),
-        ),
-    ]);
+        ("licenses", "Apache-2.0"),
+        ("version", version),
+    ]
+    .into_iter()
+    .map(|(k, v)| (format!("org.opencontainers.image.{k}"), v.to_string()))
+    .collect();
+    labels.insert(
+        "org.opencontainers.image.created".into(),
+        crate::oci::rfc3339(epoch),
+    );
+    if !provenance.revision.is_empty() {
+        labels.insert(
+            "org.opencontainers.image.revision".into(),
+            provenance.revision.clone(),
+        );
+    }
+    if let Some(source) = &provenance.source {
+        labels.insert("org.opencontainers.image.source".into(), source.clone());
+    }
     Ok(Image {
         reference: reference.to_string(),
         entries: vec![
@@ -175,7 +256,14 @@ pub fn release_image(binary: &Path, reference: &str, epoch: u64) -> io::Result<I
                 path: "/usr/local/bin/kube-proxy".into(),
                 target: "/kube-nlproxy".into(),
             },
-        ],
+        ]
+        .into_iter()
+        .chain(docs.into_iter().map(|(name, content)| Entry::File {
+            path: format!("{DOC_DIR}/{name}"),
+            mode: 0o644,
+            content: Content::Bytes(content),
+        }))
+        .collect(),
         entrypoint: vec!["/kube-nlproxy".into()],
         cmd: vec![],
         user: "0:0".into(),
@@ -209,7 +297,14 @@ mod tests {
     #[test]
     fn a_dynamically_linked_binary_is_refused() {
         let me = std::env::current_exe().unwrap();
-        let err = release_image(&me, "localhost/kube-nlproxy:v0.1.0", 0).unwrap_err();
+        let err = release_image(
+            &me,
+            "localhost/kube-nlproxy:v0.1.0",
+            0,
+            &Provenance::default(),
+            vec![],
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("dynamically linked"), "{err}");
     }
 }

@@ -88,7 +88,13 @@ fn image_task(args: &[String]) -> Result<(), String> {
         Some(b) => b,
         None => image::build_binary().map_err(|e| e.to_string())?,
     };
-    let img = image::release_image(&binary, &reference, epoch).map_err(|e| e.to_string())?;
+    let provenance = image::Provenance::of_checkout().map_err(|e| e.to_string())?;
+    let root = image::workspace_root();
+    let bom = xtask::sbom::collect(&root, image::TARGET).map_err(|e| e.to_string())?;
+    let licence = std::fs::read(root.join("LICENSE")).map_err(|e| format!("LICENSE: {e}"))?;
+    let docs = image::doc_files(&bom, &licence, epoch, &provenance);
+    let img = image::release_image(&binary, &reference, epoch, &provenance, docs)
+        .map_err(|e| e.to_string())?;
     let tag = reference
         .rsplit_once(':')
         .map(|(_, t)| t)
