@@ -550,7 +550,7 @@ fn version_names_the_checked_out_commit() {
     assert_eq!(
         text,
         format!(
-            "kube-nlproxy {} (git commit {head}, kube-proxy v1alpha1 configuration)\n",
+            "Kubernetes v1.37.2 (kube-nlproxy {}, git commit {head}, kube-proxy v1alpha1 configuration)\n",
             env!("CARGO_PKG_VERSION")
         )
     );

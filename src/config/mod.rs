@@ -223,18 +223,44 @@ impl Config {
     }
 }
 
-/// What `--version` prints: our version, the commit it was built from when known
-/// (build.rs), and the configuration API it reads.
-pub fn version_text(git_commit: &str) -> String {
+/// The upstream kube-proxy release this one tracks: its flags, configuration, feature gates
+/// and metrics (CHANGELOG.md's versioning policy).
+pub const TRACKED_KUBE_PROXY: &str = "v1.37.2";
+
+/// What `--version` prints, in upstream's shape (component-base's verflag: `Kubernetes
+/// GITVERSION`, the release this one tracks) with our version and the commit it was built
+/// from (build.rs) beside it. `raw` prints upstream's `version.Info` as Go's `%#v` shows it,
+/// our version as GitVersion's build metadata.
+pub fn version_text(git_commit: &str, raw: bool) -> String {
+    let ours = env!("CARGO_PKG_VERSION");
+    if raw {
+        let (major, minor) = gates::BINARY_VERSION;
+        let platform = format!("linux/{}", go_arch());
+        return format!(
+            "version.Info{{Major:\"{major}\", Minor:\"{minor}\", EmulationMajor:\"\", \
+             EmulationMinor:\"\", MinCompatibilityMajor:\"\", MinCompatibilityMinor:\"\", \
+             GitVersion:\"{TRACKED_KUBE_PROXY}+kube-nlproxy-{ours}\", GitCommit:\"{git_commit}\", \
+             GitTreeState:\"\", BuildDate:\"\", GoVersion:\"\", Compiler:\"rustc\", \
+             Platform:\"{platform}\"}}\n"
+        );
+    }
     let commit = if git_commit.is_empty() {
         String::new()
     } else {
         format!("git commit {git_commit}, ")
     };
     format!(
-        "kube-nlproxy {} ({commit}kube-proxy v1alpha1 configuration)\n",
-        env!("CARGO_PKG_VERSION")
+        "Kubernetes {TRACKED_KUBE_PROXY} (kube-nlproxy {ours}, {commit}kube-proxy v1alpha1 configuration)\n"
     )
+}
+
+/// The architecture as Go names it (GOARCH).
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
 }
 
 impl Config {
@@ -252,10 +278,11 @@ impl Config {
             return Ok(Command::Help);
         }
         match parsed.get(cli::VERSION).as_deref() {
-            Some("true") | Some("raw") => {
-                return Ok(Command::Print(version_text(env!(
-                    "KUBE_NLPROXY_GIT_COMMIT"
-                ))))
+            Some(v @ ("true" | "raw")) => {
+                return Ok(Command::Print(version_text(
+                    env!("KUBE_NLPROXY_GIT_COMMIT"),
+                    v == "raw",
+                )))
             }
             Some("false") | None => {}
             Some(other) => {

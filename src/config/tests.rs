@@ -853,12 +853,23 @@ fn kubespray_ipvs_file() {
 fn version_names_the_commit_when_the_build_knew_it() {
     let v = env!("CARGO_PKG_VERSION");
     assert_eq!(
-        super::version_text("0123456789abcdef0123456789abcdef01234567"),
-        format!("kube-nlproxy {v} (git commit 0123456789abcdef0123456789abcdef01234567, kube-proxy v1alpha1 configuration)\n")
+        super::version_text("0123456789abcdef0123456789abcdef01234567", false),
+        format!("Kubernetes v1.37.2 (kube-nlproxy {v}, git commit 0123456789abcdef0123456789abcdef01234567, kube-proxy v1alpha1 configuration)\n")
     );
     assert_eq!(
-        super::version_text(""),
-        format!("kube-nlproxy {v} (kube-proxy v1alpha1 configuration)\n")
+        super::version_text("", false),
+        format!("Kubernetes v1.37.2 (kube-nlproxy {v}, kube-proxy v1alpha1 configuration)\n")
+    );
+    // --version=raw: upstream's version.Info, as `kube-proxy --version=raw` of v1.37.2
+    // prints it, with ours as GitVersion's build metadata.
+    assert_eq!(
+        super::version_text("0123456789abcdef0123456789abcdef01234567", true),
+        format!(
+            "version.Info{{Major:\"1\", Minor:\"37\", EmulationMajor:\"\", EmulationMinor:\"\", \
+             MinCompatibilityMajor:\"\", MinCompatibilityMinor:\"\", GitVersion:\"v1.37.2+kube-nlproxy-{v}\", \
+             GitCommit:\"0123456789abcdef0123456789abcdef01234567\", GitTreeState:\"\", BuildDate:\"\", \
+             GoVersion:\"\", Compiler:\"rustc\", Platform:\"linux/amd64\"}}\n"
+        )
     );
 }
 
@@ -867,7 +878,7 @@ fn help_and_version() {
     assert!(matches!(Config::from_args(["--help"]), Ok(Command::Help)));
     assert!(matches!(Config::from_args(["-h"]), Ok(Command::Help)));
     assert!(
-        matches!(Config::from_args(["--version"]), Ok(Command::Print(t)) if t.starts_with("kube-nlproxy "))
+        matches!(Config::from_args(["--version"]), Ok(Command::Print(t)) if t.starts_with("Kubernetes v1.37.2 (kube-nlproxy "))
     );
     assert!(matches!(
         Config::from_args(["--version=false", "--hostname-override=n"]),

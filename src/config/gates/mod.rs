@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 
 mod table;
 
-use table::{BINARY_VERSION, GATES};
+pub use table::BINARY_VERSION;
+use table::GATES;
 
 /// A gate's maturity (component-base's `prerelease`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
