@@ -136,6 +136,54 @@ fn daemonset_is_a_drop_in_for_kubeadms_kube_proxy() {
     assert!(mounts.iter().any(|m| m.mount_path == "/run/xtables.lock"));
 }
 
+/// Issue #53.2: monitoring finds deploy/'s pods as it found kubeadm's (their
+/// `k8s-app: kube-proxy`, which kube-prometheus-stack's kube-proxy Service and
+/// kube-prometheus's PodMonitor select), while the DaemonSet selects by a key kubeadm's pods
+/// lack, so neither DaemonSet's selector matches the other's pods' labels only by
+/// `k8s-app`; deploy/monitoring/'s PodMonitor selects our pods on a port they declare.
+#[test]
+fn monitoring_finds_our_pods_and_the_selectors_never_overlap_kubeadms() {
+    use std::collections::BTreeMap;
+    let ds: DaemonSet = serde_saphyr::from_str(&deploy("daemonset.yaml")).unwrap();
+    let spec = ds.spec;
+    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    let selector = spec.selector.match_labels.unwrap();
+    let matches = |sel: &BTreeMap<String, String>, labels: &BTreeMap<String, String>| {
+        sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    assert!(
+        matches(&selector, &pod_labels),
+        "our selector selects our pods"
+    );
+    // kubeadm's kube-proxy pod template carries k8s-app: kube-proxy and nothing else.
+    let kubeadm_pods = BTreeMap::from([("k8s-app".to_string(), "kube-proxy".to_string())]);
+    assert!(
+        !matches(&selector, &kubeadm_pods),
+        "our DaemonSet must never select kubeadm's pods"
+    );
+    // kube-prometheus-stack's default kube-proxy Service selector.
+    assert!(matches(&kubeadm_pods, &pod_labels), "{pod_labels:?}");
+    let monitor: serde_json::Value =
+        serde_saphyr::from_str(&deploy("monitoring/podmonitor.yaml")).unwrap();
+    assert_eq!(monitor["kind"], "PodMonitor");
+    assert_eq!(monitor["metadata"]["namespace"], "kube-system");
+    let monitor_selector: BTreeMap<String, String> =
+        serde_json::from_value(monitor["spec"]["selector"]["matchLabels"].clone()).unwrap();
+    assert!(matches(&monitor_selector, &pod_labels));
+    assert_eq!(monitor["spec"]["jobLabel"], "k8s-app", "job=\"kube-proxy\"");
+    let port = monitor["spec"]["podMetricsEndpoints"][0]["port"]
+        .as_str()
+        .unwrap();
+    let container = &spec.template.spec.unwrap().containers[0];
+    let declared = container
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(port))
+        .unwrap_or_else(|| panic!("no container port named {port}"));
+    assert_eq!(declared.container_port, 10249, "upstream's metrics port");
+}
+
 #[test]
 fn deploy_dir_holds_only_objects_kubectl_can_apply() {
     // `kubectl apply -f deploy/` reads every .yaml/.yml/.json file directly in deploy/.

@@ -119,7 +119,11 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
     );
     let t0 = Instant::now();
     c.run_readme_block("install");
-    let took = wait_proxy_pods_ready(&c, "k8s-app=kube-nlproxy", Duration::from_secs(60));
+    let took = wait_proxy_pods_ready(
+        &c,
+        "app.kubernetes.io/name=kube-nlproxy",
+        Duration::from_secs(60),
+    );
     eprintln!(
         "kube-nlproxy pods Running and Ready on 3 nodes {:?} after README's install",
         t0.elapsed().max(took)
@@ -130,7 +134,7 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
         "get",
         "pods",
         "-l",
-        "k8s-app=kube-nlproxy",
+        "app.kubernetes.io/name=kube-nlproxy",
         "-o",
         "jsonpath={range .items[*]}{.spec.containers[0].image} {.spec.containers[0].imagePullPolicy} {.spec.serviceAccountName} {.status.containerStatuses[0].restartCount}{\"\\n\"}{end}",
     ]);
@@ -142,6 +146,7 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
         );
     }
     assert_rbac_is_ours_only(&c);
+    assert_monitoring_finds_our_pods(&c);
     c.install_coredns(Duration::from_secs(180));
     let report = e2e::run(
         &c,
@@ -186,6 +191,77 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
             "{name} skipped itself: {why}"
         );
     }
+}
+
+/// kube-prometheus-stack's kube-proxy Service as its chart renders it with default values
+/// (charts/kube-prometheus-stack/templates/exporters/kube-proxy/service.yaml: headless, in
+/// kube-system, port 10249, selector `k8s-app: kube-proxy`): its ServiceMonitor scrapes
+/// what this Service's endpoints list, and KubeProxyDown fires when there are none.
+const KUBE_PROMETHEUS_STACK_KUBE_PROXY_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-prometheus-stack-kube-proxy
+  namespace: kube-system
+  labels: {app: kube-prometheus-stack-kube-proxy, jobLabel: kube-proxy, release: kube-prometheus-stack}
+spec:
+  clusterIP: None
+  ports:
+  - {name: http-metrics, port: 10249, protocol: TCP, targetPort: 10249}
+  selector: {k8s-app: kube-proxy}
+  type: ClusterIP
+"#;
+
+/// Issue #53.2: monitoring that found kubeadm's kube-proxy finds deploy/'s pods: the
+/// kube-prometheus-stack Service lists one ready endpoint per node, each a node's address.
+fn assert_monitoring_finds_our_pods(c: &Cluster) {
+    c.apply(KUBE_PROMETHEUS_STACK_KUBE_PROXY_SERVICE);
+    let ready_endpoints = |c: &Cluster| {
+        let out = c.kubectl_ok(&[
+            "-n",
+            "kube-system",
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=kube-prometheus-stack-kube-proxy",
+            "-o",
+            "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.conditions.ready}{\"\\n\"}{end}",
+        ]);
+        out.lines()
+            .filter_map(|l| l.strip_suffix(" true").map(str::to_string))
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    c.wait_for(
+        Duration::from_secs(60),
+        "kube-prometheus-stack's kube-proxy Service listing a ready endpoint per node",
+        |c| ready_endpoints(c).len() == c.nodes.len(),
+    );
+    let pods = c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=kube-proxy",
+        "-o",
+        "jsonpath={range .items[*]}{.status.podIP} {.metadata.labels.app\\.kubernetes\\.io/name}{\"\\n\"}{end}",
+    ]);
+    let ours: std::collections::BTreeSet<String> = pods
+        .lines()
+        .filter_map(|l| l.strip_suffix(" kube-nlproxy").map(str::to_string))
+        .collect();
+    assert_eq!(
+        ready_endpoints(c),
+        ours,
+        "the Service's endpoints are our pods (host network: the nodes' addresses): {pods}"
+    );
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "delete",
+        "service",
+        "kube-prometheus-stack-kube-proxy",
+    ]);
 }
 
 /// Whether `family` table `name` exists in the node's network namespace.
@@ -392,7 +468,11 @@ fn node_life_keeps_connections_and_rules() {
         c.nodes[i].restart_kubelet();
     }
     c.wait_for(kc_limit, "nodes Ready after the kubelet restarts", |c| {
-        c.pods_ready("kube-system", "k8s-app=kube-nlproxy", c.nodes.len())
+        c.pods_ready(
+            "kube-system",
+            "app.kubernetes.io/name=kube-nlproxy",
+            c.nodes.len(),
+        )
     });
     assert_flows_continue(&c, &before, "kubelet restarted on node-1 and node-2");
 
@@ -404,7 +484,7 @@ fn node_life_keeps_connections_and_rules() {
         "get",
         "pods",
         "-l",
-        "k8s-app=kube-nlproxy",
+        "app.kubernetes.io/name=kube-nlproxy",
         "--field-selector",
         "spec.nodeName=node-1",
         "-o",
@@ -421,13 +501,14 @@ fn node_life_keeps_connections_and_rules() {
                 "get",
                 "pods",
                 "-l",
-                "k8s-app=kube-nlproxy",
+                "app.kubernetes.io/name=kube-nlproxy",
                 "--field-selector",
                 "spec.nodeName=node-1",
                 "-o",
                 "jsonpath={.items[*].metadata.name}",
             ]);
-            !names.contains(&pod) && c.pods_ready("kube-system", "k8s-app=kube-nlproxy", 3)
+            !names.contains(&pod)
+                && c.pods_ready("kube-system", "app.kubernetes.io/name=kube-nlproxy", 3)
         },
     );
     assert_flows_continue(&c, &mid, "our pod on node-1 deleted and recreated");

@@ -677,12 +677,12 @@ impl Cluster {
             "kube-system",
             "logs",
             "-l",
-            "k8s-app=kube-nlproxy",
+            "app.kubernetes.io/name=kube-nlproxy",
             "--prefix",
             "--tail=40",
         ]);
         s.push_str(&format!(
-            "$ kubectl -n kube-system logs -l k8s-app=kube-nlproxy --prefix --tail=40\n{}{}\n",
+            "$ kubectl -n kube-system logs -l app.kubernetes.io/name=kube-nlproxy --prefix --tail=40\n{}{}\n",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ));

@@ -22,7 +22,7 @@ impl Proxy {
     /// The label selecting the proxy's pods.
     pub fn selector(self) -> &'static str {
         match self {
-            Proxy::Ours => "k8s-app=kube-nlproxy",
+            Proxy::Ours => "app.kubernetes.io/name=kube-nlproxy",
             Proxy::Upstream => "k8s-app=kube-proxy",
         }
     }
