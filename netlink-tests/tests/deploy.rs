@@ -225,6 +225,80 @@ fn deploy_dir_holds_only_objects_kubectl_can_apply() {
     }
 }
 
+/// Issue #53.3: an image set once in deploy/images/ (as `kustomize edit set image` writes
+/// it there) reaches both the DaemonSet (`kubectl apply -k .`) and the uninstaller
+/// (`kubectl apply -k deploy/uninstall/`), its pause image included; rendered by kubectl's
+/// own kustomize (the real-node bundle's kubectl, built by README's test command).
+#[test]
+#[allow(clippy::disallowed_methods)] // kubectl as the oracle
+fn one_image_setting_reaches_the_daemonset_and_the_uninstaller() {
+    let kubectl = netlink_tests::realnode::binaries().node.join("kubectl");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = std::env::temp_dir().join(format!("nlp-kustomize-{}", std::process::id()));
+    for f in [
+        "kustomization.yaml",
+        "deploy/serviceaccount.yaml",
+        "deploy/rbac.yaml",
+        "deploy/daemonset.yaml",
+        "deploy/images/kustomization.yaml",
+        "deploy/uninstall/kustomization.yaml",
+        "deploy/uninstall/kube-nlproxy-uninstall.yaml",
+    ] {
+        let to = dir.join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(root.join(f), &to).unwrap();
+    }
+    // What `kustomize edit set image localhost/kube-nlproxy=registry.example/kube-nlproxy:v9
+    // registry.k8s.io/pause=mirror.example/pause:3.10.2` writes.
+    std::fs::write(
+        dir.join("deploy/images/kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nimages:\n\
+         - name: localhost/kube-nlproxy\n  newName: registry.example/kube-nlproxy\n  newTag: v9\n\
+         - name: registry.k8s.io/pause\n  newName: mirror.example/pause\n  newTag: 3.10.2\n",
+    )
+    .unwrap();
+    let render = |path: &std::path::Path| {
+        let out = std::process::Command::new(&kubectl)
+            .arg("kustomize")
+            .arg(path)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (netlink-tests/upstream/build.sh --node)",
+                    kubectl.display()
+                )
+            });
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        docs.into_iter()
+            .filter(|d| d["kind"] == "DaemonSet")
+            .map(|d| d["spec"]["template"]["spec"].clone())
+            .collect::<Vec<_>>()
+    };
+    let ds = render(&dir);
+    assert_eq!(ds.len(), 1);
+    assert_eq!(
+        ds[0]["containers"][0]["image"],
+        "registry.example/kube-nlproxy:v9"
+    );
+    let un = render(&dir.join("deploy/uninstall"));
+    assert_eq!(un.len(), 1);
+    assert_eq!(
+        un[0]["initContainers"][0]["image"],
+        "registry.example/kube-nlproxy:v9"
+    );
+    assert_eq!(
+        un[0]["containers"][0]["image"],
+        "mirror.example/pause:3.10.2"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// The ConfigMap for clusters without kubeadm: kubeadm's two keys, a config we accept with
 /// no warning, a kubeconfig with the service-account token file.
 #[test]
@@ -291,14 +365,9 @@ fn deploy_names_the_image_xtask_builds() {
     // this proxy has yet to program.
     assert_eq!(spec.dns_policy, None);
     let (name, tag) = reference.rsplit_once(':').unwrap();
-    let k: serde_json::Value = serde_saphyr::from_str(
-        &std::fs::read_to_string(format!(
-            "{}/../kustomization.yaml",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap(),
-    )
-    .unwrap();
+    let k: serde_json::Value =
+        serde_saphyr::from_str(&deploy("images/kustomization.yaml")).unwrap();
+    assert_eq!(k["kind"], "Component");
     assert_eq!(k["images"][0]["name"], name);
     assert_eq!(k["images"][0]["newTag"], tag);
     let un: DaemonSet =

@@ -109,9 +109,11 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
         },
         &[image],
     );
-    // A kubeadm cluster: kubeadm's ConfigMap is there (clusterCIDR in both families, as
-    // kubeadm writes a dual-stack podSubnet); then README's install, word for word.
-    c.apply(&proxies::kubeadm_configmap_for("", family));
+    // A kubeadm cluster: kubeadm's ConfigMap (clusterCIDR in both families, as kubeadm
+    // writes a dual-stack podSubnet) and its kube-proxy DaemonSet serving; then README's
+    // install, word for word, and at the end its way back.
+    proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
+    let kubeadms = KubeadmObjects::read(&c);
     let flannel_before = c.flannel_rules();
     assert!(
         flannel_before.iter().all(|rules| !rules.is_empty()),
@@ -189,6 +191,73 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
                 .iter()
                 .any(|(n, _)| name.contains(n)),
             "{name} skipped itself: {why}"
+        );
+    }
+    go_back_from_deploy(&c, &kubeadms);
+}
+
+/// kubeadm's kube-proxy DaemonSet and ConfigMap as the way back must restore them: what
+/// an operator wrote (spec, labels, annotations, data), not what the API server keeps
+/// about them (status, resourceVersion, uid, generation and the template generation the
+/// DaemonSet controller counts).
+#[derive(Debug, PartialEq)]
+struct KubeadmObjects {
+    daemonset: serde_json::Value,
+    configmap: serde_json::Value,
+}
+
+impl KubeadmObjects {
+    fn read(c: &Cluster) -> KubeadmObjects {
+        let get = |kind: &str| -> serde_json::Value {
+            let json =
+                c.kubectl_ok(&["-n", "kube-system", "get", kind, "kube-proxy", "-o", "json"]);
+            serde_json::from_str(&json).unwrap()
+        };
+        let ds = get("daemonset");
+        let mut annotations = ds["metadata"]["annotations"].clone();
+        if let Some(a) = annotations.as_object_mut() {
+            a.remove("deprecated.daemonset.template.generation");
+        }
+        let cm = get("configmap");
+        KubeadmObjects {
+            daemonset: serde_json::json!({
+                "labels": ds["metadata"]["labels"],
+                "annotations": annotations,
+                "spec": ds["spec"],
+            }),
+            configmap: serde_json::json!({
+                "labels": cm["metadata"]["labels"],
+                "annotations": cm["metadata"]["annotations"],
+                "data": cm["data"],
+            }),
+        }
+    }
+}
+
+/// README's way back from deploy/, with live traffic: kubeadm's objects as they were, its
+/// pods serving with upstream's rules, ours gone with our tables, and no flow broken.
+fn go_back_from_deploy(c: &Cluster, kubeadms: &KubeadmObjects) {
+    let before = c.start_traffic(Duration::from_secs(120));
+    c.run_readme_block("go-back-deploy");
+    assert_flows_continue(c, &before, "ours (deploy/) -> upstream");
+    assert_eq!(
+        &KubeadmObjects::read(c),
+        kubeadms,
+        "kubeadm's objects restored"
+    );
+    assert!(c.pods_ready("kube-system", "k8s-app=kube-proxy", c.nodes.len()));
+    let ours = c.kubectl_ok(&["-n", "kube-system", "get", "daemonsets", "-o", "name"]);
+    assert_eq!(ours.trim(), "daemonset.apps/kube-proxy", "{ours}");
+    for n in 0..c.nodes.len() {
+        for family in ["ip", "ip6"] {
+            assert!(
+                !has_table(c, n, family, "kube-nlproxy"),
+                "our {family} table removed from node {n} by the uninstall DaemonSet"
+            );
+        }
+        assert!(
+            upstream_rules_present(c, n, ""),
+            "upstream's rules back on node {n}"
         );
     }
 }

@@ -23,7 +23,7 @@ alone, so this runs after upstream's image is back on the node (README, \"Going 
 Established connections keep working: their conntrack entries stay.
 
 Example, on every node once upstream's DaemonSet is rolled out again:
-  kubectl apply -f deploy/uninstall/ && kubectl -n kube-system rollout status ds/kube-nlproxy-uninstall
+  kubectl apply -k deploy/uninstall/ && kubectl -n kube-system rollout status ds/kube-nlproxy-uninstall
 
 Exit status: 0 done, 2 trouble (a flag, a kernel operation that failed).";
 

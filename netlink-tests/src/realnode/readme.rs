@@ -48,13 +48,40 @@ pub enum Step {
     Kubectl(Vec<String>),
 }
 
-/// Reads a command line; anything else (pipes, quotes, other programs) is refused, so the
-/// README cannot hold a step the test would not really run.
-pub fn step(line: &str) -> Result<Step, String> {
-    if line.contains(['|', '&', ';', '"', '\'', '$', '`', '>', '<']) {
-        return Err(format!("{line:?}: one plain command per line"));
+/// A command line split into words as a shell splits it, with single quotes only (a JSON
+/// patch needs them); anything a shell would interpret otherwise (pipes, redirections,
+/// variables, double quotes outside single ones) is refused.
+fn words(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                let w = word.get_or_insert_with(String::new);
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(q) => w.push(q),
+                        None => return Err(format!("{line:?}: unterminated single quote")),
+                    }
+                }
+            }
+            c if c.is_whitespace() => words.extend(word.take()),
+            '|' | '&' | ';' | '"' | '$' | '`' | '>' | '<' | '\\' => {
+                return Err(format!("{line:?}: one plain command per line"))
+            }
+            c => word.get_or_insert_with(String::new).push(c),
+        }
     }
-    let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+    words.extend(word);
+    Ok(words)
+}
+
+/// Reads a command line; anything else (pipes, redirections, other programs) is refused, so
+/// the README cannot hold a step the test would not really run.
+pub fn step(line: &str) -> Result<Step, String> {
+    let words = words(line)?;
     match words
         .iter()
         .map(String::as_str)
@@ -140,5 +167,21 @@ mod tests {
         );
         assert!(step("kubectl get pods | grep x").is_err());
         assert!(step("curl http://x").is_err());
+        assert!(step("kubectl get pods > x").is_err());
+        assert!(step("kubectl get pods \"x\"").is_err());
+        assert!(step("kubectl patch x -p '[1]").is_err());
+        // Single quotes hold a JSON patch as one word, as in a shell.
+        assert_eq!(
+            step(r#"kubectl patch ds x --type json -p '[{"op":"remove","path":"/a b"}]'"#),
+            Ok(Step::Kubectl(vec![
+                "patch".into(),
+                "ds".into(),
+                "x".into(),
+                "--type".into(),
+                "json".into(),
+                "-p".into(),
+                r#"[{"op":"remove","path":"/a b"}]"#.into(),
+            ]))
+        );
     }
 }
