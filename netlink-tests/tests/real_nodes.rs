@@ -525,7 +525,8 @@ fn node_life_keeps_connections_and_rules() {
     require_root();
     let (image, _) = our_image();
     let mut c = Cluster::start(3, &[image]);
-    c.apply(&proxies::kubeadm_configmap(""));
+    // A kubeadm cluster, its kube-proxy serving, as README's install expects.
+    proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
     c.run_readme_block("install");
     let before = c.start_traffic(Duration::from_secs(120));
     let ip = service_ip(&c, "default", "echo");
