@@ -7,6 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+mod source;
+use source::rust_files;
+
 const LIMIT: usize = 100;
 
 /// (file under src/, function): a `match` with one arm per expression kind or a table.
@@ -22,17 +25,6 @@ const LISTS: &[(&str, &str)] = &[
 
 /// Files that are compiled only for tests (a `#[path]` module under `#[cfg(test)]`).
 const TEST_ONLY_FILES: &[&str] = &["model/topology_upstream_table.rs"];
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).expect("readable src") {
-        let p = e.expect("dir entry").path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
 
 /// The line without its comment, string and character contents, so that only code braces
 /// are counted.

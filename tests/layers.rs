@@ -4,7 +4,10 @@
 //! uses no `crate::{a, b}` groups; the test fails if one appears). Pure: reads `src/`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod source;
+use source::rust_files;
 
 /// The module a file belongs to, two levels deep (`modes::ipvs`, `kernel::nft`, `proxy`).
 fn module_of(root: &Path, file: &Path) -> String {
@@ -30,17 +33,6 @@ fn unit(parts: &[String]) -> String {
             None => top.into(),
         },
         Some(top) => top.into(),
-    }
-}
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).expect("readable src") {
-        let p = e.expect("dir entry").path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
     }
 }
 
