@@ -5,7 +5,7 @@
 //! modules (`#[cfg(test)] mod tests` at a file's end, `tests.rs`, `proptests.rs`) and
 //! `#[cfg(test)]` files are not production. Pure: reads `src/`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod source;
 use source::rust_files;
