@@ -225,47 +225,50 @@ fn deploy_dir_holds_only_objects_kubectl_can_apply() {
     }
 }
 
-/// Issue #53.3: an image set once in deploy/images/ (as `kustomize edit set image` writes
-/// it there) reaches both the DaemonSet (`kubectl apply -k .`) and the uninstaller
-/// (`kubectl apply -k deploy/uninstall/`), its pause image included; rendered by kubectl's
-/// own kustomize (the real-node bundle's kubectl, built by README's test command).
-#[test]
-#[allow(clippy::disallowed_methods)] // kubectl as the oracle
-fn one_image_setting_reaches_the_daemonset_and_the_uninstaller() {
-    let kubectl = netlink_tests::realnode::binaries().node.join("kubectl");
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let dir = std::env::temp_dir().join(format!("nlp-kustomize-{}", std::process::id()));
-    for f in [
-        "kustomization.yaml",
-        "deploy/serviceaccount.yaml",
-        "deploy/rbac.yaml",
-        "deploy/daemonset.yaml",
-        "deploy/images/kustomization.yaml",
-        "deploy/uninstall/kustomization.yaml",
-        "deploy/uninstall/kube-nlproxy-uninstall.yaml",
-    ] {
-        let to = dir.join(f);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(root.join(f), &to).unwrap();
+/// The kustomize tree (the root kustomization, deploy/'s manifests, its components and the
+/// uninstaller) copied into a fresh directory, to be changed as an operator's `kustomize
+/// edit` would and rendered by kubectl's own kustomize.
+struct KustomizeCopy {
+    dir: std::path::PathBuf,
+    kubectl: std::path::PathBuf,
+}
+
+impl KustomizeCopy {
+    fn new(name: &str) -> KustomizeCopy {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = std::env::temp_dir().join(format!("nlp-{name}-{}", std::process::id()));
+        for f in [
+            "kustomization.yaml",
+            "deploy/serviceaccount.yaml",
+            "deploy/rbac.yaml",
+            "deploy/daemonset.yaml",
+            "deploy/images/kustomization.yaml",
+            "deploy/components/net-admin/kustomization.yaml",
+            "deploy/uninstall/kustomization.yaml",
+            "deploy/uninstall/kube-nlproxy-uninstall.yaml",
+        ] {
+            let to = dir.join(f);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(root.join(f), &to).unwrap();
+        }
+        KustomizeCopy {
+            dir,
+            // The real-node bundle's kubectl, built by README's test command.
+            kubectl: netlink_tests::realnode::binaries().node.join("kubectl"),
+        }
     }
-    // What `kustomize edit set image localhost/kube-nlproxy=registry.example/kube-nlproxy:v9
-    // registry.k8s.io/pause=mirror.example/pause:3.10.2` writes.
-    std::fs::write(
-        dir.join("deploy/images/kustomization.yaml"),
-        "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nimages:\n\
-         - name: localhost/kube-nlproxy\n  newName: registry.example/kube-nlproxy\n  newTag: v9\n\
-         - name: registry.k8s.io/pause\n  newName: mirror.example/pause\n  newTag: 3.10.2\n",
-    )
-    .unwrap();
-    let render = |path: &std::path::Path| {
-        let out = std::process::Command::new(&kubectl)
+
+    /// The pod specs of the DaemonSets `kubectl kustomize` renders from `sub`.
+    #[allow(clippy::disallowed_methods)] // kubectl as the oracle
+    fn daemonset_pods(&self, sub: &str) -> Vec<serde_json::Value> {
+        let out = std::process::Command::new(&self.kubectl)
             .arg("kustomize")
-            .arg(path)
+            .arg(self.dir.join(sub))
             .output()
             .unwrap_or_else(|e| {
                 panic!(
                     "{}: {e} (netlink-tests/upstream/build.sh --node)",
-                    kubectl.display()
+                    self.kubectl.display()
                 )
             });
         assert!(
@@ -278,15 +281,38 @@ fn one_image_setting_reaches_the_daemonset_and_the_uninstaller() {
         docs.into_iter()
             .filter(|d| d["kind"] == "DaemonSet")
             .map(|d| d["spec"]["template"]["spec"].clone())
-            .collect::<Vec<_>>()
-    };
-    let ds = render(&dir);
+            .collect()
+    }
+}
+
+impl Drop for KustomizeCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue #53.3: an image set once in deploy/images/ (as `kustomize edit set image` writes
+/// it there) reaches both the DaemonSet (`kubectl apply -k .`) and the uninstaller
+/// (`kubectl apply -k deploy/uninstall/`), its pause image included.
+#[test]
+fn one_image_setting_reaches_the_daemonset_and_the_uninstaller() {
+    let k = KustomizeCopy::new("images");
+    // What `kustomize edit set image localhost/kube-nlproxy=registry.example/kube-nlproxy:v9
+    // registry.k8s.io/pause=mirror.example/pause:3.10.2` writes.
+    std::fs::write(
+        k.dir.join("deploy/images/kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1alpha1\nkind: Component\nimages:\n\
+         - name: localhost/kube-nlproxy\n  newName: registry.example/kube-nlproxy\n  newTag: v9\n\
+         - name: registry.k8s.io/pause\n  newName: mirror.example/pause\n  newTag: 3.10.2\n",
+    )
+    .unwrap();
+    let ds = k.daemonset_pods(".");
     assert_eq!(ds.len(), 1);
     assert_eq!(
         ds[0]["containers"][0]["image"],
         "registry.example/kube-nlproxy:v9"
     );
-    let un = render(&dir.join("deploy/uninstall"));
+    let un = k.daemonset_pods("deploy/uninstall");
     assert_eq!(un.len(), 1);
     assert_eq!(
         un[0]["initContainers"][0]["image"],
@@ -296,7 +322,43 @@ fn one_image_setting_reaches_the_daemonset_and_the_uninstaller() {
         un[0]["containers"][0]["image"],
         "mirror.example/pause:3.10.2"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Issue #53.2: `kustomize edit add component deploy/components/net-admin` turns the
+/// privileged container into one with CAP_NET_ADMIN alone, and changes nothing else.
+#[test]
+fn the_net_admin_component_leaves_cap_net_admin_alone() {
+    let k = KustomizeCopy::new("net-admin");
+    let privileged = k.daemonset_pods(".");
+    assert_eq!(
+        privileged[0]["containers"][0]["securityContext"]["privileged"],
+        true
+    );
+    // What `kustomize edit add component deploy/components/net-admin` writes.
+    let path = k.dir.join("kustomization.yaml");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("- deploy/components/net-admin\n");
+    std::fs::write(&path, text).unwrap();
+    let pods = k.daemonset_pods(".");
+    let sc = &pods[0]["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        sc["capabilities"],
+        serde_json::json!({"drop": ["ALL"], "add": ["NET_ADMIN"]})
+    );
+    assert_eq!(
+        (
+            sc["runAsUser"].clone(),
+            sc["readOnlyRootFilesystem"].clone()
+        ),
+        (0.into(), true.into())
+    );
+    let mut rest = pods[0].clone();
+    let mut before = privileged[0].clone();
+    rest["containers"][0]["securityContext"] = serde_json::Value::Null;
+    before["containers"][0]["securityContext"] = serde_json::Value::Null;
+    assert_eq!(rest, before, "only the securityContext changes");
 }
 
 /// The ConfigMap for clusters without kubeadm: kubeadm's two keys, a config we accept with

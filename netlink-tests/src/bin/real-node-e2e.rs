@@ -18,7 +18,10 @@
 //! skips the IPv6 and DualStack specs. `--cni flannel-iptables|flannel-nftables` runs
 //! Flannel (host-gw, masquerade through iptables or nftables; `build.sh --flannel` first)
 //! instead of the bridge plugin, and fails the run when Flannel's rules changed between the
-//! proxy's start and the run's end. Exits 1 when a spec failed. As root.
+//! proxy's start and the run's end. `--kustomize DIR` deploys ours with `kubectl apply -k
+//! DIR` (a copy of the root kustomization with a component added, say) instead of the root
+//! kustomization; `--ci` runs CI's focus instead of the whole proxy focus. Exits 1 when a
+//! spec failed. As root.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,7 +32,7 @@ use netlink_tests::realnode::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--ci]"
     );
     std::process::exit(2)
 }
@@ -45,6 +48,8 @@ fn main() {
     let mut timeout = Duration::from_secs(3600);
     let mut nodes = 3usize;
     let mut procs = e2e::PROCS;
+    let mut kustomization: Option<PathBuf> = None;
+    let mut ci = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage());
@@ -71,11 +76,22 @@ fn main() {
                 _ => usage(),
             },
             "--timeout" => timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage())),
+            "--kustomize" => kustomization = Some(PathBuf::from(val())),
+            "--ci" => ci = true,
             _ => usage(),
         }
     }
-    let focus = focus.unwrap_or_else(|| proxies::focus_for(family));
+    let focus = focus.unwrap_or_else(|| {
+        if ci {
+            proxies::ci_focus_for(family)
+        } else {
+            proxies::focus_for(family)
+        }
+    });
     let skip = skip.unwrap_or_else(|| proxies::skip_regex_for(family));
+    if kustomization.is_some() && proxy != Proxy::Ours {
+        usage();
+    }
     assert!(netlink_tests::ns::is_root(), "real-node-e2e needs root");
     netlink_tests::deadline::set_limit(timeout + Duration::from_secs(900));
     let ours = workspace_root().join("target/kube-nlproxy-v0.1.0.oci.tar");
@@ -93,7 +109,10 @@ fn main() {
     // Flannel's rules before the proxy starts (its start-up cleanup of other modes' rules
     // must leave them alone) and after the run.
     let flannel_before = c.flannel_rules();
-    let took = proxies::deploy(&c, proxy, &mode, Duration::from_secs(180));
+    let took = match &kustomization {
+        Some(dir) => proxies::deploy_ours_from(&c, dir, &mode, Duration::from_secs(180)),
+        None => proxies::deploy(&c, proxy, &mode, Duration::from_secs(180)),
+    };
     eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
     c.install_coredns(Duration::from_secs(180));
     let log = c.dir.join("e2e.log");

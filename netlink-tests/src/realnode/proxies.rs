@@ -336,6 +336,23 @@ pub fn deploy_ours(c: &Cluster) {
     c.kubectl_ok(&["apply", "-k", root.to_str().unwrap()]);
 }
 
+/// Ours from the kustomization in `dir`, with kubeadm's ConfigMap in `mode`; waits as
+/// [`deploy`] does and returns how long that took.
+pub fn deploy_ours_from(
+    c: &Cluster,
+    dir: &std::path::Path,
+    mode: &str,
+    limit: Duration,
+) -> Duration {
+    c.apply(&kubeadm_configmap_for(mode, c.family));
+    let t0 = std::time::Instant::now();
+    c.kubectl_ok(&["apply", "-k", dir.to_str().expect("a UTF-8 path")]);
+    c.wait_for(limit, "our proxy pods Ready", |c| {
+        c.pods_ready("kube-system", Proxy::Ours.selector(), c.nodes.len())
+    });
+    t0.elapsed()
+}
+
 /// Upstream kube-proxy as kubeadm's addon, running `image` (upstream's by default).
 pub fn deploy_kubeadm_addon(c: &Cluster, image: &str) {
     c.apply(&kubeadm_addon(image));
