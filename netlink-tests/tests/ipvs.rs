@@ -1596,7 +1596,9 @@ COMMIT
             // held, and was never greeted. Conntrack marks the entry CLOSED when it sees the
             // ABORT; the backend's copy of it follows within the same softirq's forward.
             wait_for("the ABORT seen by conntrack", || {
-                sig_entries(&c, 41000).iter().all(|l| l.contains(" CLOSED "))
+                sig_entries(&c, 41000)
+                    .iter()
+                    .all(|l| l.contains(" CLOSED "))
             });
             std::thread::sleep(Duration::from_millis(200));
             // The same client port again: a stale entry would still send it to `local`.

@@ -18,8 +18,87 @@ use crate::oci::{Content, Entry, Image};
 /// The registry-less name `deploy/` uses; `kustomize edit set image` or the README's push
 /// commands point it elsewhere.
 pub const IMAGE_NAME: &str = "localhost/kube-nlproxy";
-/// The target the image's binary is built for (explicit, so that `crt-static` applies to
-/// the binary and not to build scripts or proc macros).
+/// A platform the release is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Amd64,
+    Arm64,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 2] = [Arch::Amd64, Arch::Arm64];
+
+    /// The Rust target (explicit, so that `crt-static` applies to the binary and not to
+    /// build scripts or proc macros).
+    pub fn target(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "x86_64-unknown-linux-gnu",
+            Arch::Arm64 => "aarch64-unknown-linux-gnu",
+        }
+    }
+
+    /// The name OCI, Go (GOARCH), Debian and `kubernetes.io/arch` give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    /// The OCI platform's `variant` (arm64 images say v8, as `docker buildx` writes them).
+    pub fn variant(self) -> Option<&'static str> {
+        match self {
+            Arch::Amd64 => None,
+            Arch::Arm64 => Some("v8"),
+        }
+    }
+
+    /// ELF's `e_machine` for binaries of this platform.
+    pub fn elf_machine(self) -> u16 {
+        match self {
+            Arch::Amd64 => 62,  // EM_X86_64
+            Arch::Arm64 => 183, // EM_AARCH64
+        }
+    }
+
+    /// `amd64` or `arm64`; anything else is an error naming the value.
+    pub fn parse(s: &str) -> Result<Arch, String> {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| format!("unknown architecture {s:?}: amd64 or arm64"))
+    }
+
+    /// The platform of the machine running this.
+    pub fn host() -> Arch {
+        if cfg!(target_arch = "aarch64") {
+            Arch::Arm64
+        } else {
+            Arch::Amd64
+        }
+    }
+
+    /// The C cross toolchain cargo needs for a build on another platform: the linker and
+    /// the C compiler of crates with C parts (Debian's `gcc-aarch64-linux-gnu`).
+    fn cross_env(self) -> Vec<(String, String)> {
+        if self == Arch::host() {
+            return Vec::new();
+        }
+        let gnu = match self {
+            Arch::Amd64 => "x86_64-linux-gnu",
+            Arch::Arm64 => "aarch64-linux-gnu",
+        };
+        let upper = self.target().to_uppercase().replace('-', "_");
+        let lower = self.target().replace('-', "_");
+        vec![
+            (format!("CARGO_TARGET_{upper}_LINKER"), format!("{gnu}-gcc")),
+            (format!("CC_{lower}"), format!("{gnu}-gcc")),
+            (format!("AR_{lower}"), format!("{gnu}-ar")),
+        ]
+    }
+}
+
+/// The amd64 target (the image `cargo xtask image` builds).
 pub const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// The cargo profile of the image (Cargo.toml `[profile.image]`).
 pub const PROFILE: &str = "image";
@@ -67,9 +146,10 @@ pub fn default_reference() -> io::Result<String> {
     Ok(format!("{IMAGE_NAME}:v{v}"))
 }
 
-/// Builds the binary with the image profile, statically linked, with the checkout's and
-/// cargo's paths remapped so that another clone builds the same bytes. Returns its path.
-pub fn build_binary() -> io::Result<PathBuf> {
+/// Builds the binary for `arch` with the image profile, statically linked, with the
+/// checkout's and cargo's paths remapped so that another clone builds the same bytes.
+/// Returns its path.
+pub fn build_binary(arch: Arch) -> io::Result<PathBuf> {
     let root = workspace_root();
     let cargo_home = std::env::var("CARGO_HOME")
         .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
@@ -77,7 +157,12 @@ pub fn build_binary() -> io::Result<PathBuf> {
         "-C target-feature=+crt-static --remap-path-prefix={}=/src --remap-path-prefix={cargo_home}=/cargo",
         root.display()
     );
+    let target = arch.target();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let rustflags = format!(
+        "CARGO_TARGET_{}_RUSTFLAGS",
+        target.to_uppercase().replace('-', "_")
+    );
     #[allow(clippy::disallowed_methods)] // a build task runs cargo
     let status = Command::new(cargo)
         .current_dir(&root)
@@ -87,18 +172,28 @@ pub fn build_binary() -> io::Result<PathBuf> {
             "--profile",
             PROFILE,
             "--target",
-            TARGET,
+            target,
         ])
         .args(["-p", "kube-nlproxy", "--bin", "kube-nlproxy"])
-        .env("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS", flags)
+        .env(rustflags, flags)
+        .envs(arch.cross_env())
         .status()?;
     if !status.success() {
+        let hint = if arch == Arch::host() {
+            String::new()
+        } else {
+            format!(
+                " (a {} build needs `rustup target add {target}` and Debian's gcc-aarch64-linux-gnu and libc6-dev-arm64-cross)",
+                arch.name()
+            )
+        };
         return Err(io::Error::other(format!(
-            "cargo build of the image binary: {status}"
+            "cargo build of the {} image binary: {status}{hint}",
+            arch.name()
         )));
     }
     Ok(target_dir(&root)
-        .join(TARGET)
+        .join(target)
         .join(PROFILE)
         .join("kube-nlproxy"))
 }
@@ -107,6 +202,16 @@ fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))
+}
+
+/// The ELF file's `e_machine` (62 x86-64, 183 AArch64).
+pub fn elf_machine(elf: &[u8]) -> Result<u16, String> {
+    if elf.get(..4) != Some(b"\x7fELF") {
+        return Err("not an ELF file".into());
+    }
+    elf.get(0x12..0x14)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .ok_or_else(|| "truncated ELF header".into())
 }
 
 /// Whether an ELF file asks for a program interpreter (a dynamic loader), which the image
@@ -201,6 +306,7 @@ pub fn doc_files(
 /// The release image around `binary`, with `docs` (name, content) in [`DOC_DIR`].
 pub fn release_image(
     binary: &Path,
+    arch: Arch,
     reference: &str,
     epoch: u64,
     provenance: &Provenance,
@@ -217,6 +323,15 @@ pub fn release_image(
             )))
         }
         Err(e) => return Err(io::Error::other(format!("{}: {e}", binary.display()))),
+    }
+    let machine = elf_machine(&elf).map_err(io::Error::other)?;
+    if machine != arch.elf_machine() {
+        return Err(io::Error::other(format!(
+            "{} is not an {} binary (ELF machine {machine}, want {})",
+            binary.display(),
+            arch.name(),
+            arch.elf_machine()
+        )));
     }
     let version = reference.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
     let mut labels: BTreeMap<String, String> = [
@@ -271,6 +386,8 @@ pub fn release_image(
         labels,
         epoch,
         gzip: true,
+        architecture: arch.name().into(),
+        variant: arch.variant().map(str::to_string),
     })
 }
 
@@ -299,6 +416,7 @@ mod tests {
         let me = std::env::current_exe().unwrap();
         let err = release_image(
             &me,
+            Arch::host(),
             "localhost/kube-nlproxy:v0.1.0",
             0,
             &Provenance::default(),

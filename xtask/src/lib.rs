@@ -5,4 +5,5 @@
 pub mod git_commit;
 pub mod image;
 pub mod oci;
+pub mod release;
 pub mod sbom;

@@ -1,10 +1,11 @@
-//! `cargo xtask image`: builds kube-nlproxy's release image as an OCI image-layout tarball,
-//! without Docker or a registry.
+//! `cargo xtask image`: builds kube-nlproxy's image as an OCI image-layout tarball, without
+//! Docker or a registry. `cargo xtask release`: the release directory, every platform.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use xtask::{image, oci};
+use xtask::image::{self, Arch};
+use xtask::{oci, release};
 
 const USAGE: &str =
     "usage: cargo xtask image [--out FILE] [--rootfs DIR] [--binary FILE] [--reference REF]
@@ -23,7 +24,18 @@ binary and epoch give the same digest.
 
 Load it:  ctr -n k8s.io images import FILE | docker load -i FILE | podman load -i FILE
 Push it:  crane push FILE REGISTRY/kube-nlproxy:vVERSION
-          skopeo copy oci-archive:FILE docker://REGISTRY/kube-nlproxy:vVERSION";
+          skopeo copy oci-archive:FILE docker://REGISTRY/kube-nlproxy:vVERSION
+
+usage: cargo xtask release [--out DIR] [--arch amd64,arm64] [--binary ARCH=FILE]...
+
+Writes the release directory (default: target/kube-nlproxy-vVERSION-release/, empty or new):
+per platform the static binary, its image archive, SBOM and notices; the OCI image index
+over all platforms; deploy/ as a tarball; LICENSE; RELEASE_NOTES.md from CHANGELOG.md's
+section; SHA256SUMS. An arm64 build on an amd64 machine needs `rustup target add
+aarch64-unknown-linux-gnu` and Debian's gcc-aarch64-linux-gnu and libc6-dev-arm64-cross.
+
+  --arch LIST         the platforms (default amd64,arm64)
+  --binary ARCH=FILE  use this statically linked binary for ARCH instead of building one";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -42,6 +54,7 @@ fn run(args: &[String]) -> Result<(), String> {
     };
     match task.as_str() {
         "image" => image_task(rest),
+        "release" => release_task(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -78,23 +91,10 @@ fn image_task(args: &[String]) -> Result<(), String> {
         Some(r) => r,
         None => image::default_reference().map_err(|e| e.to_string())?,
     };
-    let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| format!("SOURCE_DATE_EPOCH={v:?}: not a number of seconds"))?,
-        Err(_) => 0,
-    };
-    let binary = match binary {
-        Some(b) => b,
-        None => image::build_binary().map_err(|e| e.to_string())?,
-    };
+    let epoch = source_date_epoch()?;
     let provenance = image::Provenance::of_checkout().map_err(|e| e.to_string())?;
-    let root = image::workspace_root();
-    let bom = xtask::sbom::collect(&root, image::TARGET).map_err(|e| e.to_string())?;
-    let licence = std::fs::read(root.join("LICENSE")).map_err(|e| format!("LICENSE: {e}"))?;
-    let docs = image::doc_files(&bom, &licence, epoch, &provenance);
-    let img = image::release_image(&binary, &reference, epoch, &provenance, docs)
-        .map_err(|e| e.to_string())?;
+    let built = build_platform(Arch::Amd64, binary, &reference, epoch, &provenance)?;
+    let img = built.image;
     let tag = reference
         .rsplit_once(':')
         .map(|(_, t)| t)
@@ -118,5 +118,137 @@ fn image_task(args: &[String]) -> Result<(), String> {
         mib(w.archive_size),
         out.display()
     );
+    Ok(())
+}
+
+/// SOURCE_DATE_EPOCH, or 0.
+fn source_date_epoch() -> Result<u64, String> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| format!("SOURCE_DATE_EPOCH={v:?}: not a number of seconds")),
+        Err(_) => Ok(0),
+    }
+}
+
+/// One platform's binary (built unless given), SBOM, notices and image.
+fn build_platform(
+    arch: Arch,
+    binary: Option<PathBuf>,
+    reference: &str,
+    epoch: u64,
+    provenance: &image::Provenance,
+) -> Result<release::PlatformBuild, String> {
+    let binary = match binary {
+        Some(b) => b,
+        None => image::build_binary(arch).map_err(|e| e.to_string())?,
+    };
+    let root = image::workspace_root();
+    let bom = xtask::sbom::collect(&root, arch.target()).map_err(|e| e.to_string())?;
+    let licence = std::fs::read(root.join("LICENSE")).map_err(|e| format!("LICENSE: {e}"))?;
+    let docs = image::doc_files(&bom, &licence, epoch, provenance);
+    let doc = |name: &str| {
+        docs.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d.clone())
+            .unwrap_or_default()
+    };
+    let (sbom, notices) = (doc("sbom.spdx.json"), doc("THIRD_PARTY_NOTICES"));
+    let image = image::release_image(&binary, arch, reference, epoch, provenance, docs)
+        .map_err(|e| e.to_string())?;
+    Ok(release::PlatformBuild {
+        arch,
+        binary,
+        image,
+        sbom,
+        notices,
+    })
+}
+
+fn release_task(args: &[String]) -> Result<(), String> {
+    let mut out = None;
+    let mut arches = Arch::ALL.to_vec();
+    let mut binaries: Vec<(Arch, PathBuf)> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = |flag: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("flag needs an argument: {flag}"))
+        };
+        match a.as_str() {
+            "--out" => out = Some(PathBuf::from(value(a)?)),
+            "--arch" => {
+                arches = value(a)?
+                    .split(',')
+                    .map(Arch::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("--arch: {e}"))?;
+            }
+            "--binary" => {
+                let v = value(a)?;
+                let (arch, file) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--binary {v:?}: want ARCH=FILE"))?;
+                binaries.push((
+                    Arch::parse(arch).map_err(|e| format!("--binary: {e}"))?,
+                    file.into(),
+                ));
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown flag: {other}\n{USAGE}")),
+        }
+    }
+    let root = image::workspace_root();
+    let toml = std::fs::read_to_string(root.join("Cargo.toml")).map_err(|e| e.to_string())?;
+    let version = image::package_version(&toml).ok_or("Cargo.toml: no version in [package]")?;
+    let changelog = std::fs::read_to_string(root.join("CHANGELOG.md"))
+        .map_err(|e| format!("CHANGELOG.md: {e}"))?;
+    let changes = release::changelog_section(&changelog, &version)?;
+    let tracks = release::tracked_upstream(&changelog, &version)?;
+    let reference = image::default_reference().map_err(|e| e.to_string())?;
+    let epoch = source_date_epoch()?;
+    let provenance = image::Provenance::of_checkout().map_err(|e| e.to_string())?;
+    let mut platforms = Vec::new();
+    for arch in arches {
+        let binary = binaries
+            .iter()
+            .find(|(a, _)| *a == arch)
+            .map(|(_, f)| f.clone());
+        platforms.push(build_platform(
+            arch,
+            binary,
+            &reference,
+            epoch,
+            &provenance,
+        )?);
+    }
+    let dir = out.unwrap_or_else(|| {
+        root.join("target")
+            .join(format!("kube-nlproxy-v{version}-release"))
+    });
+    let notes = |index_digest: &str, digests: &[(Arch, String)]| {
+        release::release_notes(&release::NotesInput {
+            version: &version,
+            tracks: &tracks,
+            revision: &provenance.revision,
+            changes: &changes,
+            index_digest,
+            platform_digests: digests,
+        })
+    };
+    let r = release::write_release(&dir, &root, &version, &notes, &platforms)
+        .map_err(|e| e.to_string())?;
+    println!("release v{version} written to {}", r.dir.display());
+    println!("  image index {}", r.index_digest);
+    for (arch, digest) in &r.platform_digests {
+        println!("  linux/{} {digest}", arch.name());
+    }
+    for f in &r.files {
+        println!("  {f}");
+    }
     Ok(())
 }

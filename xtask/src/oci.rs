@@ -68,6 +68,10 @@ pub struct Image {
     pub epoch: u64,
     /// gzip the layer (the release image); test images skip it to save seconds.
     pub gzip: bool,
+    /// The platform, as OCI and GOARCH name it (`amd64`, `arm64`) ...
+    pub architecture: String,
+    /// ... and its variant (`v8` for arm64), if any.
+    pub variant: Option<String>,
 }
 
 /// What was written.
@@ -171,6 +175,17 @@ fn tar_header(kind: tar::EntryType, mode: u32, size: u64, epoch: u64) -> tar::He
     h
 }
 
+/// `entries` as a reproducible gzip-compressed tarball (paths relative, sorted, 0:0, every
+/// time `epoch`): what the release ships deploy/ in.
+pub fn tar_gz(entries: &[Entry], epoch: u64) -> io::Result<Vec<u8>> {
+    let (tar, _) = layer_tar(entries, epoch)?;
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), flate2::Compression::default());
+    gz.write_all(&tar)?;
+    gz.finish()
+}
+
 /// The layer as an uncompressed tar and the unpacked size of its files.
 fn layer_tar(entries: &[Entry], epoch: u64) -> io::Result<(Vec<u8>, u64)> {
     let mut b = tar::Builder::new(Vec::new());
@@ -234,6 +249,8 @@ struct Layout {
     blobs: Vec<(String, Vec<u8>)>,
     index: Vec<u8>,
     docker_manifest: Vec<u8>,
+    /// Bytes of the manifest blob (its digest is `written.digest`).
+    manifest_size: usize,
     written: Written,
 }
 
@@ -253,7 +270,7 @@ fn build_layout(image: &Image) -> io::Result<Layout> {
     let layer_digest = sha256_hex(&layer);
     let created = rfc3339(image.epoch);
     let mut config = serde_json::json!({
-        "architecture": "amd64",
+        "architecture": image.architecture,
         "os": "linux",
         "created": created,
         "config": {
@@ -267,6 +284,9 @@ fn build_layout(image: &Image) -> io::Result<Layout> {
     });
     if !image.cmd.is_empty() {
         config["config"]["Cmd"] = serde_json::json!(image.cmd);
+    }
+    if let Some(v) = &image.variant {
+        config["variant"] = serde_json::json!(v);
     }
     let config = serde_json::to_vec(&config)?;
     let config_digest = sha256_hex(&config);
@@ -304,6 +324,7 @@ fn build_layout(image: &Image) -> io::Result<Layout> {
         "Layers": [format!("blobs/sha256/{layer_digest}")],
     }]))?;
     let layer_size = layer.len() as u64;
+    let manifest_size = manifest.len();
     let mut blobs = vec![
         (config_digest, config),
         (layer_digest, layer),
@@ -314,6 +335,7 @@ fn build_layout(image: &Image) -> io::Result<Layout> {
         blobs,
         index,
         docker_manifest,
+        manifest_size,
         written: Written {
             digest: format!("sha256:{manifest_digest}"),
             archive_size: 0,
@@ -361,6 +383,106 @@ pub fn registry_image(image: &Image) -> io::Result<RegistryImage> {
 /// it, renamed into place, so a reader never sees half an image).
 pub fn write_archive(image: &Image, out: &Path) -> io::Result<Written> {
     let layout = build_layout(image)?;
+    let archive_size = write_layout_tar(
+        out,
+        image.epoch,
+        &layout.blobs,
+        &layout.index,
+        Some(&layout.docker_manifest),
+    )?;
+    Ok(Written {
+        archive_size,
+        ..layout.written
+    })
+}
+
+/// Writes one OCI image-layout tarball holding an image **index** over `images`, one per
+/// platform (what `docker buildx --platform linux/amd64,linux/arm64 --output type=oci`
+/// writes): `index.json` names the index, tagged as `reference`; the index lists each
+/// platform's manifest. `crane push`, `skopeo copy --all` and `ctr images import
+/// --all-platforms` read it; `docker load` takes one platform's archive instead
+/// ([`write_archive`]), so this one has no Docker `manifest.json`. The returned digest is
+/// the index's: the digest the multi-platform image has in a registry.
+pub fn write_index_archive(images: &[Image], reference: &str, out: &Path) -> io::Result<Written> {
+    let tag = tag_of(reference)?;
+    let Some(first) = images.first() else {
+        return Err(io::Error::other("an image index needs at least one image"));
+    };
+    let mut blobs: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut manifests = Vec::new();
+    let mut platforms = BTreeSet::new();
+    let (mut layer_size, mut unpacked_size) = (0, 0);
+    for image in images {
+        let platform = (image.architecture.clone(), image.variant.clone());
+        if !platforms.insert(platform) {
+            return Err(io::Error::other(format!(
+                "two images for the platform linux/{} in one index",
+                image.architecture
+            )));
+        }
+        if image.epoch != first.epoch {
+            return Err(io::Error::other(
+                "the images of one index must share one epoch (SOURCE_DATE_EPOCH)",
+            ));
+        }
+        let layout = build_layout(image)?;
+        let mut platform = serde_json::json!({
+            "architecture": image.architecture,
+            "os": "linux",
+        });
+        if let Some(v) = &image.variant {
+            platform["variant"] = serde_json::json!(v);
+        }
+        manifests.push(serde_json::json!({
+            "mediaType": MEDIA_MANIFEST,
+            "digest": layout.written.digest,
+            "size": layout.manifest_size,
+            "platform": platform,
+        }));
+        layer_size += layout.written.layer_size;
+        unpacked_size += layout.written.unpacked_size;
+        blobs.extend(layout.blobs);
+    }
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MEDIA_INDEX,
+        "manifests": manifests,
+    }))?;
+    let index_digest = sha256_hex(&index);
+    let top = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MEDIA_INDEX,
+        "manifests": [{
+            "mediaType": MEDIA_INDEX,
+            "digest": format!("sha256:{index_digest}"),
+            "size": index.len(),
+            "annotations": {
+                "io.containerd.image.name": reference,
+                "org.opencontainers.image.ref.name": tag,
+            },
+        }],
+    }))?;
+    blobs.insert(index_digest.clone(), index);
+    let blobs: Vec<(String, Vec<u8>)> = blobs.into_iter().collect();
+    let archive_size = write_layout_tar(out, first.epoch, &blobs, &top, None)?;
+    Ok(Written {
+        digest: format!("sha256:{index_digest}"),
+        archive_size,
+        layer_size,
+        unpacked_size,
+    })
+}
+
+/// The tarball of an OCI image layout: `blobs` (sorted by digest), `index.json`, Docker's
+/// `manifest.json` when given, `oci-layout`; written through a temporary file. Returns its
+/// size.
+fn write_layout_tar(
+    out: &Path,
+    epoch: u64,
+    blobs: &[(String, Vec<u8>)],
+    index: &[u8],
+    docker_manifest: Option<&[u8]>,
+) -> io::Result<u64> {
     let mut b = tar::Builder::new(Vec::new());
     let mut add = |path: &str, kind: tar::EntryType, data: &[u8]| -> io::Result<()> {
         let mode = if kind == tar::EntryType::Directory {
@@ -368,24 +490,22 @@ pub fn write_archive(image: &Image, out: &Path) -> io::Result<Written> {
         } else {
             0o644
         };
-        let mut h = tar_header(kind, mode, data.len() as u64, image.epoch);
+        let mut h = tar_header(kind, mode, data.len() as u64, epoch);
         b.append_data(&mut h, path, data)
     };
     add("blobs/", tar::EntryType::Directory, &[])?;
     add("blobs/sha256/", tar::EntryType::Directory, &[])?;
-    for (digest, data) in &layout.blobs {
+    for (digest, data) in blobs {
         add(
             &format!("blobs/sha256/{digest}"),
             tar::EntryType::Regular,
             data,
         )?;
     }
-    add("index.json", tar::EntryType::Regular, &layout.index)?;
-    add(
-        "manifest.json",
-        tar::EntryType::Regular,
-        &layout.docker_manifest,
-    )?;
+    add("index.json", tar::EntryType::Regular, index)?;
+    if let Some(m) = docker_manifest {
+        add("manifest.json", tar::EntryType::Regular, m)?;
+    }
     add(
         "oci-layout",
         tar::EntryType::Regular,
@@ -398,10 +518,7 @@ pub fn write_archive(image: &Image, out: &Path) -> io::Result<Written> {
     let tmp = out.with_extension("tmp");
     std::fs::write(&tmp, &bytes)?;
     std::fs::rename(&tmp, out)?;
-    Ok(Written {
-        archive_size: bytes.len() as u64,
-        ..layout.written
-    })
+    Ok(bytes.len() as u64)
 }
 
 /// Writes `image`'s file tree under `dir` (what `deploy/Dockerfile` copies into its final
@@ -457,6 +574,8 @@ mod tests {
             labels: BTreeMap::new(),
             epoch: 0,
             gzip,
+            architecture: "amd64".into(),
+            variant: None,
         }
     }
 
@@ -483,6 +602,61 @@ mod tests {
             out.insert(p, data);
         }
         out
+    }
+
+    #[test]
+    fn an_index_archive_lists_each_platforms_manifest_and_holds_every_blob() {
+        let amd64 = image(true);
+        let mut arm64 = image(true);
+        arm64.architecture = "arm64".into();
+        arm64.variant = Some("v8".into());
+        arm64.entries.push(Entry::Dir {
+            path: "/arm".into(),
+            mode: 0o755,
+        });
+        let dir = std::env::temp_dir().join(format!("xtask-oci-index-{}", std::process::id()));
+        let out = dir.join("index.tar");
+        let w = write_index_archive(&[amd64.clone(), arm64.clone()], "localhost/demo:v1", &out)
+            .unwrap();
+        let m = members(&std::fs::read(&out).unwrap());
+        assert!(
+            !m.contains_key("manifest.json"),
+            "docker load takes one platform"
+        );
+        let blob = |digest: &str| -> &[u8] {
+            let hex = digest.strip_prefix("sha256:").unwrap();
+            let data = &m[&format!("blobs/sha256/{hex}")];
+            assert_eq!(sha256_hex(data), hex, "a blob's name is its digest");
+            data
+        };
+        let json = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).unwrap();
+        let top = json(&m["index.json"]);
+        let entry = &top["manifests"][0];
+        assert_eq!(entry["mediaType"], MEDIA_INDEX);
+        assert_eq!(
+            entry["annotations"]["org.opencontainers.image.ref.name"],
+            "v1"
+        );
+        assert_eq!(entry["digest"], w.digest);
+        let index = json(blob(entry["digest"].as_str().unwrap()));
+        let listed = index["manifests"].as_array().unwrap();
+        assert_eq!(listed.len(), 2);
+        for (d, img) in listed.iter().zip([&amd64, &arm64]) {
+            // Each platform's manifest is the one its own archive has, config included.
+            assert_eq!(d["digest"].as_str(), Some(archive(img).0.digest.as_str()));
+            assert_eq!(d["platform"]["architecture"], img.architecture.as_str());
+            assert_eq!(d["platform"]["os"], "linux");
+            assert_eq!(d["platform"]["variant"].as_str(), img.variant.as_deref());
+            let manifest = json(blob(d["digest"].as_str().unwrap()));
+            let config = json(blob(manifest["config"]["digest"].as_str().unwrap()));
+            assert_eq!(config["architecture"], img.architecture.as_str());
+            blob(manifest["layers"][0]["digest"].as_str().unwrap());
+        }
+        // Refused: one platform twice, no image.
+        let twice = write_index_archive(&[amd64.clone(), amd64], "localhost/demo:v1", &out);
+        assert!(twice.unwrap_err().to_string().contains("linux/amd64"));
+        assert!(write_index_archive(&[], "localhost/demo:v1", &out).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -164,6 +164,8 @@ impl RootFs {
             labels: BTreeMap::new(),
             epoch: 0,
             gzip: false,
+            architecture: xtask::image::Arch::host().name().into(),
+            variant: None,
         }
     }
 }
