@@ -858,7 +858,7 @@ pub fn explained(c: &Cluster, f: &Flow) -> Result<Outcome, String> {
                     seen.insert("refused".into());
                 }
                 "accept" if !r["ipvs"].is_null() => {
-                    let servers = r["ipvs"]["real_servers"]
+                    let servers = r["ipvs"]["realServers"]
                         .as_array()
                         .cloned()
                         .unwrap_or_default();

@@ -1225,7 +1225,7 @@ COMMIT
             // `tcp 10.96.0.10:80`, as ipvsadm writes `TCP 10.96.0.10:80 rr`.
             let name = vs["service"].as_str().unwrap().to_uppercase();
             assert!(list.contains(&name), "{name} not in ipvsadm -Ln:\n{list}");
-            for rs in vs["real_servers"].as_array().unwrap() {
+            for rs in vs["realServers"].as_array().unwrap() {
                 let a = rs["address"].as_str().unwrap();
                 assert!(list.contains(&format!("-> {a} ")), "{a} of {name}:\n{list}");
             }

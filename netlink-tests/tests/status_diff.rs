@@ -114,7 +114,9 @@ fn status_names_a_foreign_change_and_diff_repairs_it() {
     );
     let json: serde_json::Value =
         serde_json::from_str(&tool(&c, "status", &m, &["--json"], 1)).unwrap();
-    assert_eq!(json["in_sync"], false);
+    assert_eq!(json["inSync"], false);
+    assert_eq!(json["apiVersion"], "kube-nlproxy.io/v1alpha1");
+    assert_eq!(json["kind"], "ProxyStatus");
     // diff's commands, through the real nft, undo both.
     let ops = tool(&c, "diff", &m, &[], 1);
     let script: String = ops
@@ -208,4 +210,181 @@ fn a_table_loaded_by_nft_from_our_dry_run_is_in_sync() {
     c.node.sh("nft flush chain ip kube-nlproxy nat-output");
     let s = tool(&c, "status", &m, &[], 1);
     assert!(s.contains("chain nat-output: 0 rules, planned 1"), "{s}");
+}
+
+/// Issue #53.5: the tools over HTTP on the daemon's metrics server, for clusters without
+/// `kubectl exec`. `services` and `explain` answer exactly what the CLI's `--json` prints;
+/// `status` and `diff` compare the kernel with the daemon's last synced state (in sync here,
+/// as the CLI says from the same manifests); a bad query is a 400 naming the parameter.
+#[test]
+fn the_tools_answer_over_http_as_the_cli_does() {
+    let c = Cluster::new();
+    let _d = c.start_daemon(&first_yaml(), &[]);
+    let m = c.dir.join("cluster.yaml");
+    // (status code, body) of a GET to the daemon's metrics server, bounded.
+    let get = |path: &str| -> (String, String) {
+        let out = c.node.sh(&format!(
+            "curl -s -m 20 -o /dev/stdout -w '\\n%{{http_code}}' 'http://127.0.0.1:10249/debug/kube-nlproxy/{path}'"
+        ));
+        let (body, code) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
+        (code.to_string(), body.to_string())
+    };
+    let json = |s: &str| -> serde_json::Value {
+        serde_json::from_str(s).unwrap_or_else(|e| panic!("{e}: {s}"))
+    };
+    // services: the CLI's JSON, byte for byte.
+    let (code, body) = get("services");
+    assert_eq!(code, "200", "{body}");
+    let cli = c.node.output(
+        netlink_tests::cluster::proxy_bin().to_str().unwrap(),
+        &["services", "--json"],
+    );
+    assert_eq!(
+        body.trim_end(),
+        String::from_utf8_lossy(&cli.stdout).trim_end()
+    );
+    assert_eq!(json(&body)["kind"], "ServiceList");
+    // explain: the query's parameters are the CLI's flags.
+    let (code, body) = get("explain?to=10.96.0.10%3A80&from=node");
+    assert_eq!(code, "200", "{body}");
+    let cli = c.node.output(
+        netlink_tests::cluster::proxy_bin().to_str().unwrap(),
+        &[
+            "explain",
+            "--to",
+            "10.96.0.10:80",
+            "--from",
+            "node",
+            "--json",
+        ],
+    );
+    assert_eq!(
+        body.trim_end(),
+        String::from_utf8_lossy(&cli.stdout).trim_end()
+    );
+    let v = json(&body);
+    assert_eq!(v["kind"], "PacketExplanation");
+    assert_eq!(v["tables"][0]["outcomes"][0]["verdict"], "dnat");
+    // status: in sync, as the CLI finds it; the daemon part reads the same metrics page.
+    let (code, body) = get("status");
+    assert_eq!(code, "200", "{body}");
+    let http = json(&body);
+    let cli = json(&tool(&c, "status", &m, &["--json"], 0));
+    assert_eq!(http["kind"], "ProxyStatus");
+    assert_eq!(http["inSync"], true, "{body}");
+    assert_eq!(
+        http["mode"], "iptables",
+        "named as /proxyMode names it: {body}"
+    );
+    assert_eq!(http["engine"], "nftables");
+    for k in ["mode", "engine", "source", "inSync", "ipvs"] {
+        assert_eq!(http[k], cli[k], "{k}");
+    }
+    for (h, c) in http["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(cli["families"].as_array().unwrap())
+    {
+        assert_eq!(h["counts"], c["counts"]);
+        assert_eq!(h["differences"], c["differences"]);
+    }
+    assert_eq!(http["daemon"]["reachable"], true, "{body}");
+    let (code, body) = get("diff");
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(json(&body)["kind"], "ProxyDiff");
+    assert_eq!(
+        json(&body)["families"][0]["operations"],
+        serde_json::json!([])
+    );
+    // Bad queries: one line naming the parameter, 400.
+    let (code, body) = get("explain?table=x");
+    assert_eq!(code, "400");
+    assert!(body.contains("unknown parameter \"table\""), "{body}");
+    let (code, body) = get("explain?from=node");
+    assert_eq!(
+        code, "400",
+        "no destination is explain's usage error: {body}"
+    );
+    assert!(body.starts_with("explain: "), "{body}");
+}
+
+/// Issue #53.5: in the daemon's pod `status` needs no flags. The daemon runs as PID 1 of its
+/// own PID namespace (as in a container), told its node only by `NODE_NAME`; `status` entered
+/// into that namespace takes PID 1's flags and `NODE_NAME`, and reads what the daemon reads.
+#[test]
+#[allow(clippy::disallowed_methods)] // unshare and nsenter make the pod's PID namespace
+fn status_in_the_pod_takes_the_daemons_own_flags() {
+    use std::process::{Command, Stdio};
+    let c = Cluster::new();
+    let m = c.write_manifests(&first_yaml());
+    let log = c.dir.join("pid1.log");
+    let bin = netlink_tests::cluster::proxy_bin();
+    // Killed (and with it the daemon, --kill-child) however the test ends, before the
+    // cluster's namespaces are removed.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let unshare = netlink_tests::bounded::dies_with_parent(&mut Command::new("unshare"))
+        .arg(format!("--net=/run/netns/{}", c.node.name))
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+        .arg(&bin)
+        .args(["--manifests", m.to_str().unwrap()])
+        .args(["--cluster-cidr", netlink_tests::cluster::CLUSTER_CIDR])
+        .env("NODE_NAME", "node1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let unshare = KillOnDrop(unshare);
+    // The daemon: unshare's one child, PID 1 inside.
+    let t0 = Instant::now();
+    let pid = loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.0.id()))
+                .unwrap_or_default();
+        let synced = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("initial sync done");
+        if let (Some(p), true) = (children.split_whitespace().next(), synced) {
+            break p.to_string();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no first sync: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let out = Command::new("timeout")
+        .args(["60", "nsenter", "-t", &pid, "-p", "-m", "-n", "--"])
+        .arg(&bin)
+        .arg("status")
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap();
+    drop(unshare);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.starts_with(&format!(
+            "mode iptables (nftables engine), state from --manifests {}",
+            m.display()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("2 Services (2 service ports, 3 endpoints)"),
+        "{text}"
+    );
+    assert!(text.contains("drift: none"), "{text}");
 }

@@ -17,7 +17,8 @@ use super::AppError;
 fn zpages_of(cfg: &Config) -> admin::Zpages {
     let statusz = cfg.gates.enabled(gates::COMPONENT_STATUSZ).then(|| {
         let flagz = cfg.gates.enabled(gates::COMPONENT_FLAGZ);
-        // The metrics server's paths, first segment only, as upstream lists its mux's.
+        // The metrics server's paths, first segment only, as upstream lists its mux's (ours
+        // also serves /debug/kube-nlproxy/…, left out so that the page is upstream's).
         let mut paths = vec![
             "/configz",
             "/healthz",
@@ -115,6 +116,7 @@ pub(super) async fn start(cfg: &Config) -> Result<(Shared, Vec<BindFailure>), Ap
         zpages: Arc::new(zpages_of(cfg)),
         localhost_accepted,
         localhost_metrics,
+        synced_state: Default::default(),
     };
     shared.metrics.record_features(&cfg.gates.metric_values());
     let mut failures = Vec::new();
@@ -127,7 +129,10 @@ pub(super) async fn start(cfg: &Config) -> Result<(Shared, Vec<BindFailure>), Ap
         (
             cfg.metrics_bind_address,
             "metrics",
-            admin::metrics_router(shared.clone()),
+            admin::metrics_router(shared.clone()).merge(super::diagnostics::router(
+                Arc::new(cfg.clone()),
+                shared.synced_state.clone(),
+            )),
         ),
     ] {
         let Some(addr) = addr else {

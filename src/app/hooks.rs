@@ -63,6 +63,19 @@ impl Hooks {
 
 impl Hooks {
     /// A Warning event on both Services of each new collision (once per collision).
+    /// Publishes the state just synced for `/debug/kube-nlproxy/status`: the one
+    /// [`SyncHooks::state_changed`] last announced (the runner announces each before syncing
+    /// it), shared rather than copied.
+    fn publish_synced(&self, state: &ProxyState) {
+        let synced = self
+            .prev
+            .as_ref()
+            .filter(|p| std::ptr::eq(&***p, state))
+            .cloned()
+            .unwrap_or_else(|| Arc::new(state.clone()));
+        *self.shared.synced_state.lock().expect("synced state") = Some(synced);
+    }
+
     fn report_collisions(&mut self, state: &ProxyState) {
         // Events only go to the API server: without it (manifests) there is nothing to find.
         if self.warnings.is_none() {
@@ -125,6 +138,7 @@ impl SyncHooks for Hooks {
                 return;
             }
         };
+        self.publish_synced(state);
         let now = SystemTime::now();
         self.record_sync(stats, took);
         self.mark_healthy(stats, now);

@@ -9,6 +9,7 @@
 mod admin;
 mod cleanup;
 mod daemon;
+mod diagnostics;
 pub mod hooks;
 mod host;
 mod leftovers;

@@ -36,6 +36,9 @@ pub struct Shared {
     /// The nftables mode's loopback NodePort listener metrics, registered only with the gate
     /// `KubeProxyNFTablesLocalhostNodePorts` on (as upstream).
     pub localhost_metrics: Option<crate::serve::metrics::LocalhostNodePortMetrics>,
+    /// The state of the last successful sync (what `/debug/kube-nlproxy/status` compares
+    /// the kernel with); `None` before the first.
+    pub synced_state: Arc<Mutex<Option<Arc<crate::model::ProxyState>>>>,
 }
 
 #[cfg(any(test, feature = "testing"))]
@@ -54,6 +57,7 @@ impl Shared {
             zpages: Default::default(),
             localhost_accepted: Default::default(),
             localhost_metrics: None,
+            synced_state: Default::default(),
         }
     }
 }

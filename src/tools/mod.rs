@@ -45,6 +45,26 @@ pub fn top_level_help() -> String {
     flags.replacen("Usage:\n  kube-nlproxy [flags]\n", &commands, 1)
 }
 
+/// The `apiVersion` of the tools' JSON: objects with `apiVersion` and `kind` and camelCase
+/// fields, as Kubernetes tools print them, so a script can tell a status from a listing.
+pub const API_VERSION: &str = "kube-nlproxy.io/v1alpha1";
+
+/// `value` (a struct) as the tools' JSON: `apiVersion` and `kind`, then its fields; pretty,
+/// ending in a newline. The same text the CLI's `--json` prints and the daemon's
+/// `/debug/kube-nlproxy/…` pages answer.
+pub fn to_json(kind: &str, value: &impl serde::Serialize) -> String {
+    let mut object = serde_json::Map::new();
+    object.insert("apiVersion".into(), API_VERSION.into());
+    object.insert("kind".into(), kind.into());
+    match serde_json::to_value(value).expect("a report serializes") {
+        serde_json::Value::Object(fields) => object.extend(fields),
+        other => {
+            object.insert("value".into(), other);
+        }
+    }
+    serde_json::to_string_pretty(&object).expect("a JSON object serializes") + "\n"
+}
+
 /// What a tool printed, and whether it reported a finding. The exit status follows
 /// `diff(1)`: 0 nothing found (in sync; the packet is delivered), [`EXIT_FINDING`] a finding
 /// (`status`/`diff`: drift; `explain`: dropped or rejected, unless `--exit-zero`),
@@ -125,13 +145,17 @@ pub fn dispatch(args: &[String]) -> Dispatch {
             if rest.iter().any(|a| a == "--help" || a == "-h") {
                 return Dispatch::Done(
                     Err(ToolError::Help(format!(
-                        "Usage: kube-nlproxy {name} [--json] [the daemon's flags: --config, --manifests, --kubeconfig, --proxy-mode, …]\n\n{}: it reads the same sources as the daemon with the same flags, and the kernel over netlink; it changes nothing.\n\nExample, in the DaemonSet's pod:\n  kubectl -n kube-system exec ds/kube-nlproxy -- /usr/local/bin/kube-proxy {name} --config=/var/lib/kube-proxy/config.conf --hostname-override=$NODE\n\nExit status, as diff(1): 0 in sync, 1 drift, 2 trouble.\n",
+                        "Usage: kube-nlproxy {name} [--json] [the daemon's flags: --config, --manifests, --kubeconfig, --proxy-mode, …]\n\n{}: it reads the same sources as the daemon with the same flags, and the kernel over netlink; it changes nothing.\n\nWith no flags it takes the running daemon's (PID 1's command line, with $NODE_NAME as --hostname-override if it has none), so in the DaemonSet's pod:\n  kubectl -n kube-system exec ds/kube-nlproxy -- /usr/local/bin/kube-proxy {name}\n\nExample, elsewhere:\n  kube-nlproxy {name} --config=/var/lib/kube-proxy/config.conf --hostname-override=$NODE\n\nThe daemon also answers it at http://METRICS-ADDRESS/debug/kube-nlproxy/{name} (JSON).\n\nExit status, as diff(1): 0 in sync, 1 drift, 2 trouble.\n",
                         TOOLS.iter().find(|(t, _)| t == name).map(|(_, h)| *h).unwrap_or("")
                     ))),
                     if diff { "diff" } else { "status" },
                 );
             }
-            let (tool, rest) = status::split_args(diff, rest);
+            let (tool, mut rest) = status::split_args(diff, rest);
+            if rest.is_empty() {
+                // In the daemon's pod, no flags means the daemon's own.
+                rest = status::daemon_flags_here().unwrap_or_default();
+            }
             Dispatch::WithState(tool, rest)
         }
         _ => Dispatch::Daemon,

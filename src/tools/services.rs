@@ -80,6 +80,7 @@ pub struct Frontend {
 
 /// Where new connections to one frontend go.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct FrontendView {
     pub kind: FrontendKind,
     /// `ADDRESS:PORT`; a NodePort shows the node address it was traced to.
@@ -92,6 +93,7 @@ pub struct FrontendView {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Destination {
     pub verdict: Verdict,
     pub endpoint: Option<String>,
@@ -100,6 +102,7 @@ pub struct Destination {
 
 /// One Service port and its frontends.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ServiceView {
     /// `namespace/name:port`.
     pub service: String,
@@ -109,6 +112,7 @@ pub struct ServiceView {
 
 /// The whole listing.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Listing {
     pub services: Vec<ServiceView>,
     /// IPVS mode's virtual servers (empty in the other modes).
@@ -492,7 +496,7 @@ pub fn run(args: &[String]) -> Result<Printed, ToolError> {
         }
     };
     let text = if a.has("json") {
-        serde_json::to_string_pretty(&listing).expect("a listing serializes") + "\n"
+        super::to_json("ServiceList", &listing)
     } else {
         render_text(&listing)
     };

@@ -312,7 +312,7 @@ pub fn run(args: &[String]) -> Result<super::Printed, ToolError> {
     let a = args::parse("explain", USAGE, FLAGS, args)?;
     let report = explain(&mut LiveKernel::new(), &a)?;
     let text = if a.has("json") {
-        serde_json::to_string_pretty(&report).expect("a report serializes") + "\n"
+        super::to_json("PacketExplanation", &report)
     } else {
         render_text(&report)
     };

@@ -10,6 +10,7 @@ use crate::kernel::nft::live::LiveTable;
 
 /// An IPVS virtual server with its real servers, as the kernel lists them.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct VirtualServerReport {
     pub service: String,
     pub scheduler: String,
@@ -19,6 +20,7 @@ pub struct VirtualServerReport {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct RealServerReport {
     pub address: String,
     /// Whether the real server sees this host's address (our table's postrouting verdict
@@ -74,6 +76,7 @@ impl Verdict {
 
 /// One possible result for the packet in one table.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Outcome {
     pub probability: f64,
     pub verdict: Verdict,
@@ -89,6 +92,7 @@ pub struct Outcome {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct TableReport {
     pub family: &'static str,
     pub table: String,
@@ -99,6 +103,7 @@ pub struct TableReport {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Report {
     pub source: String,
     pub destination: String,

@@ -281,12 +281,12 @@ fn json_schema_is_pinned() {
     assert_eq!(
         keys(o),
         [
-            "affinity_sets",
+            "affinitySets",
             "destination",
             "detail",
             "listener",
             "masquerade",
-            "masquerade_reason",
+            "masqueradeReason",
             "path",
             "probability",
             "verdict"

@@ -48,8 +48,54 @@ pub fn split_args(diff: bool, args: &[String]) -> (StateTool, Vec<String>) {
     (StateTool { diff, json }, rest)
 }
 
+/// The daemon's own flags for a `status` or `diff` given none, in the daemon's pod: PID 1's
+/// command line (`cmdline`, NUL-separated, as `/proc/1/cmdline` holds it) when PID 1 is our
+/// daemon (`kube-proxy` or `kube-nlproxy`, not one of our tools), without the flags that
+/// change what a run does (`--cleanup`, `--init-only`, `--once`, `--write-config-to`), and
+/// `--hostname-override=NODE_NAME` when it has none (the Downward API's variable that
+/// deploy/ and kubeadm set). `None` otherwise. Pure.
+pub fn daemon_flags(cmdline: &[u8], node_name: Option<&str>) -> Option<Vec<String>> {
+    let mut args = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    let argv0 = args.next()?;
+    let program = argv0.rsplit('/').next().unwrap_or(&argv0);
+    if program != "kube-proxy" && program != "kube-nlproxy" {
+        return None;
+    }
+    let mut flags: Vec<String> = args.filter(|a| !a.is_empty()).collect();
+    if flags
+        .first()
+        .is_some_and(|f| super::TOOLS.iter().any(|(t, _)| t == f))
+    {
+        return None;
+    }
+    let changes_the_run = |f: &str| {
+        let name = f.split('=').next().unwrap_or(f);
+        matches!(
+            name,
+            "--cleanup" | "--init-only" | "--once" | "--write-config-to" | "--dry-run"
+        )
+    };
+    flags.retain(|f| !changes_the_run(f));
+    let has_hostname = flags
+        .iter()
+        .any(|f| f == "--hostname-override" || f.starts_with("--hostname-override="));
+    if let Some(node) = node_name.filter(|n| !n.is_empty() && !has_hostname) {
+        flags.push(format!("--hostname-override={node}"));
+    }
+    Some(flags)
+}
+
+/// [`daemon_flags`] of this machine: `/proc/1/cmdline` and `$NODE_NAME`.
+pub fn daemon_flags_here() -> Option<Vec<String>> {
+    let cmdline = std::fs::read("/proc/1/cmdline").ok()?;
+    daemon_flags(&cmdline, std::env::var("NODE_NAME").ok().as_deref())
+}
+
 /// What is programmed in one table, counted from the kernel's own listing.
 #[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Counts {
     pub services: usize,
     pub service_ports: usize,
@@ -128,6 +174,7 @@ pub fn counts(t: &LiveTable) -> Counts {
 
 /// One family's part of the report.
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct FamilyReport {
     pub family: &'static str,
     pub table: String,
@@ -139,6 +186,7 @@ pub struct FamilyReport {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct IpvsReport {
     pub virtual_servers: usize,
     pub real_servers: usize,
@@ -148,8 +196,13 @@ pub struct IpvsReport {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Report {
-    pub mode: &'static str,
+    /// The mode as configured, as `/proxyMode` names it (`iptables` when the configuration
+    /// left it empty) ...
+    pub mode: String,
+    /// ... and the engine serving it (`nftables` for iptables mode, `ipvs`).
+    pub engine: &'static str,
     pub source: String,
     pub families: Vec<FamilyReport>,
     pub ipvs: Option<IpvsReport>,
@@ -231,7 +284,8 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
     let in_sync = families.iter().all(|f| f.differences.is_empty())
         && ipvs.as_ref().is_none_or(|i| i.differences.is_empty());
     let report = Report {
-        mode: cfg.mode.name(),
+        mode: cfg.requested_mode.clone(),
+        engine: cfg.mode.name(),
         source: match (&cfg.manifests, &cfg.kubeconfig, &cfg.master) {
             (Some(m), _, _) => format!("--manifests {}", m.display()),
             (None, Some(k), _) => format!("the API server of {}", k.display()),
@@ -244,7 +298,14 @@ pub fn run(tool: StateTool, cfg: &Config, state: &ProxyState) -> Result<super::P
         in_sync,
     };
     let text = if tool.json {
-        serde_json::to_string_pretty(&report).expect("a report serializes") + "\n"
+        super::to_json(
+            if tool.diff {
+                "ProxyDiff"
+            } else {
+                "ProxyStatus"
+            },
+            &report,
+        )
     } else {
         render_text(&report, tool.diff)
     };
@@ -309,6 +370,35 @@ mod tests {
     use crate::kernel::nft::Family;
 
     #[test]
+    fn in_the_pod_the_daemons_own_flags_are_used() {
+        let kubeadm = b"/usr/local/bin/kube-proxy\0--config=/var/lib/kube-proxy/config.conf\0--hostname-override=node-a\0";
+        assert_eq!(
+            daemon_flags(kubeadm, Some("ignored")).unwrap(),
+            [
+                "--config=/var/lib/kube-proxy/config.conf",
+                "--hostname-override=node-a"
+            ]
+        );
+        // No --hostname-override: NODE_NAME's; run-changing flags dropped.
+        let ours = b"/kube-nlproxy\0--config=/c.yaml\0--cleanup=false\0--v=2\0";
+        assert_eq!(
+            daemon_flags(ours, Some("node-b")).unwrap(),
+            ["--config=/c.yaml", "--v=2", "--hostname-override=node-b"]
+        );
+        assert_eq!(
+            daemon_flags(ours, None).unwrap(),
+            ["--config=/c.yaml", "--v=2"]
+        );
+        // Not our daemon: a host's init, or one of our tools as PID 1.
+        assert_eq!(daemon_flags(b"/sbin/init\0splash\0", Some("n")), None);
+        assert_eq!(
+            daemon_flags(b"/usr/local/bin/kube-proxy\0uninstall\0", None),
+            None
+        );
+        assert_eq!(daemon_flags(b"", None), None);
+    }
+
+    #[test]
     fn daemon_figures_from_the_metrics_page() {
         let page = "# HELP x\n\
 kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1700000010\n\
@@ -348,7 +438,8 @@ kube_nlproxy_sync_last_result 0\n";
         ips.elements.remove(&k);
         let d = drift(&plan, &live);
         Report {
-            mode: "nftables",
+            mode: "nftables".into(),
+            engine: "nftables",
             source: "--manifests examples/cluster.yaml".into(),
             families: vec![FamilyReport {
                 family: "ip",
@@ -394,7 +485,7 @@ kube_nlproxy_sync_last_result 0\n";
         let down = serde_json::to_value(&r).unwrap();
         assert_eq!(
             keys(&down),
-            ["daemon", "families", "in_sync", "ipvs", "mode", "source"]
+            ["daemon", "engine", "families", "inSync", "ipvs", "mode", "source"]
         );
         assert_eq!(
             down["daemon"],
@@ -421,15 +512,15 @@ kube_nlproxy_sync_last_result 0\n";
         assert_eq!(
             keys(&up["daemon"]),
             [
-                "last_sync",
-                "last_sync_ok",
-                "last_sync_seconds",
-                "mean_sync_seconds",
-                "metrics_url",
-                "pending_endpoint_changes",
-                "pending_service_changes",
+                "lastSync",
+                "lastSyncOk",
+                "lastSyncSeconds",
+                "meanSyncSeconds",
+                "metricsUrl",
+                "pendingEndpointChanges",
+                "pendingServiceChanges",
                 "reachable",
-                "sync_failures",
+                "syncFailures",
                 "syncs"
             ]
         );

@@ -2,6 +2,7 @@
 
 /// The running daemon, from its metrics endpoint.
 #[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Daemon {
     pub metrics_url: String,
     /// Unix time of the last successful sync.
@@ -74,12 +75,14 @@ pub(super) fn daemon_json<S: serde::Serializer>(
 ) -> Result<S::Ok, S::Error> {
     use serde::Serialize;
     #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
     struct Reachable<'a> {
         reachable: bool,
         #[serde(flatten)]
         daemon: &'a Daemon,
     }
     #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
     struct Unreachable<'a> {
         reachable: bool,
         error: &'a str,

@@ -21,7 +21,15 @@ pub fn render_text(r: &Report, diff: bool) -> String {
 
 /// The mode, and per family and for IPVS what the kernel holds.
 fn render_counts(s: &mut String, r: &Report) {
-    let _ = writeln!(s, "mode {}, state from {}", r.mode, r.source);
+    if r.mode == r.engine {
+        let _ = writeln!(s, "mode {}, state from {}", r.mode, r.source);
+    } else {
+        let _ = writeln!(
+            s,
+            "mode {} ({} engine), state from {}",
+            r.mode, r.engine, r.source
+        );
+    }
     for f in &r.families {
         let c = &f.counts;
         // IPVS mode's table only filters and marks: its Services are the virtual servers.
