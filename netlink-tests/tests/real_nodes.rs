@@ -120,6 +120,7 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
         "Flannel's rules on every node: {flannel_before:#?}"
     );
     let t0 = Instant::now();
+    c.run_readme_block("release");
     c.run_readme_block("install");
     let took = wait_proxy_pods_ready(
         &c,
@@ -379,6 +380,7 @@ fn migrate_in_place_and_back(c: &Cluster, mode: &str, before: realnode::traffic:
             "upstream's {mode:?} rules on node {n} before the swap"
         );
     }
+    c.run_readme_block("release");
     c.run_readme_block("migrate");
     // `rollout status` returns once the new pods are ready; the last old one may still be
     // terminating.
@@ -527,6 +529,7 @@ fn node_life_keeps_connections_and_rules() {
     let mut c = Cluster::start(3, &[image]);
     // A kubeadm cluster, its kube-proxy serving, as README's install expects.
     proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
+    c.run_readme_block("release");
     c.run_readme_block("install");
     let before = c.start_traffic(Duration::from_secs(120));
     let ip = service_ip(&c, "default", "echo");

@@ -28,7 +28,8 @@ Push it:  crane push FILE REGISTRY/kube-nlproxy:vVERSION
 
 usage: cargo xtask release [--out DIR] [--arch amd64,arm64] [--binary ARCH=FILE]...
 
-Writes the release directory (default: target/kube-nlproxy-vVERSION-release/, empty or new):
+Writes the release directory (--out DIR: empty or new; by default
+target/kube-nlproxy-vVERSION-release/, replaced):
 per platform the static binary, its image archive, SBOM and notices; the OCI image index
 over all platforms; deploy/ as a tarball; LICENSE; RELEASE_NOTES.md from CHANGELOG.md's
 section; SHA256SUMS. An arm64 build on an amd64 machine needs `rustup target add
@@ -226,10 +227,19 @@ fn release_task(args: &[String]) -> Result<(), String> {
             &provenance,
         )?);
     }
-    let dir = out.unwrap_or_else(|| {
-        root.join("target")
-            .join(format!("kube-nlproxy-v{version}-release"))
-    });
+    let dir = match out {
+        Some(d) => d,
+        None => {
+            // The default directory is ours: an earlier release of this checkout is replaced.
+            let d = root
+                .join("target")
+                .join(format!("kube-nlproxy-v{version}-release"));
+            if d.join("SHA256SUMS").exists() {
+                std::fs::remove_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            }
+            d
+        }
+    };
     let notes = |index_digest: &str, digests: &[(Arch, String)]| {
         release::release_notes(&release::NotesInput {
             version: &version,

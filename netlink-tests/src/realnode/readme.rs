@@ -40,11 +40,13 @@ pub fn readme() -> String {
 /// How one README command runs here.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
-    /// `cargo xtask image`: built before the tests (README's test command), checked fresh.
-    BuildImage,
+    /// `sha256sum -c SHA256SUMS`: in the release directory.
+    Verify,
+    /// `tar xzf FILE`: unpacked in the release directory.
+    Unpack(String),
     /// `ctr -n k8s.io images import FILE`: on every node's containerd.
     Import(String),
-    /// `kubectl ARGS` against the cluster, from the repository's root.
+    /// `kubectl ARGS` against the cluster, from the release directory.
     Kubectl(Vec<String>),
 }
 
@@ -88,7 +90,8 @@ pub fn step(line: &str) -> Result<Step, String> {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["cargo", "xtask", "image"] => Ok(Step::BuildImage),
+        ["sha256sum", "-c", "SHA256SUMS"] => Ok(Step::Verify),
+        ["tar", "xzf", file] => Ok(Step::Unpack(file.to_string())),
         ["ctr", "-n", "k8s.io", "images", "import", file] => Ok(Step::Import(file.to_string())),
         ["kubectl", ..] => Ok(Step::Kubectl(words[1..].to_vec())),
         _ => Err(format!(
@@ -97,21 +100,62 @@ pub fn step(line: &str) -> Result<Step, String> {
     }
 }
 
+/// The release directory README's test command wrote (`cargo xtask release --arch amd64`).
+pub fn built_release() -> std::path::PathBuf {
+    let reference = xtask::image::default_reference().unwrap();
+    let tag = reference.rsplit_once(':').map_or("", |(_, t)| t);
+    let dir = workspace_root().join(format!("target/kube-nlproxy-{tag}-release"));
+    assert!(
+        dir.join("SHA256SUMS").exists(),
+        "{}: no release: run `cargo xtask release --arch amd64` (README's test command does)",
+        dir.display()
+    );
+    dir
+}
+
+/// Runs a local command of README's in `dir`, bounded to 2 minutes; panics naming it.
+fn local(dir: &std::path::Path, line: &str, program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output_within(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("`{line}`: {e}"));
+    assert!(
+        out.status.success(),
+        "`{line}` in {} failed: {}{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl Cluster {
-    /// Runs README's block `name` against this cluster, each command bounded to 6 minutes;
-    /// panics naming the line that failed.
+    /// This cluster's copy of the release directory, where README's commands run (an
+    /// operator's download: `tar xzf` writes into it, the build's copy stays as written).
+    pub fn release_dir(&self) -> std::path::PathBuf {
+        let dir = self.dir.join("release");
+        if !dir.exists() {
+            std::fs::create_dir_all(&dir).unwrap();
+            for e in std::fs::read_dir(built_release()).unwrap() {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_file() {
+                    std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+                }
+            }
+        }
+        dir
+    }
+
+    /// Runs README's block `name` against this cluster, in [`Cluster::release_dir`], each
+    /// command bounded to 6 minutes; panics naming the line that failed.
     pub fn run_readme_block(&self, name: &str) {
+        let dir = self.release_dir();
         for line in block(&readme(), name) {
             match step(&line).unwrap_or_else(|e| panic!("README block {name}: {e}")) {
-                Step::BuildImage => {
-                    // The tests run after it (README's test command); its output must exist.
-                    let reference = xtask::image::default_reference().unwrap();
-                    let tag = reference.rsplit_once(':').map_or("", |(_, t)| t);
-                    let tar = workspace_root().join(format!("target/kube-nlproxy-{tag}.oci.tar"));
-                    assert!(tar.exists(), "{line}: {} missing", tar.display());
-                }
+                Step::Verify => local(&dir, &line, "sha256sum", &["-c", "--strict", "SHA256SUMS"]),
+                Step::Unpack(file) => local(&dir, &line, "tar", &["xzf", &file]),
                 Step::Import(file) => {
-                    let path = workspace_root().join(&file);
+                    let path = dir.join(&file);
                     for n in &self.nodes {
                         n.import_image(&path);
                     }
@@ -126,7 +170,7 @@ impl Cluster {
                             self.cp.admin_kubeconfig().display()
                         ))
                         .args(&args)
-                        .current_dir(workspace_root())
+                        .current_dir(&dir)
                         .output_within(Duration::from_secs(360))
                         .expect("run kubectl");
                     assert!(
@@ -160,7 +204,12 @@ mod tests {
 
     #[test]
     fn steps_are_plain_commands() {
-        assert_eq!(step("cargo xtask image"), Ok(Step::BuildImage));
+        assert_eq!(step("sha256sum -c SHA256SUMS"), Ok(Step::Verify));
+        assert_eq!(
+            step("tar xzf kube-nlproxy-v0.1.0-deploy.tar.gz"),
+            Ok(Step::Unpack("kube-nlproxy-v0.1.0-deploy.tar.gz".into()))
+        );
+        assert!(step("cargo xtask image").is_err());
         assert_eq!(
             step("kubectl apply -k ."),
             Ok(Step::Kubectl(vec!["apply".into(), "-k".into(), ".".into()]))
