@@ -330,6 +330,19 @@ pub fn notices(components: &[Component], texts: &[Vec<(String, String)>]) -> Str
     for c in rest {
         s.push_str(&format!("- {} {}: {}\n", c.name, c.version, c.license));
     }
+    if let Some(glibc) = rest.iter().find(|c| c.name == "glibc") {
+        s.push_str(&format!(
+            "\nRelinking with another GNU C Library (LGPL-2.1 section 6). glibc {} is linked\n\
+             statically. The complete source of {} {} is available under {}, and its build\n\
+             is reproducible: from that source at the commit this image's\n\
+             org.opencontainers.image.revision label names, `cargo xtask release` builds the\n\
+             same binary; to relink against a modified glibc, install its static archives in\n\
+             place of the Debian package named above ({}) and run the same command (the\n\
+             `image` cargo profile, `-C target-feature=+crt-static`). docs/release.md says\n\
+             how.\n",
+            glibc.version, main.name, main.version, main.license, glibc.purl
+        ));
+    }
     for (c, files) in rest.iter().zip(texts.iter().skip(1)) {
         s.push_str(&format!("\n{}\n{} {}\n", "=".repeat(78), c.name, c.version));
         if files.is_empty() {
@@ -604,6 +617,26 @@ mod tests {
         assert!(n.contains("- a 1.0.0: MIT OR Apache-2.0\n- b 2.0.0: MIT\n"));
         assert!(n.contains("a 1.0.0\n--- LICENSE-MIT\nMIT text\n"));
         assert!(n.contains("b 2.0.0\n(no licence file in its source; declared licence: MIT"));
+        assert!(!n.contains("Relinking"), "no glibc, no relinking section");
+        // With glibc linked statically, how to relink it (LGPL-2.1 section 6).
+        let mut with_libc = c.clone();
+        with_libc.extend(
+            c_runtime(
+                "Package: libc6-dev\nStatus: install ok installed\nVersion: 2.36-9\n\nPackage: libgcc-12-dev\nStatus: install ok installed\nVersion: 12.2.0-14\n",
+                "amd64",
+                true,
+            )
+            .unwrap(),
+        );
+        let n = notices(&with_libc, &[texts.clone(), vec![vec![], vec![]]].concat());
+        assert!(
+            n.contains("Relinking with another GNU C Library (LGPL-2.1 section 6). glibc 2.36-9"),
+            "{n}"
+        );
+        assert!(
+            n.contains("pkg:deb/debian/libc6-dev@2.36-9?arch=amd64"),
+            "{n}"
+        );
         assert!(is_licence_file("LICENSE-APACHE") && is_licence_file("COPYING"));
         assert!(!is_licence_file("README.md"));
     }
