@@ -143,6 +143,7 @@ async fn healthz_follows_sync_failures_and_node_eligibility() {
         zpages: Default::default(),
         localhost_accepted: Default::default(),
         localhost_metrics: None,
+        synced_state: Default::default(),
     };
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let hz = admin::serve(any, "healthz", admin::healthz_router(shared.clone()))
@@ -329,6 +330,7 @@ fn zpages_shared(statusz: bool, flagz: bool) -> Shared {
         listeners: Default::default(),
         localhost_accepted: Default::default(),
         localhost_metrics: None,
+        synced_state: Default::default(),
         zpages: Arc::new(admin::Zpages {
             statusz: statusz.then(|| kube_nlproxy::serve::zpages::StatuszInfo {
                 start: std::time::SystemTime::now(),

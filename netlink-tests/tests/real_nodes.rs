@@ -633,3 +633,122 @@ fn node_life_keeps_connections_and_rules() {
         bad.len()
     );
 }
+
+/// The image each node's kube-proxy pod runs, by node name.
+fn proxy_images_by_node(c: &Cluster) -> std::collections::BTreeMap<String, String> {
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "k8s-app=kube-proxy",
+        "--field-selector",
+        "status.phase=Running",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.nodeName} {.spec.containers[0].image}{\"\\n\"}{end}",
+    ])
+    .lines()
+    .filter_map(|l| l.split_once(' '))
+    .map(|(n, i)| (n.to_string(), i.to_string()))
+    .collect()
+}
+
+/// A new TCP connection from node `n`'s own network namespace to the echo Service: the
+/// answer (`HOST probe`), through whichever proxy serves that node.
+fn connect_from_node(c: &Cluster, n: usize, ip: &str) -> Result<String, String> {
+    let t0 = Instant::now();
+    loop {
+        let out = c.nodes[n].ns.output(
+            "sh",
+            &[
+                "-c",
+                &format!("echo probe | socat -t 3 - TCP:{ip}:9000,connect-timeout=3"),
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && text.ends_with(" probe") {
+            return Ok(text);
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "node {n}: no answer from {ip}:9000: {text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Issue #53.4: docs/deploy.md's canary, word for word: node-1 moves to ours while node-2
+/// and node-3 keep upstream kube-proxy, with the client's long-lived flows from node-1 to
+/// backends on the other two going on; new connections through the Service work from the
+/// canary and from an upstream node; then every node; then README's way back leaves
+/// kubeadm's DaemonSet and ConfigMap as they were.
+#[test]
+fn canary_one_node_then_all_with_live_traffic() {
+    require_root();
+    let (image, reference) = our_image();
+    let c = Cluster::start(3, &[image]);
+    proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
+    let kubeadms = KubeadmObjects::read(&c);
+    let before = c.start_traffic(Duration::from_secs(120));
+    let ip = service_ip(&c, "default", "echo");
+    let canary = c.nodes[0].name.clone();
+    c.run_readme_block("release");
+    c.run_doc_block("docs/deploy.md", "canary", Some(&canary));
+    let images = proxy_images_by_node(&c);
+    let upstream = realnode::images::KUBE_PROXY;
+    let want: std::collections::BTreeMap<String, String> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let image = if n.name == canary {
+                &reference
+            } else {
+                upstream
+            };
+            (n.name.clone(), image.to_string())
+        })
+        .collect();
+    assert_eq!(images, want, "one node on ours, the others on upstream");
+    assert!(
+        !upstream_rules_present(&c, 0, ""),
+        "ours removed upstream's rules on the canary"
+    );
+    for n in [1, 2] {
+        assert!(
+            upstream_rules_present(&c, n, ""),
+            "upstream's rules stay on node {n}"
+        );
+        assert!(
+            !has_table(&c, n, "ip", "kube-nlproxy"),
+            "no table of ours on node {n}"
+        );
+    }
+    assert_flows_continue(
+        &c,
+        &before,
+        "canary on node-1, upstream on node-2 and node-3",
+    );
+    for n in [0, 1] {
+        let answer = connect_from_node(&c, n, &ip).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("from node {n}: {answer}");
+    }
+    let mid = c.flows();
+    c.run_doc_block("docs/deploy.md", "canary-all", None);
+    let images = proxy_images_by_node(&c);
+    assert!(
+        images.len() == c.nodes.len() && images.values().all(|i| *i == reference),
+        "every node on ours: {images:?}"
+    );
+    assert_flows_continue(&c, &mid, "every node on ours");
+    let end = c.flows();
+    c.run_readme_block("go-back");
+    assert_flows_continue(&c, &end, "back to upstream");
+    assert_eq!(
+        KubeadmObjects::read(&c),
+        kubeadms,
+        "kubeadm's objects as they were, update strategy and image included"
+    );
+}

@@ -34,7 +34,12 @@ pub fn block(readme: &str, name: &str) -> Vec<String> {
 }
 
 pub fn readme() -> String {
-    std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md")
+    doc("README.md")
+}
+
+/// A Markdown file of the repository (`README.md`, `docs/deploy.md`).
+pub fn doc(path: &str) -> String {
+    std::fs::read_to_string(workspace_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 /// How one README command runs here.
@@ -149,9 +154,23 @@ impl Cluster {
     /// Runs README's block `name` against this cluster, in [`Cluster::release_dir`], each
     /// command bounded to 6 minutes; panics naming the line that failed.
     pub fn run_readme_block(&self, name: &str) {
+        self.run_doc_block("README.md", name, None);
+    }
+
+    /// [`Cluster::run_readme_block`] for a block of `path` (`docs/deploy.md`); in a recipe
+    /// for one node, the word `NODE` stands for `node`'s name.
+    pub fn run_doc_block(&self, path: &str, name: &str, node: Option<&str>) {
         let dir = self.release_dir();
-        for line in block(&readme(), name) {
-            match step(&line).unwrap_or_else(|e| panic!("README block {name}: {e}")) {
+        for line in block(&doc(path), name) {
+            let line = match node {
+                Some(n) => line
+                    .split(' ')
+                    .map(|w| if w == "NODE" { n } else { w })
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                None => line,
+            };
+            match step(&line).unwrap_or_else(|e| panic!("{path} block {name}: {e}")) {
                 Step::Verify => local(&dir, &line, "sha256sum", &["-c", "--strict", "SHA256SUMS"]),
                 Step::Unpack(file) => local(&dir, &line, "tar", &["xzf", &file]),
                 Step::Import(file) => {
@@ -175,7 +194,7 @@ impl Cluster {
                         .expect("run kubectl");
                     assert!(
                         out.status.success(),
-                        "README block {name}: `{line}` failed: {}{}\n{}",
+                        "{path} block {name}: `{line}` failed: {}{}\n{}",
                         String::from_utf8_lossy(&out.stdout),
                         String::from_utf8_lossy(&out.stderr),
                         self.describe()
