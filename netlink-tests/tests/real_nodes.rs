@@ -434,10 +434,11 @@ fn migrate_from_upstream_in_place_and_back_with_live_traffic() {
     require_root();
     let (image, _) = our_image();
     let c = Cluster::start(3, &[image]);
-    // Upstream's default mode first (iptables), then, on the same nodes, its nftables mode.
+    // Upstream's iptables mode through docs/deploy.md's canary (one node, then all) and
+    // README's way back; then upstream's nftables mode through README's in-place swap.
     proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
     let before = c.start_traffic(Duration::from_secs(120));
-    migrate_in_place_and_back(&c, "", before);
+    canary_one_node_then_all_and_back(&c, &before);
     c.apply(&proxies::kubeadm_configmap("nftables"));
     c.kubectl_ok(&[
         "-n",
@@ -681,73 +682,62 @@ fn connect_from_node(c: &Cluster, n: usize, ip: &str) -> Result<String, String> 
 }
 
 /// Issue #53.4: docs/deploy.md's canary, word for word: node-1 moves to ours while node-2
-/// and node-3 keep upstream kube-proxy, with the client's long-lived flows from node-1 to
-/// backends on the other two going on; new connections through the Service work from the
-/// canary and from an upstream node; then every node; then README's way back leaves
-/// kubeadm's DaemonSet and ConfigMap as they were.
-#[test]
-fn canary_one_node_then_all_with_live_traffic() {
-    require_root();
-    let (image, reference) = our_image();
-    let c = Cluster::start(3, &[image]);
-    proxies::deploy(&c, proxies::Proxy::Upstream, "", Duration::from_secs(180));
-    let kubeadms = KubeadmObjects::read(&c);
-    let before = c.start_traffic(Duration::from_secs(120));
-    let ip = service_ip(&c, "default", "echo");
+/// and node-3 keep upstream kube-proxy (iptables mode), with the client's long-lived flows
+/// from node-1 to backends on the other two going on; new connections through the Service
+/// work from the canary and from an upstream node; then every node; then README's way back
+/// leaves kubeadm's DaemonSet and ConfigMap as they were.
+fn canary_one_node_then_all_and_back(c: &Cluster, before: &realnode::traffic::Flows) {
+    let kubeadms = KubeadmObjects::read(c);
+    let ip = service_ip(c, "default", "echo");
     let canary = c.nodes[0].name.clone();
     c.run_readme_block("release");
     c.run_doc_block("docs/deploy.md", "canary", Some(&canary));
-    let images = proxy_images_by_node(&c);
-    let upstream = realnode::images::KUBE_PROXY;
+    let images = proxy_images_by_node(c);
+    let (ours, upstream) = (
+        "localhost/kube-nlproxy:v0.1.0",
+        realnode::images::KUBE_PROXY,
+    );
     let want: std::collections::BTreeMap<String, String> = c
         .nodes
         .iter()
         .map(|n| {
-            let image = if n.name == canary {
-                &reference
-            } else {
-                upstream
-            };
+            let image = if n.name == canary { ours } else { upstream };
             (n.name.clone(), image.to_string())
         })
         .collect();
     assert_eq!(images, want, "one node on ours, the others on upstream");
     assert!(
-        !upstream_rules_present(&c, 0, ""),
+        !upstream_rules_present(c, 0, ""),
         "ours removed upstream's rules on the canary"
     );
     for n in [1, 2] {
         assert!(
-            upstream_rules_present(&c, n, ""),
+            upstream_rules_present(c, n, ""),
             "upstream's rules stay on node {n}"
         );
         assert!(
-            !has_table(&c, n, "ip", "kube-nlproxy"),
+            !has_table(c, n, "ip", "kube-nlproxy"),
             "no table of ours on node {n}"
         );
     }
-    assert_flows_continue(
-        &c,
-        &before,
-        "canary on node-1, upstream on node-2 and node-3",
-    );
+    assert_flows_continue(c, before, "canary on node-1, upstream on node-2 and node-3");
     for n in [0, 1] {
-        let answer = connect_from_node(&c, n, &ip).unwrap_or_else(|e| panic!("{e}"));
+        let answer = connect_from_node(c, n, &ip).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("from node {n}: {answer}");
     }
     let mid = c.flows();
     c.run_doc_block("docs/deploy.md", "canary-all", None);
-    let images = proxy_images_by_node(&c);
+    let images = proxy_images_by_node(c);
     assert!(
-        images.len() == c.nodes.len() && images.values().all(|i| *i == reference),
+        images.len() == c.nodes.len() && images.values().all(|i| i == ours),
         "every node on ours: {images:?}"
     );
-    assert_flows_continue(&c, &mid, "every node on ours");
+    assert_flows_continue(c, &mid, "every node on ours");
     let end = c.flows();
     c.run_readme_block("go-back");
-    assert_flows_continue(&c, &end, "back to upstream");
+    assert_flows_continue(c, &end, "back to upstream");
     assert_eq!(
-        KubeadmObjects::read(&c),
+        KubeadmObjects::read(c),
         kubeadms,
         "kubeadm's objects as they were, update strategy and image included"
     );

@@ -105,6 +105,28 @@ pub fn step(line: &str) -> Result<Step, String> {
     }
 }
 
+/// `line` with each word `NODE` (between characters that cannot be part of a name, as in
+/// `spec.nodeName=NODE`) replaced by `node`.
+pub fn with_node(line: &str, node: &str) -> String {
+    let part =
+        |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(i) = rest.find("NODE") {
+        let before = rest[..i].chars().next_back().or(out.chars().next_back());
+        let after = rest[i + 4..].chars().next();
+        out.push_str(&rest[..i]);
+        out.push_str(if part(before) || part(after) {
+            "NODE"
+        } else {
+            node
+        });
+        rest = &rest[i + 4..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The release directory README's test command wrote (`cargo xtask release --arch amd64`).
 pub fn built_release() -> std::path::PathBuf {
     let reference = xtask::image::default_reference().unwrap();
@@ -163,11 +185,7 @@ impl Cluster {
         let dir = self.release_dir();
         for line in block(&doc(path), name) {
             let line = match node {
-                Some(n) => line
-                    .split(' ')
-                    .map(|w| if w == "NODE" { n } else { w })
-                    .collect::<Vec<_>>()
-                    .join(" "),
+                Some(n) => with_node(&line, n),
                 None => line,
             };
             match step(&line).unwrap_or_else(|e| panic!("{path} block {name}: {e}")) {
@@ -218,6 +236,25 @@ mod tests {
                 "kubectl apply -k .",
                 "ctr -n k8s.io images import target/x.tar"
             ]
+        );
+    }
+
+    #[test]
+    fn node_stands_for_the_nodes_name() {
+        assert_eq!(
+            with_node(
+                "kubectl delete pod --field-selector spec.nodeName=NODE",
+                "node-1"
+            ),
+            "kubectl delete pod --field-selector spec.nodeName=node-1"
+        );
+        assert_eq!(
+            with_node("kubectl label node NODE x=y", "n"),
+            "kubectl label node n x=y"
+        );
+        assert_eq!(
+            with_node("NODE_NAME MY-NODE NODES", "n"),
+            "NODE_NAME MY-NODE NODES"
         );
     }
 
