@@ -440,6 +440,20 @@ fn deploy_names_the_image_xtask_builds() {
     assert_eq!(pod.host_network, Some(true));
 }
 
+/// Every member of a tarball, by path.
+fn tar_members(bytes: &[u8]) -> std::collections::BTreeMap<String, Vec<u8>> {
+    use std::io::Read;
+    let mut members = std::collections::BTreeMap::new();
+    for e in tar::Archive::new(bytes).entries().unwrap() {
+        let mut e = e.unwrap();
+        let p = e.path().unwrap().to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).unwrap();
+        members.insert(p, data);
+    }
+    members
+}
+
 /// The image `cargo xtask image` wrote (README's test command builds it first), read back:
 /// its archive's bytes and members, config and the files of its one layer.
 struct BuiltImage {
@@ -464,14 +478,7 @@ impl BuiltImage {
                 path.display()
             )
         });
-        let mut members = std::collections::BTreeMap::new();
-        for e in tar::Archive::new(bytes.as_slice()).entries().unwrap() {
-            let mut e = e.unwrap();
-            let p = e.path().unwrap().to_string_lossy().into_owned();
-            let mut data = Vec::new();
-            e.read_to_end(&mut data).unwrap();
-            members.insert(p, data);
-        }
+        let members = tar_members(&bytes);
         let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&members[p]).unwrap() };
         let index = json("index.json");
         assert_eq!(
@@ -833,14 +840,7 @@ fn the_release_directory_holds_the_image_its_index_and_sums() {
     // The index: one entry tagged vVERSION, naming an index whose linux/amd64 manifest is
     // the image's.
     let index_tar = std::fs::read(dir.join(format!("kube-nlproxy-v{version}.oci.tar"))).unwrap();
-    let mut members = std::collections::BTreeMap::new();
-    for e in tar::Archive::new(index_tar.as_slice()).entries().unwrap() {
-        let mut e = e.unwrap();
-        let p = e.path().unwrap().to_string_lossy().into_owned();
-        let mut data = Vec::new();
-        e.read_to_end(&mut data).unwrap();
-        members.insert(p, data);
-    }
+    let members = tar_members(&index_tar);
     let json = |p: &str| -> serde_json::Value { serde_json::from_slice(&members[p]).unwrap() };
     let top = json("index.json");
     assert_eq!(

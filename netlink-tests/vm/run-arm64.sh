@@ -59,14 +59,7 @@ setup() {
   local M="$K/lib/modules/$kver"
   busybox depmod -b "$K" "$kver"
   mkdir -p "$R"/{bin,proc,sys,dev,tmp,etc,lib/modules}
-  awk -v want="$MODULES" '
-    function base(p, b) { b=p; sub(/.*\//,"",b); sub(/\.ko(\.[a-z]+)?$/,"",b); gsub(/-/,"_",b); return b }
-    function visit(p, n, i, ds) { if (p in seen) return; seen[p]=1
-      n=split(deps[p], ds, " "); for (i=n; i>=1; i--) visit(ds[i]); print p }
-    { p=$1; sub(/:$/,"",p); d=""; for (i=2;i<=NF;i++) d=d " " $i; deps[p]=d; path[base(p)]=p }
-    END { n=split(want, w, /[ \n]+/); for (i=1;i<=n;i++) if (w[i] != "") {
-            if (!(w[i] in path)) { print "run-arm64: no module " w[i] > "/dev/stderr"; exit 1 }
-            visit(path[w[i]]) } }' "$M/modules.dep" > "$R/etc/modules.order"
+  awk -v want="$MODULES" -v who=run-arm64 -f "$HERE/module-order.awk" "$M/modules.dep" > "$R/etc/modules.order"
   local m
   while read -r m; do mkdir -p "$R/lib/modules/$(dirname "$m")"; cp "$M/$m" "$R/lib/modules/$m"; done < "$R/etc/modules.order"
   cp "$B/bin/busybox" "$R/bin/busybox"

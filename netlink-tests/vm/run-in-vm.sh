@@ -26,6 +26,7 @@
 # boot twice (console log on stderr); 126 harness error.
 set -euo pipefail
 
+HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 # --smp N: virtual CPUs. Without KVM (the CI machines have none) qemu emulates each on its
 # own host thread; the IPVS tests ask for two (netlink-tests/tests/ipvs.rs), kernel-bench's
@@ -116,14 +117,7 @@ setup() {
   mkdir -p "$R"/{usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,usr/lib64,proc,sys,dev,tmp,run/netns,etc,root,harness}
   ln -s usr/bin "$R/bin"; ln -s usr/sbin "$R/sbin"; ln -s usr/lib "$R/lib"; ln -s usr/lib64 "$R/lib64"
   # Post-order walk of modules.dep: every module after its dependencies.
-  awk -v want="$MODULES" '
-    function base(p, b) { b=p; sub(/.*\//,"",b); sub(/\.ko(\.[a-z]+)?$/,"",b); gsub(/-/,"_",b); return b }
-    function visit(p, n, i, ds) { if (p in seen) return; seen[p]=1
-      n=split(deps[p], ds, " "); for (i=n; i>=1; i--) visit(ds[i]); print p }
-    { p=$1; sub(/:$/,"",p); d=""; for (i=2;i<=NF;i++) d=d " " $i; deps[p]=d; path[base(p)]=p }
-    END { n=split(want, w, /[ \n]+/); for (i=1;i<=n;i++) if (w[i] != "") {
-            if (!(w[i] in path)) { print "run-in-vm: no module " w[i] > "/dev/stderr"; exit 1 }
-            visit(path[w[i]]) } }' "$M/modules.dep" > "$R/etc/modules.order"
+  awk -v want="$MODULES" -v who=run-in-vm -f "$HERE/module-order.awk" "$M/modules.dep" > "$R/etc/modules.order"
   local GM="$R/usr/lib/modules/$kver" m
   while read -r m; do mkdir -p "$GM/$(dirname "$m")"; cp "$M/$m" "$GM/$m"; done < "$R/etc/modules.order"
   cp "$M/modules.dep" "$M/modules.alias" "$M/modules.builtin" "$GM/" 2>/dev/null || true
