@@ -119,6 +119,14 @@ pub(super) async fn start(cfg: &Config) -> Result<(Shared, Vec<BindFailure>), Ap
         synced_state: Default::default(),
     };
     shared.metrics.record_features(&cfg.gates.metric_values());
+    let failures = serve_all(cfg, &shared).await?;
+    Ok((shared, failures))
+}
+
+/// Binds the healthz server and the metrics server (with the tools' pages), each unless
+/// its address is empty; returns what failed to bind as (event reason, message), or the
+/// first failure when `bindAddressHardFail` says so.
+async fn serve_all(cfg: &Config, shared: &Shared) -> Result<Vec<BindFailure>, AppError> {
     let mut failures = Vec::new();
     for (addr, what, router) in [
         (
@@ -153,5 +161,5 @@ pub(super) async fn start(cfg: &Config) -> Result<(Shared, Vec<BindFailure>), Ap
             ));
         }
     }
-    Ok((shared, failures))
+    Ok(failures)
 }
