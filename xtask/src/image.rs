@@ -412,6 +412,37 @@ mod tests {
     }
 
     #[test]
+    fn a_binary_of_another_architecture_is_refused() {
+        // A static AArch64 ELF header (no program headers, so no interpreter).
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x12..0x14].copy_from_slice(&Arch::Arm64.elf_machine().to_le_bytes());
+        let path = std::env::temp_dir().join(format!("xtask-arm64-elf-{}", std::process::id()));
+        std::fs::write(&path, &elf).unwrap();
+        let image = |arch| {
+            release_image(
+                &path,
+                arch,
+                "localhost/kube-nlproxy:v0.1.0",
+                0,
+                &Provenance::default(),
+                vec![],
+            )
+        };
+        let err = image(Arch::Amd64).unwrap_err().to_string();
+        assert!(
+            err.contains("is not an amd64 binary (ELF machine 183, want 62)"),
+            "{err}"
+        );
+        let ok = image(Arch::Arm64).unwrap();
+        assert_eq!(
+            (ok.architecture.as_str(), ok.variant.as_deref()),
+            ("arm64", Some("v8"))
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn a_dynamically_linked_binary_is_refused() {
         let me = std::env::current_exe().unwrap();
         let err = release_image(

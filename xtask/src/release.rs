@@ -247,7 +247,13 @@ pub fn write_release(
         notes(&index.digest, &platform_digests).into_bytes(),
     ));
     let sums = sha256sums(&files);
-    for (name, data) in &files {
+    // The archives are on disk already (written by oci, read back for the sums).
+    let archives: Vec<String> = platforms
+        .iter()
+        .map(|p| platform_archive_name(version, p.arch))
+        .chain([index_name])
+        .collect();
+    for (name, data) in files.iter().filter(|(n, _)| !archives.contains(n)) {
         std::fs::write(dir.join(name), data)?;
     }
     std::fs::write(dir.join("SHA256SUMS"), &sums)?;
