@@ -242,6 +242,8 @@ impl KustomizeCopy {
             "deploy/components/net-admin/kustomization.yaml",
             "deploy/uninstall/kustomization.yaml",
             "deploy/uninstall/kube-nlproxy-uninstall.yaml",
+            "deploy/without-kubeadm/kustomization.yaml",
+            "deploy/without-kubeadm/kube-proxy-configmap.yaml",
         ] {
             let to = dir.join(f);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();
@@ -255,8 +257,17 @@ impl KustomizeCopy {
     }
 
     /// The pod specs of the DaemonSets `kubectl kustomize` renders from `sub`.
-    #[allow(clippy::disallowed_methods)] // kubectl as the oracle
     fn daemonset_pods(&self, sub: &str) -> Vec<serde_json::Value> {
+        self.render(sub)
+            .into_iter()
+            .filter(|d| d["kind"] == "DaemonSet")
+            .map(|d| d["spec"]["template"]["spec"].clone())
+            .collect()
+    }
+
+    /// The objects `kubectl kustomize` renders from `sub`.
+    #[allow(clippy::disallowed_methods)] // kubectl as the oracle
+    fn render(&self, sub: &str) -> Vec<serde_json::Value> {
         let out = std::process::Command::new(&self.kubectl)
             .arg("kustomize")
             .arg(self.dir.join(sub))
@@ -272,12 +283,7 @@ impl KustomizeCopy {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let docs: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap();
-        docs.into_iter()
-            .filter(|d| d["kind"] == "DaemonSet")
-            .map(|d| d["spec"]["template"]["spec"].clone())
-            .collect()
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap()
     }
 }
 
@@ -357,19 +363,77 @@ fn the_net_admin_component_leaves_cap_net_admin_alone() {
     assert_eq!(rest, before, "only the securityContext changes");
 }
 
-/// The ConfigMap for clusters without kubeadm: kubeadm's two keys, a config we accept with
-/// no warning, a kubeconfig with the service-account token file.
+/// The ConfigMap for clusters without kubeadm (issue #53.2): kubeadm's two keys, rendered
+/// by `kubectl kustomize` from the four settings of its kustomization, as shipped and as
+/// an operator sets them; each rendering is a config we accept with no warning and a
+/// kubeconfig with the service-account token file, and the settings' own ConfigMap is not
+/// among the objects applied.
 #[test]
-fn configmap_without_kubeadm_holds_a_config_we_accept() {
-    let cm: ConfigMap =
-        serde_saphyr::from_str(&deploy("without-kubeadm/kube-proxy-configmap.yaml")).unwrap();
+fn configmap_without_kubeadm_takes_its_settings_from_kustomize() {
+    let k = KustomizeCopy::new("without-kubeadm");
+    let shipped = without_kubeadm_config(&k);
+    assert_eq!(shipped.server, "https://api.example.internal:6443");
+    assert_eq!(shipped.mode, "nftables");
+    assert_eq!(shipped.cluster_cidrs, ["10.244.0.0/16"]);
+    assert_eq!(shipped.metrics, Some("127.0.0.1:10249".parse().unwrap()));
+    // What `kustomize edit set configmap kube-nlproxy-settings --from-literal=…` writes:
+    // each literal replaced where it stands.
+    let path = k.dir.join("deploy/without-kubeadm/kustomization.yaml");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    for (from, to) in [
+        (
+            "server=https://api.example.internal:6443",
+            "server=https://10.99.0.1:6443",
+        ),
+        ("mode=nftables", "mode=ipvs"),
+        (
+            "clusterCIDR=10.244.0.0/16",
+            "clusterCIDR=10.244.0.0/16,fd00:10:244::/56",
+        ),
+        (
+            "metricsBindAddress=127.0.0.1:10249",
+            "metricsBindAddress=0.0.0.0:10249",
+        ),
+    ] {
+        assert!(text.contains(&format!("  - {from}\n")), "{from} in {text}");
+        text = text.replace(from, to);
+    }
+    std::fs::write(&path, text).unwrap();
+    let set = without_kubeadm_config(&k);
+    assert_eq!(set.server, "https://10.99.0.1:6443");
+    assert_eq!(set.mode, "ipvs");
+    assert_eq!(set.cluster_cidrs, ["10.244.0.0/16", "fd00:10:244::/56"]);
+    assert_eq!(set.metrics, Some("0.0.0.0:10249".parse().unwrap()));
+}
+
+/// What a rendering of deploy/without-kubeadm/ configures.
+struct WithoutKubeadm {
+    server: String,
+    mode: String,
+    cluster_cidrs: Vec<String>,
+    metrics: Option<std::net::SocketAddr>,
+}
+
+/// Renders deploy/without-kubeadm/ in `k` and reads its one object, the `kube-proxy`
+/// ConfigMap, as the daemon reads it.
+fn without_kubeadm_config(k: &KustomizeCopy) -> WithoutKubeadm {
+    let objects = k.render("deploy/without-kubeadm");
+    assert_eq!(
+        objects.len(),
+        1,
+        "the kube-proxy ConfigMap alone: {objects:#?}"
+    );
+    let cm: ConfigMap = serde_json::from_value(objects[0].clone()).unwrap();
     assert_eq!(cm.metadata.name.as_deref(), Some("kube-proxy"));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("kube-system"));
     let data = cm.data.unwrap();
-    let text = data["config.conf"].clone();
-    assert!(data["kubeconfig.conf"]
-        .contains("tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token"));
-    let p = std::env::temp_dir().join(format!("nlp-deploy-{}.yaml", std::process::id()));
-    std::fs::write(&p, text).unwrap();
+    let kubeconfig: serde_json::Value = serde_saphyr::from_str(&data["kubeconfig.conf"]).unwrap();
+    assert_eq!(
+        kubeconfig["users"][0]["user"]["tokenFile"],
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    );
+    let p = k.dir.join("config.conf");
+    std::fs::write(&p, &data["config.conf"]).unwrap();
     let cfg = kube_nlproxy::config::Config::from_flag_list(&[
         "--config",
         p.to_str().unwrap(),
@@ -382,7 +446,15 @@ fn configmap_without_kubeadm_holds_a_config_we_accept() {
         cfg.kubeconfig.as_deref(),
         Some(std::path::Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
     );
-    std::fs::remove_file(p).unwrap();
+    WithoutKubeadm {
+        server: kubeconfig["clusters"][0]["cluster"]["server"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        mode: cfg.upstream.mode.clone(),
+        cluster_cidrs: cfg.upstream.detect_local.cluster_cidrs.clone(),
+        metrics: cfg.metrics_bind_address,
+    }
 }
 
 #[test]

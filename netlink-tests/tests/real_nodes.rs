@@ -122,6 +122,7 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
     let t0 = Instant::now();
     c.run_readme_block("release");
     c.run_readme_block("install");
+    assert_kube_proxy_addon_disabled(&c, &kubeadms, "README's install");
     let took = wait_proxy_pods_ready(
         &c,
         "app.kubernetes.io/name=kube-nlproxy",
@@ -205,22 +206,30 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
 struct KubeadmObjects {
     daemonset: serde_json::Value,
     configmap: serde_json::Value,
+    /// `kubeadm-config`, whose `ClusterConfiguration` README's install edits and its way
+    /// back edits again.
+    kubeadm_config: serde_json::Value,
 }
 
 impl KubeadmObjects {
     fn read(c: &Cluster) -> KubeadmObjects {
-        let get = |kind: &str| -> serde_json::Value {
-            let json =
-                c.kubectl_ok(&["-n", "kube-system", "get", kind, "kube-proxy", "-o", "json"]);
+        let get = |kind: &str, name: &str| -> serde_json::Value {
+            let json = c.kubectl_ok(&["-n", "kube-system", "get", kind, name, "-o", "json"]);
             serde_json::from_str(&json).unwrap()
         };
-        let ds = get("daemonset");
+        let ds = get("daemonset", "kube-proxy");
         let mut annotations = ds["metadata"]["annotations"].clone();
         if let Some(a) = annotations.as_object_mut() {
             a.remove("deprecated.daemonset.template.generation");
         }
-        let cm = get("configmap");
+        let cm = get("configmap", "kube-proxy");
+        let kubeadm_config = get("configmap", "kubeadm-config");
         KubeadmObjects {
+            kubeadm_config: serde_json::json!({
+                "labels": kubeadm_config["metadata"]["labels"],
+                "annotations": kubeadm_config["metadata"]["annotations"],
+                "data": kubeadm_config["data"],
+            }),
             daemonset: serde_json::json!({
                 "labels": ds["metadata"]["labels"],
                 "annotations": annotations,
@@ -233,6 +242,30 @@ impl KubeadmObjects {
             }),
         }
     }
+}
+
+/// Asserts that `kubeadm-config`'s `ClusterConfiguration` says `proxy: {disabled: true}`, as
+/// README's install leaves it (`after` names the step), and that nothing else in it changed
+/// from `before` (a [`KubeadmObjects`] read before the install).
+fn assert_kube_proxy_addon_disabled(c: &Cluster, before: &KubeadmObjects, after: &str) {
+    let parse = |objects: &KubeadmObjects| -> serde_json::Value {
+        let text = objects.kubeadm_config["data"]["ClusterConfiguration"]
+            .as_str()
+            .expect("kubeadm-config holds a ClusterConfiguration");
+        serde_saphyr::from_str(text).unwrap()
+    };
+    let mut now = parse(&KubeadmObjects::read(c));
+    assert_eq!(
+        now["proxy"],
+        serde_json::json!({"disabled": true}),
+        "kubeadm's kube-proxy addon disabled after {after}"
+    );
+    now["proxy"] = serde_json::json!({});
+    assert_eq!(
+        now,
+        parse(before),
+        "nothing else in ClusterConfiguration changed by {after}"
+    );
 }
 
 /// README's way back from deploy/, with live traffic: kubeadm's objects as they were, its
@@ -380,8 +413,10 @@ fn migrate_in_place_and_back(c: &Cluster, mode: &str, before: realnode::traffic:
             "upstream's {mode:?} rules on node {n} before the swap"
         );
     }
+    let kubeadms = KubeadmObjects::read(c);
     c.run_readme_block("release");
     c.run_readme_block("migrate");
+    assert_kube_proxy_addon_disabled(c, &kubeadms, "README's in-place swap");
     // `rollout status` returns once the new pods are ready; the last old one may still be
     // terminating.
     c.wait_for(
@@ -427,6 +462,11 @@ fn migrate_in_place_and_back(c: &Cluster, mode: &str, before: realnode::traffic:
             "upstream's {mode:?} rules back on node {n}"
         );
     }
+    assert_eq!(
+        KubeadmObjects::read(c),
+        kubeadms,
+        "kubeadm's objects as they were after README's way back"
+    );
 }
 
 #[test]
@@ -692,6 +732,7 @@ fn canary_one_node_then_all_and_back(c: &Cluster, before: &realnode::traffic::Fl
     let canary = c.nodes[0].name.clone();
     c.run_readme_block("release");
     c.run_doc_block("docs/deploy.md", "canary", Some(&canary));
+    assert_kube_proxy_addon_disabled(c, &kubeadms, "the canary");
     let images = proxy_images_by_node(c);
     let (ours, upstream) = (
         "localhost/kube-nlproxy:v0.1.0",

@@ -16,9 +16,10 @@ use super::process;
 /// CAP_NET_ADMIN only: the OOM score and the conntrack sysctls. Failures are warnings.
 pub(super) fn apply_privileged(cfg: &Config) {
     process::set_oom_score_adj(cfg.oom_score_adj);
-    for w in tuning::apply(&cfg.conntrack) {
-        w.log();
-    }
+    crate::kernel::sysctl::log_failures(
+        &tuning::apply(&cfg.conntrack),
+        "without privilege /proc/sys is read-only: set these on the host (sysctl.d)",
+    );
 }
 
 /// Before a proxier over the kernel opens: the privileged steps, then what reads or goes

@@ -54,6 +54,39 @@ impl SysctlFailure {
     }
 }
 
+/// Logs `failures` as one warning: one alone as [`SysctlFailure::log`], several (an
+/// unprivileged container, where /proc/sys is read-only, fails every write) as
+/// `"cannot set sysctls" count=… sysctls="…; …" hint=…`, so that a NET_ADMIN-only
+/// DaemonSet says once what the host must set.
+pub fn log_failures(failures: &[SysctlFailure], hint: &str) {
+    match failures {
+        [] => {}
+        [one] => one.log(),
+        many => tracing::warn!(
+            count = many.len(),
+            sysctls = %describe_failures(many),
+            hint,
+            "cannot set sysctls"
+        ),
+    }
+}
+
+/// `PATH=VALUE: ERR; …` for each failure (`PATH: ERR` for a read), paths without
+/// `/proc/sys/`.
+pub fn describe_failures(failures: &[SysctlFailure]) -> String {
+    failures
+        .iter()
+        .map(|f| {
+            let path = f.path.strip_prefix("/proc/sys/").unwrap_or(&f.path);
+            match &f.value {
+                Some(v) => format!("{path}={v}: {}", f.err),
+                None => format!("{path}: {}", f.err),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// `cannot set PATH to VALUE: ERR (HINT)`, the text form.
 impl std::fmt::Display for SysctlFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,5 +120,28 @@ mod tests {
         assert_eq!(f.value.as_deref(), Some("131072"));
         let r = SysctlFailure::read("/proc/sys/x", "gone");
         assert_eq!(r.to_string(), "cannot read /proc/sys/x: gone");
+    }
+
+    #[test]
+    fn several_failures_are_described_in_one_line() {
+        let failures = [
+            SysctlFailure::write(
+                "/proc/sys/net/netfilter/nf_conntrack_max",
+                131072,
+                "Read-only file system (os error 30)",
+            ),
+            SysctlFailure::write(
+                "/proc/sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+                3600,
+                "Read-only file system (os error 30)",
+            ),
+            SysctlFailure::read("/sys/module/nf_conntrack/parameters/hashsize", "gone"),
+        ];
+        assert_eq!(
+            describe_failures(&failures),
+            "net/netfilter/nf_conntrack_max=131072: Read-only file system (os error 30); \
+             net/netfilter/nf_conntrack_tcp_timeout_close_wait=3600: Read-only file system (os error 30); \
+             /sys/module/nf_conntrack/parameters/hashsize: gone"
+        );
     }
 }

@@ -20,8 +20,11 @@
 //! instead of the bridge plugin, and fails the run when Flannel's rules changed between the
 //! proxy's start and the run's end. `--kustomize DIR` deploys ours with `kubectl apply -k
 //! DIR` (a copy of the root kustomization with a component added, say) instead of the root
-//! kustomization; `--ci` runs CI's focus instead of the whole proxy focus. Exits 1 when a
-//! spec failed. As root.
+//! kustomization; `--host-sysctl KEY=VALUE` (repeatable; KEY under /proc/sys, as
+//! `net/netfilter/nf_conntrack_tcp_timeout_close_wait`) sets it in every node before the
+//! proxy starts, as a host's sysctl.d would (what a NET_ADMIN-only proxy cannot write); `--ci`
+//! runs CI's focus instead of the whole proxy focus. The report lists the warnings our pods
+//! logged. Exits 1 when a spec failed. As root.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,7 +35,7 @@ use netlink_tests::realnode::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--ci]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--host-sysctl KEY=VALUE]... [--ci]"
     );
     std::process::exit(2)
 }
@@ -50,6 +53,7 @@ fn main() {
     let mut procs = e2e::PROCS;
     let mut kustomization: Option<PathBuf> = None;
     let mut ci = false;
+    let mut host_sysctls: Vec<(String, String)> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage());
@@ -78,6 +82,12 @@ fn main() {
             "--timeout" => timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage())),
             "--kustomize" => kustomization = Some(PathBuf::from(val())),
             "--ci" => ci = true,
+            "--host-sysctl" => match val().split_once('=') {
+                Some((k, v)) if !k.is_empty() && !k.contains("..") => {
+                    host_sysctls.push((k.to_string(), v.to_string()))
+                }
+                _ => usage(),
+            },
             _ => usage(),
         }
     }
@@ -109,11 +119,20 @@ fn main() {
     // Flannel's rules before the proxy starts (its start-up cleanup of other modes' rules
     // must leave them alone) and after the run.
     let flannel_before = c.flannel_rules();
+    for node in &c.nodes {
+        for (key, value) in &host_sysctls {
+            node.ns.write_sysctl(key, value);
+        }
+    }
     let took = match &kustomization {
         Some(dir) => proxies::deploy_ours_from(&c, dir, &mode, Duration::from_secs(180)),
         None => proxies::deploy(&c, proxy, &mode, Duration::from_secs(180)),
     };
     eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
+    let warnings = match proxy {
+        Proxy::Ours => our_warnings(&c),
+        Proxy::Upstream => String::new(),
+    };
     c.install_coredns(Duration::from_secs(180));
     let log = c.dir.join("e2e.log");
     let report = e2e::run_in(&c, &focus, &skip, timeout, &log, procs);
@@ -130,7 +149,7 @@ fn main() {
         ),
     };
     let text = format!(
-        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}# passed {}, failed {}, skipped {}\n{}",
+        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}{warnings}# passed {}, failed {}, skipped {}\n{}",
         cni.name(),
         report.passed().count(),
         report.failed().count(),
@@ -144,4 +163,30 @@ fn main() {
     let failed = report.failed().count() + usize::from(flannel_before != flannel_after);
     drop(c);
     std::process::exit(i32::from(failed > 0));
+}
+
+/// The warning lines (klog's `W…`) our pods logged by the time they were Ready, each as a
+/// `# ` line of the report.
+fn our_warnings(c: &Cluster) -> String {
+    let logs = c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "logs",
+        "-l",
+        "app.kubernetes.io/name=kube-nlproxy",
+        "--prefix",
+        "--tail=-1",
+    ]);
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| {
+            let text = l.split_once("] ").map_or(*l, |(_, t)| t);
+            text.starts_with('W') && text[1..].starts_with(|c: char| c.is_ascii_digit())
+        })
+        .collect();
+    let mut out = format!("# our pods' warnings at start: {}\n", lines.len());
+    for l in lines {
+        out.push_str(&format!("#   {l}\n"));
+    }
+    out
 }

@@ -505,25 +505,33 @@ impl Cluster {
         for (node, (_, token)) in cluster.nodes.iter_mut().zip(cluster.node_tokens.clone()) {
             node.start_kubelet(&server, &ca, &token);
         }
-        if let (Some(bins), Cni::Flannel(masquerade)) = (&flannel_bins, cni) {
-            let admin = cluster.cp.admin_kubeconfig();
-            let conf = flannel::net_conf(family, masquerade);
-            for node in &mut cluster.nodes {
-                node.start_flanneld(&bins.flanneld, &admin, &conf);
-            }
-        }
-        cluster.configure_pod_network(Duration::from_secs(120));
+        cluster.configure_pod_network(flannel_bins.as_ref(), Duration::from_secs(120));
         cluster
     }
 
     /// Waits for each node's pod CIDRs (one per family), writes its CNI configuration and
     /// routes every pod CIDR to its node (by the node's address in the CIDR's family) from
     /// the other nodes and the control plane.
-    fn configure_pod_network(&mut self, limit: Duration) {
+    ///
+    /// With Flannel, a node's flanneld starts once the node has its pod CIDRs, as
+    /// kube-flannel's DaemonSet pod is only scheduled to a registered node: flanneld exits
+    /// when its node has no `podCIDR` at its first lease (`AcquireLease`, "pod cidr not
+    /// assigned"), and a DaemonSet would restart it where this harness does not. Started
+    /// beside the kubelet, it lost that race once in CI, when the node range allocator's
+    /// first patch failed (`CIDRAssignmentFailed`).
+    fn configure_pod_network(&mut self, flannel_bins: Option<&flannel::Binaries>, limit: Duration) {
         let t0 = Instant::now();
+        let flannel = match (flannel_bins, self.cni) {
+            (Some(bins), Cni::Flannel(masquerade)) => Some((
+                bins,
+                self.cp.admin_kubeconfig(),
+                flannel::net_conf(self.family, masquerade),
+            )),
+            _ => None,
+        };
         let mut cidrs: Vec<Option<Vec<String>>> = vec![None; self.nodes.len()];
         while cidrs.iter().any(Option::is_none) {
-            for (i, node) in self.nodes.iter().enumerate() {
+            for (i, node) in self.nodes.iter_mut().enumerate() {
                 if cidrs[i].is_none() {
                     let out = self.cp.kubectl(&[
                         "get",
@@ -542,6 +550,9 @@ impl Cluster {
                             // flanneld reads the node's podCIDRs itself and writes its
                             // subnet file; the plugin reads that file at each pod's ADD.
                             Cni::Flannel(_) => node.write_cni_conf(&flannel::cni_conflist()),
+                        }
+                        if let Some((bins, admin, conf)) = &flannel {
+                            node.start_flanneld(&bins.flanneld, admin, conf);
                         }
                         cidrs[i] = Some(c);
                     }
@@ -630,15 +641,25 @@ impl Cluster {
 
     /// `kubectl apply -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) {
+        self.kubectl_file("apply", yaml);
+    }
+
+    /// `kubectl create -f -` of `yaml`: as a client such as kubeadm creates an object,
+    /// without the `last-applied-configuration` annotation `apply` adds.
+    pub fn create(&self, yaml: &str) {
+        self.kubectl_file("create", yaml);
+    }
+
+    fn kubectl_file(&self, verb: &str, yaml: &str) {
         let f = self.dir.join(format!(
-            "apply-{}.yaml",
+            "{verb}-{}.yaml",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap()
                 .as_nanos()
         ));
         std::fs::write(&f, yaml).unwrap();
-        self.kubectl_ok(&["apply", "-f", f.to_str().unwrap()]);
+        self.kubectl_ok(&[verb, "-f", f.to_str().unwrap()]);
     }
 
     /// Polls `cond` every 500 ms until it holds, failing after `limit` with `what` and the
@@ -686,13 +707,19 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ));
+        let daemons: &[&str] = match self.cni {
+            Cni::Bridge => &["kubelet"],
+            Cni::Flannel(_) => &["kubelet", "flanneld"],
+        };
         for n in &self.nodes {
-            let log = n.read_log("kubelet.log");
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            s.push_str(&format!("--- {} kubelet (last lines)\n", n.name));
-            for l in tail.into_iter().rev() {
-                s.push_str(l);
-                s.push('\n');
+            for daemon in daemons {
+                let log = n.read_log(&format!("{daemon}.log"));
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                s.push_str(&format!("--- {} {daemon} (last lines)\n", n.name));
+                for l in tail.into_iter().rev() {
+                    s.push_str(l);
+                    s.push('\n');
+                }
             }
         }
         s

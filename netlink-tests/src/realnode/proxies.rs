@@ -217,6 +217,28 @@ pub fn kubeadm_configmap_for(mode: &str, family: Family) -> String {
     )
 }
 
+/// kubeadm's `kubeadm-config` ConfigMap for a cluster in `family`: the v1beta4
+/// `ClusterConfiguration` its upload-config phase writes (`cmd/kubeadm/app/phases/uploadconfig`),
+/// keys sorted as sigs.k8s.io/yaml writes them, with `proxy: {}` as Go encodes kubeadm's
+/// empty `Proxy` struct (`json:"proxy,omitempty"` omits no struct). README's install sets
+/// `proxy: {disabled: true}` in it and its way back takes that out again.
+pub fn kubeadm_config_for(family: Family) -> String {
+    let cluster_configuration = format!(
+        "apiServer: {{}}\napiVersion: kubeadm.k8s.io/v1beta4\ncaCertificateValidityPeriod: 87600h0m0s\ncertificateValidityPeriod: 8760h0m0s\ncertificatesDir: /etc/kubernetes/pki\nclusterName: kubernetes\ncontrollerManager: {{}}\ndns: {{}}\nencryptionAlgorithm: RSA-2048\netcd:\n  local:\n    dataDir: /var/lib/etcd\nimageRepository: registry.k8s.io\nkind: ClusterConfiguration\nkubernetesVersion: {version}\nnetworking:\n  dnsDomain: cluster.local\n  podSubnet: {pods}\n  serviceSubnet: {services}\nproxy: {{}}\nscheduler: {{}}\n",
+        version = super::images::KUBE_PROXY
+            .rsplit_once(':')
+            .expect("kube-proxy's image has a tag")
+            .1,
+        pods = family.cluster_cidrs(),
+        services = family.service_cidrs(),
+    );
+    let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    format!(
+        "kind: ConfigMap\napiVersion: v1\nmetadata:\n  name: kubeadm-config\n  namespace: kube-system\ndata:\n  ClusterConfiguration: |\n{}",
+        indent(&cluster_configuration)
+    )
+}
+
 /// kubeadm's kube-proxy addon without its ConfigMap: ServiceAccount `kube-proxy`,
 /// ClusterRoleBinding `kubeadm:node-proxier` to `system:node-proxier`, the Role and
 /// RoleBinding that let joining nodes read the ConfigMap, and the DaemonSet running `image`
@@ -362,6 +384,7 @@ pub fn deploy_kubeadm_addon(c: &Cluster, image: &str) {
 /// until its pods are Running and Ready on every node; returns how long that took.
 pub fn deploy(c: &Cluster, proxy: Proxy, mode: &str, limit: Duration) -> Duration {
     c.apply(&kubeadm_configmap_for(mode, c.family));
+    c.create(&kubeadm_config_for(c.family));
     let t0 = std::time::Instant::now();
     match proxy {
         Proxy::Ours => deploy_ours(c),
@@ -389,6 +412,21 @@ mod tests {
             kc.contains(&format!("server: https://{}:6443", super::super::CP_IP)),
             "{kc}"
         );
+    }
+
+    #[test]
+    fn kubeadm_config_holds_a_cluster_configuration_with_the_proxy_addon_on() {
+        let cm: serde_json::Value =
+            serde_saphyr::from_str(&kubeadm_config_for(Family::Dual)).unwrap();
+        assert_eq!(cm["metadata"]["name"], "kubeadm-config");
+        let text = cm["data"]["ClusterConfiguration"].as_str().unwrap();
+        let cc: serde_json::Value = serde_saphyr::from_str(text).unwrap();
+        assert_eq!(cc["kind"], "ClusterConfiguration");
+        assert_eq!(cc["apiVersion"], "kubeadm.k8s.io/v1beta4");
+        assert_eq!(cc["kubernetesVersion"], "v1.37.2");
+        assert_eq!(cc["networking"]["podSubnet"], Family::Dual.cluster_cidrs());
+        assert_eq!(cc["proxy"], serde_json::json!({}));
+        assert!(text.contains("\nproxy: {}\n"), "{text}");
     }
 
     #[test]

@@ -53,6 +53,34 @@ pub enum Step {
     Import(String),
     /// `kubectl ARGS` against the cluster, from the release directory.
     Kubectl(Vec<String>),
+    /// `kubectl ARGS | sed ARGS | kubectl ARGS`: stages of kubectl and sed, each given the
+    /// output of the one before (an edit inside a ConfigMap's embedded YAML).
+    Pipeline(Vec<Stage>),
+}
+
+/// One stage of a [`Step::Pipeline`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stage {
+    Kubectl(Vec<String>),
+    Sed(Vec<String>),
+}
+
+/// `line` split at each `|` outside single quotes.
+fn stages(line: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in line.char_indices() {
+        match c {
+            '\'' => quoted = !quoted,
+            '|' if !quoted => {
+                parts.push(&line[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&line[start..]);
+    parts
 }
 
 /// A command line split into words as a shell splits it, with single quotes only (a JSON
@@ -88,6 +116,21 @@ fn words(line: &str) -> Result<Vec<String>, String> {
 /// Reads a command line; anything else (pipes, redirections, other programs) is refused, so
 /// the README cannot hold a step the test would not really run.
 pub fn step(line: &str) -> Result<Step, String> {
+    let parts = stages(line);
+    if parts.len() > 1 {
+        return parts
+            .into_iter()
+            .map(|part| {
+                let words = words(part)?;
+                match words.first().map(String::as_str) {
+                    Some("kubectl") => Ok(Stage::Kubectl(words[1..].to_vec())),
+                    Some("sed") => Ok(Stage::Sed(words[1..].to_vec())),
+                    _ => Err(format!("{line:?}: a pipeline of kubectl and sed only")),
+                }
+            })
+            .collect::<Result<_, _>>()
+            .map(Step::Pipeline);
+    }
     let words = words(line)?;
     match words
         .iter()
@@ -198,28 +241,70 @@ impl Cluster {
                     }
                 }
                 Step::Kubectl(args) => {
-                    let out = std::process::Command::new("nsenter")
-                        .arg(format!("--net=/run/netns/{}", self.cp.ns.name))
-                        .arg("--")
-                        .arg(super::binaries().node.join("kubectl"))
-                        .arg(format!(
-                            "--kubeconfig={}",
-                            self.cp.admin_kubeconfig().display()
-                        ))
-                        .args(&args)
-                        .current_dir(&dir)
-                        .output_within(Duration::from_secs(360))
-                        .expect("run kubectl");
-                    assert!(
-                        out.status.success(),
-                        "{path} block {name}: `{line}` failed: {}{}\n{}",
-                        String::from_utf8_lossy(&out.stdout),
-                        String::from_utf8_lossy(&out.stderr),
-                        self.describe()
+                    self.run_stage(
+                        &dir,
+                        &Stage::Kubectl(args),
+                        None,
+                        &format!("{path} block {name}: `{line}`"),
                     );
+                }
+                Step::Pipeline(stages) => {
+                    let what = format!("{path} block {name}: `{line}`");
+                    let mut input = None;
+                    for (i, stage) in stages.iter().enumerate() {
+                        let out = self.run_stage(&dir, stage, input.as_deref(), &what);
+                        let file = dir.join(format!(".pipe-{i}"));
+                        std::fs::write(&file, out).unwrap();
+                        input = Some(file);
+                    }
                 }
             }
         }
+    }
+
+    /// Runs one README command (kubectl against the cluster, or sed) in `dir` with `stdin`
+    /// as its input, bounded to 6 minutes; returns its stdout, or panics with `what`.
+    fn run_stage(
+        &self,
+        dir: &std::path::Path,
+        stage: &Stage,
+        stdin: Option<&std::path::Path>,
+        what: &str,
+    ) -> Vec<u8> {
+        let mut cmd = match stage {
+            Stage::Kubectl(args) => {
+                let mut cmd = std::process::Command::new("nsenter");
+                cmd.arg(format!("--net=/run/netns/{}", self.cp.ns.name))
+                    .arg("--")
+                    .arg(super::binaries().node.join("kubectl"))
+                    .arg(format!(
+                        "--kubeconfig={}",
+                        self.cp.admin_kubeconfig().display()
+                    ))
+                    .args(args);
+                cmd
+            }
+            Stage::Sed(args) => {
+                let mut cmd = std::process::Command::new("sed");
+                cmd.args(args);
+                cmd
+            }
+        };
+        cmd.current_dir(dir).stdin(match stdin {
+            Some(f) => std::process::Stdio::from(std::fs::File::open(f).unwrap()),
+            None => std::process::Stdio::null(),
+        });
+        let out = cmd
+            .output_within(Duration::from_secs(360))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(
+            out.status.success(),
+            "{what} failed: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.describe()
+        );
+        out.stdout
     }
 }
 
@@ -288,5 +373,26 @@ mod tests {
                 r#"[{"op":"remove","path":"/a b"}]"#.into(),
             ]))
         );
+    }
+
+    #[test]
+    fn a_pipeline_is_kubectl_and_sed_with_pipes_inside_quotes_kept() {
+        assert_eq!(
+            step("kubectl get cm x -o yaml | sed 's/a|b/c/' | kubectl replace -f -"),
+            Ok(Step::Pipeline(vec![
+                Stage::Kubectl(vec![
+                    "get".into(),
+                    "cm".into(),
+                    "x".into(),
+                    "-o".into(),
+                    "yaml".into()
+                ]),
+                Stage::Sed(vec!["s/a|b/c/".into()]),
+                Stage::Kubectl(vec!["replace".into(), "-f".into(), "-".into()]),
+            ]))
+        );
+        assert!(step("kubectl get pods | grep x").is_err());
+        assert!(step("kubectl get cm x | sed 's/a/b/' > out").is_err());
+        assert!(step("kubectl get cm x | sed \"s/a/b/\"").is_err());
     }
 }

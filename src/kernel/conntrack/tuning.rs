@@ -137,15 +137,23 @@ pub fn apply(cfg: &ConntrackConfig) -> Vec<crate::kernel::sysctl::SysctlFailure>
         }
     }
     for wr in plan_writes(cfg) {
+        let path = wr.path.display().to_string();
+        // As upstream's setIntSysCtl: written only when it reads otherwise, so a host that
+        // sets them itself (sysctl.d) needs no write, which /proc/sys read-only in an
+        // unprivileged container would refuse.
+        match read_u64(&path) {
+            Ok(v) if v == wr.value => continue,
+            Ok(_) => {}
+            Err(e) => {
+                warnings.push(SysctlFailure::read(path, e));
+                continue;
+            }
+        }
         match std::fs::write(&wr.path, wr.value.to_string()) {
             Ok(()) => {
                 tracing::info!(path = %wr.path.display(), value = wr.value, "set conntrack sysctl")
             }
-            Err(e) => warnings.push(SysctlFailure::write(
-                wr.path.display().to_string(),
-                wr.value,
-                e,
-            )),
+            Err(e) => warnings.push(SysctlFailure::write(path, wr.value, e)),
         }
     }
     warnings
