@@ -25,8 +25,9 @@ pub const EXT_IP_OTHER: &str = "192.168.50.3";
 pub const EXT_IP6: &str = "fd00:50::2";
 pub const POD_GW: &str = "10.244.1.1";
 /// The daemon's log filter in tests: info, plus our per-sync summaries (V(2) upstream,
-/// debug here) that the tests wait for.
-pub const DAEMON_LOG: &str = "info,kube_nlproxy::app::hooks=debug";
+/// debug here) that the tests wait for, and the process set-up's V(2) lines (a failed
+/// `oom_score_adj`, which upstream logs at V(2)).
+pub const DAEMON_LOG: &str = "info,kube_nlproxy::app::hooks=debug,kube_nlproxy::app::process=debug";
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16,fd00:10:244::/48";
 
 /// The namespaces of one test cluster.

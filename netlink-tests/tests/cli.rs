@@ -502,24 +502,24 @@ fn ipvs_mode_without_ipvs_fails_before_touching_anything() {
     assert_eq!(c.ruleset("ip"), before, "the nftables table is untouched");
 }
 
-/// `--oom-score-adj` that cannot be applied (lowering it needs CAP_SYS_RESOURCE) is a
-/// warning: the daemon syncs and keeps running. Where the write succeeds, the value is
-/// applied instead.
+/// `--oom-score-adj` that cannot be applied (lowering it needs CAP_SYS_RESOURCE) is logged
+/// at `-v=2` as upstream logs it: the daemon syncs and keeps running. Where the write
+/// succeeds, the value is applied instead.
 #[test]
-fn an_oom_score_adj_that_cannot_be_set_is_a_warning() {
+fn an_oom_score_adj_that_cannot_be_set_is_logged_as_upstream_logs_it() {
     netlink_tests::ns::require_root();
     let c = netlink_tests::cluster::Cluster::new();
     let mut d = c.start_daemon(
         &netlink_tests::scenario::web_yaml(""),
-        &["--oom-score-adj=-999"],
+        &["--oom-score-adj=-999", "--v=2"],
     );
     let adj = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", d.child.id()))
         .unwrap_or_default();
     if adj.trim() != "-999" {
         let log = d.log_text();
         assert!(
-            log.contains(r#""cannot set oom_score_adj" value=-999 "#),
-            "oom_score_adj is {adj:?} and no warning:\n{log}"
+            log.contains(r#""Failed to apply OOMScore" value=-999 "#),
+            "oom_score_adj is {adj:?} and no line says so:\n{log}"
         );
     }
     assert!(c.ruleset("ip").contains("10.96.0.10"));

@@ -204,7 +204,7 @@ fn kops_flag_line() {
     assert!(
         adj.trim() == "-998"
             || d.log_text()
-                .contains(r#""cannot set oom_score_adj" value=-998 "#),
+                .contains(r#""Failed to apply OOMScore" value=-998 "#),
         "{adj}: {}",
         d.log_text()
     );

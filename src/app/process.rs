@@ -21,11 +21,13 @@ pub fn limit_allocator_arenas() {
     }
 }
 
-/// Writes /proc/self/oom_score_adj; lowering it needs CAP_SYS_RESOURCE, so a failure is a
-/// warning.
+/// Writes /proc/self/oom_score_adj; lowering it needs CAP_SYS_RESOURCE, which a
+/// NET_ADMIN-only container lacks. A failure is logged at `-v=2` as upstream logs it
+/// (`logger.V(2).Info("Failed to apply OOMScore")` in cmd/kube-proxy): the proxy works the
+/// same, only the kernel's OOM killer may pick it sooner.
 pub(super) fn set_oom_score_adj(v: i32) {
     if let Err(e) = std::fs::write("/proc/self/oom_score_adj", v.to_string()) {
-        tracing::warn!(value = v, err = %e, "cannot set oom_score_adj");
+        tracing::debug!(value = v, err = %e, "Failed to apply OOMScore");
     }
 }
 

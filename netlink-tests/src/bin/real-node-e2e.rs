@@ -22,7 +22,9 @@
 //! DIR` (a copy of the root kustomization with a component added, say) instead of the root
 //! kustomization; `--host-sysctl KEY=VALUE` (repeatable; KEY under /proc/sys, as
 //! `net/netfilter/nf_conntrack_tcp_timeout_close_wait`) sets it in every node before the
-//! proxy starts, as a host's sysctl.d would (what a NET_ADMIN-only proxy cannot write); `--ci`
+//! proxy starts, as a host's sysctl.d would (what a NET_ADMIN-only proxy cannot write);
+//! `--config FIELD=YAML` (repeatable) sets a top-level field of the config file in kubeadm's
+//! ConfigMap (`--config 'featureGates={KubeProxyNFTablesLocalhostNodePorts: true}'`); `--ci`
 //! runs CI's focus instead of the whole proxy focus. The report lists the warnings our pods
 //! logged. Exits 1 when a spec failed. As root.
 
@@ -35,7 +37,7 @@ use netlink_tests::realnode::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--host-sysctl KEY=VALUE]... [--ci]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--host-sysctl KEY=VALUE]... [--config FIELD=YAML]... [--ci]"
     );
     std::process::exit(2)
 }
@@ -54,6 +56,7 @@ fn main() {
     let mut kustomization: Option<PathBuf> = None;
     let mut ci = false;
     let mut host_sysctls: Vec<(String, String)> = Vec::new();
+    let mut fields: Vec<(String, String)> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().unwrap_or_else(|| usage());
@@ -82,6 +85,10 @@ fn main() {
             "--timeout" => timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage())),
             "--kustomize" => kustomization = Some(PathBuf::from(val())),
             "--ci" => ci = true,
+            "--config" => match val().split_once('=') {
+                Some((k, v)) if !k.is_empty() => fields.push((k.to_string(), v.to_string())),
+                _ => usage(),
+            },
             "--host-sysctl" => match val().split_once('=') {
                 Some((k, v)) if !k.is_empty() && !k.contains("..") => {
                     host_sysctls.push((k.to_string(), v.to_string()))
@@ -124,9 +131,11 @@ fn main() {
             node.ns.write_sysctl(key, value);
         }
     }
+    let configmap =
+        proxies::with_config_fields(&proxies::kubeadm_configmap_for(&mode, family), &fields);
     let took = match &kustomization {
-        Some(dir) => proxies::deploy_ours_from(&c, dir, &mode, Duration::from_secs(180)),
-        None => proxies::deploy(&c, proxy, &mode, Duration::from_secs(180)),
+        Some(dir) => proxies::deploy_ours_from(&c, dir, &configmap, Duration::from_secs(180)),
+        None => proxies::deploy_configured(&c, proxy, &configmap, Duration::from_secs(180)),
     };
     eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
     let warnings = match proxy {
@@ -148,8 +157,13 @@ fn main() {
             "# Flannel's rules CHANGED across the run:\n# before: {flannel_before:#?}\n# after: {flannel_after:#?}\n"
         ),
     };
+    let gates_text: String = fields.iter().map(|(k, v)| format!(", {k}: {v}")).collect();
+    let from = kustomization
+        .as_ref()
+        .map(|d| format!(", deployed with kubectl apply -k {}", d.display()))
+        .unwrap_or_default();
     let text = format!(
-        "# {proxy:?} proxy, mode {mode:?}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}{warnings}# passed {}, failed {}, skipped {}\n{}",
+        "# {proxy:?} proxy, mode {mode:?}{gates_text}{from}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}{warnings}# passed {}, failed {}, skipped {}\n{}",
         cni.name(),
         report.passed().count(),
         report.failed().count(),
@@ -168,15 +182,7 @@ fn main() {
 /// The warning lines (klog's `W…`) our pods logged by the time they were Ready, each as a
 /// `# ` line of the report.
 fn our_warnings(c: &Cluster) -> String {
-    let logs = c.kubectl_ok(&[
-        "-n",
-        "kube-system",
-        "logs",
-        "-l",
-        "app.kubernetes.io/name=kube-nlproxy",
-        "--prefix",
-        "--tail=-1",
-    ]);
+    let logs = String::from_utf8_lossy(&c.our_pod_logs(-1).stdout).into_owned();
     let lines: Vec<&str> = logs
         .lines()
         .filter(|l| {

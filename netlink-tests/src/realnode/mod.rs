@@ -693,15 +693,7 @@ impl Cluster {
         }
         // The proxies' own lines: what a wait on the rules needs to be understood (the API
         // server may be the thing that is down, so this is best effort).
-        let out = self.kubectl(&[
-            "-n",
-            "kube-system",
-            "logs",
-            "-l",
-            "app.kubernetes.io/name=kube-nlproxy",
-            "--prefix",
-            "--tail=40",
-        ]);
+        let out = self.our_pod_logs(40);
         s.push_str(&format!(
             "$ kubectl -n kube-system logs -l app.kubernetes.io/name=kube-nlproxy --prefix --tail=40\n{}{}\n",
             String::from_utf8_lossy(&out.stdout),
@@ -723,6 +715,19 @@ impl Cluster {
             }
         }
         s
+    }
+
+    /// `kubectl logs --prefix` of deploy/'s pods, their last `tail` lines each (-1: all).
+    pub fn our_pod_logs(&self, tail: i64) -> Output {
+        self.kubectl(&[
+            "-n",
+            "kube-system",
+            "logs",
+            "-l",
+            "app.kubernetes.io/name=kube-nlproxy",
+            "--prefix",
+            &format!("--tail={tail}"),
+        ])
     }
 
     /// Whether every pod matching `selector` in `namespace` is Running and Ready, and there

@@ -217,6 +217,38 @@ pub fn kubeadm_configmap_for(mode: &str, family: Family) -> String {
     )
 }
 
+/// `configmap` (a [`kubeadm_configmap_for`]) with each top-level field of its
+/// `config.conf` in `fields` set to its YAML value (`featureGates` to
+/// `{KubeProxyNFTablesLocalhostNodePorts: true}`, say), as an operator sets them in
+/// kubeadm's `KubeProxyConfiguration`: a field already there is replaced (one-line values,
+/// as kubeadm's undefaulted file has), another is added after `mode`.
+pub fn with_config_fields(configmap: &str, fields: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut added = false;
+    for line in configmap.lines() {
+        let field = line
+            .strip_prefix("    ")
+            .and_then(|l| l.split_once(": "))
+            .map(|(k, _)| k);
+        match fields.iter().find(|(k, _)| Some(k.as_str()) == field) {
+            Some((k, v)) => out.push_str(&format!("    {k}: {v}\n")),
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        if field == Some("mode") && !added {
+            added = true;
+            for (k, v) in fields {
+                if !configmap.contains(&format!("\n    {k}: ")) {
+                    out.push_str(&format!("    {k}: {v}\n"));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// kubeadm's `kubeadm-config` ConfigMap for a cluster in `family`: the v1beta4
 /// `ClusterConfiguration` its upload-config phase writes (`cmd/kubeadm/app/phases/uploadconfig`),
 /// keys sorted as sigs.k8s.io/yaml writes them, with `proxy: {}` as Go encodes kubeadm's
@@ -358,15 +390,16 @@ pub fn deploy_ours(c: &Cluster) {
     c.kubectl_ok(&["apply", "-k", root.to_str().unwrap()]);
 }
 
-/// Ours from the kustomization in `dir`, with kubeadm's ConfigMap in `mode`; waits as
-/// [`deploy`] does and returns how long that took.
+/// Ours from the kustomization in `dir`, with `configmap` as kubeadm's ConfigMap
+/// ([`kubeadm_configmap_for`]); waits as [`deploy`] does and returns how long that took.
 pub fn deploy_ours_from(
     c: &Cluster,
     dir: &std::path::Path,
-    mode: &str,
+    configmap: &str,
     limit: Duration,
 ) -> Duration {
-    c.apply(&kubeadm_configmap_for(mode, c.family));
+    c.apply(configmap);
+    c.create(&kubeadm_config_for(c.family));
     let t0 = std::time::Instant::now();
     c.kubectl_ok(&["apply", "-k", dir.to_str().expect("a UTF-8 path")]);
     c.wait_for(limit, "our proxy pods Ready", |c| {
@@ -383,7 +416,13 @@ pub fn deploy_kubeadm_addon(c: &Cluster, image: &str) {
 /// Deploys `proxy` with kubeadm's ConfigMap in `mode` (for the cluster's families) and waits
 /// until its pods are Running and Ready on every node; returns how long that took.
 pub fn deploy(c: &Cluster, proxy: Proxy, mode: &str, limit: Duration) -> Duration {
-    c.apply(&kubeadm_configmap_for(mode, c.family));
+    deploy_configured(c, proxy, &kubeadm_configmap_for(mode, c.family), limit)
+}
+
+/// [`deploy`] with `configmap` as kubeadm's ConfigMap ([`kubeadm_configmap_for`], say
+/// with [`with_config_fields`]).
+pub fn deploy_configured(c: &Cluster, proxy: Proxy, configmap: &str, limit: Duration) -> Duration {
+    c.apply(configmap);
     c.create(&kubeadm_config_for(c.family));
     let t0 = std::time::Instant::now();
     match proxy {
@@ -412,6 +451,32 @@ mod tests {
             kc.contains(&format!("server: https://{}:6443", super::super::CP_IP)),
             "{kc}"
         );
+    }
+
+    #[test]
+    fn config_fields_are_replaced_or_added() {
+        let cm = with_config_fields(
+            &kubeadm_configmap_for("nftables", Family::Ipv4),
+            &[
+                (
+                    "featureGates".into(),
+                    "{KubeProxyNFTablesLocalhostNodePorts: true}".into(),
+                ),
+                ("nodePortAddresses".into(), "[primary, localhost]".into()),
+            ],
+        );
+        let cm: serde_json::Value = serde_saphyr::from_str(&cm).unwrap();
+        let conf: serde_json::Value =
+            serde_saphyr::from_str(cm["data"]["config.conf"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            conf["featureGates"]["KubeProxyNFTablesLocalhostNodePorts"],
+            true
+        );
+        assert_eq!(
+            conf["nodePortAddresses"],
+            serde_json::json!(["primary", "localhost"])
+        );
+        assert_eq!(conf["mode"], "nftables");
     }
 
     #[test]
