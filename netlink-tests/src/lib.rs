@@ -17,3 +17,4 @@ pub mod ns;
 pub mod realnode;
 pub mod scenario;
 pub mod sctp;
+pub mod xtables_gen;

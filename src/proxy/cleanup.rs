@@ -198,7 +198,7 @@ pub fn cleanup_upstream_legacy<X: Xtables>(x: &mut X) -> Result<Vec<String>, xta
                 why,
             })?;
             let Some(r) = rewrite else { continue };
-            x.replace(family, &old, &r.table)?;
+            x.replace(family, &old, &r)?;
             removed.push(format!(
                 "iptables-legacy table {family} {table}: {} KUBE-* chains, {} jump rules",
                 r.removed_chains.len(),

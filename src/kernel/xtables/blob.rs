@@ -22,6 +22,9 @@ pub struct TableBlob {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rewrite {
     pub table: TableBlob,
+    /// For each entry of `table`, the index of the entry of the old table it is: whose
+    /// counters it carries on ([`add_counters_request`]).
+    pub kept: Vec<u32>,
     pub removed_chains: Vec<String>,
     pub removed_jumps: usize,
 }
@@ -193,6 +196,12 @@ pub fn remove_chains(
             num_entries: keep.iter().filter(|k| **k).count() as u32,
             entries: blob,
         },
+        kept: keep
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k)
+            .map(|(i, _)| i as u32)
+            .collect(),
         removed_chains: doomed.iter().map(|c| c.0.clone()).collect(),
         removed_jumps,
     }))
@@ -259,6 +268,23 @@ pub fn replace_request(new: &TableBlob, old_entries: u32, counters_addr: u64) ->
     b[88..96].copy_from_slice(&counters_addr.to_ne_bytes());
     b.extend_from_slice(&new.entries);
     b
+}
+
+/// `struct xt_counters_info` for table `name`: for each new entry, the counters the old
+/// entry `kept[i]` had when the table was replaced (`old_counters`, as `IPT_SO_SET_REPLACE`
+/// returned them, `COUNTERS_LEN` bytes per old entry). `IPT_SO_SET_ADD_COUNTERS` adds them
+/// to the new table's entries in order, as iptables-restore does after a replace: without
+/// it every rule kept, another program's included, would start again from zero.
+pub fn add_counters_request(name: &str, old_counters: &[u8], kept: &[u32]) -> Option<Vec<u8>> {
+    let mut b = vec![0u8; ADD_COUNTERS_HDR];
+    put_name(&mut b, name);
+    b[XT_TABLE_MAXNAMELEN..XT_TABLE_MAXNAMELEN + 4]
+        .copy_from_slice(&(kept.len() as u32).to_ne_bytes());
+    for &old in kept {
+        let at = old as usize * COUNTERS_LEN;
+        b.extend_from_slice(old_counters.get(at..at + COUNTERS_LEN)?);
+    }
+    Some(b)
 }
 
 #[cfg(test)]
@@ -370,6 +396,9 @@ pub(crate) mod tests {
             assert_eq!(r.removed_chains, ["KUBE-SERVICES", "KUBE-SVC-X"]);
             assert_eq!(r.removed_jumps, 1);
             assert_eq!(r.table.num_entries, 14 - 7);
+            // The jump to FOREIGN, both policies, FOREIGN's three entries and the end:
+            // the old entries whose counters the new ones carry on.
+            assert_eq!(r.kept, [1, 2, 3, 10, 11, 12, 13]);
             let left = user_chains(layout, &r.table).unwrap();
             assert_eq!(left.len(), 1);
             assert_eq!(left[0].0, "FOREIGN");
@@ -386,6 +415,26 @@ pub(crate) mod tests {
             // nothing selected: untouched
             assert_eq!(remove_chains(layout, &t, |n| n == "NOPE").unwrap(), None);
         }
+    }
+
+    #[test]
+    fn counters_are_carried_to_the_kept_entries_in_their_new_order() {
+        // Three old entries: (packets, bytes) = (1, 10), (2, 20), (3, 30).
+        let mut old = Vec::new();
+        for (p, b) in [(1u64, 10u64), (2, 20), (3, 30)] {
+            old.extend_from_slice(&p.to_ne_bytes());
+            old.extend_from_slice(&b.to_ne_bytes());
+        }
+        let req = add_counters_request("filter", &old, &[0, 2]).unwrap();
+        assert_eq!(req.len(), 40 + 2 * 16);
+        assert_eq!(&req[..6], b"filter");
+        assert!(req[6..32].iter().all(|b| *b == 0), "name NUL-padded");
+        assert_eq!(u32::from_ne_bytes(req[32..36].try_into().unwrap()), 2);
+        assert_eq!(&req[36..40], [0; 4], "padding before the counters");
+        assert_eq!(&req[40..56], &old[0..16]);
+        assert_eq!(&req[56..72], &old[32..48]);
+        // An index past the counters returned is refused, not read out of bounds.
+        assert_eq!(add_counters_request("filter", &old, &[3]), None);
     }
 
     #[test]

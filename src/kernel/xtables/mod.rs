@@ -1,8 +1,8 @@
 //! Legacy x_tables (`iptables-legacy`), as far as cleanup needs it: which tables exist in
-//! this network namespace, a table's blob, and replacing it. Kernel access is through the
-//! x_tables socket options (`IPT_SO_GET_INFO`, `IPT_SO_GET_ENTRIES`, `IPT_SO_SET_REPLACE`)
-//! on a raw socket, never the iptables binary. The blob logic is pure (`blob`); `sockopt`
-//! is the only I/O.
+//! this network namespace, a table's blob, and replacing it with its counters kept. Kernel
+//! access is through the x_tables socket options (`IPT_SO_GET_INFO`, `IPT_SO_GET_ENTRIES`,
+//! `IPT_SO_SET_REPLACE`, `IPT_SO_SET_ADD_COUNTERS`) on a raw socket, never the iptables
+//! binary. The blob logic is pure (`blob`); `sockopt` is the only I/O.
 
 pub mod blob;
 pub mod sockopt;
@@ -37,12 +37,13 @@ pub trait Xtables {
     /// never loads a table that is not there.
     fn tables(&mut self, family: Family) -> Result<Vec<String>, Error>;
     fn get(&mut self, family: Family, table: &str) -> Result<blob::TableBlob, Error>;
-    /// Replaces `old` (as read) with `new`, atomically.
+    /// Replaces `old` (as read) with `new.table`, atomically, then gives each of its
+    /// entries the counters of the old entry it is (`new.kept`), as iptables-restore does.
     fn replace(
         &mut self,
         family: Family,
         old: &blob::TableBlob,
-        new: &blob::TableBlob,
+        new: &blob::Rewrite,
     ) -> Result<(), Error>;
 }
 

@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::model::net::Family;
 
-use super::blob::{self, TableBlob};
+use super::blob::{self, Rewrite, TableBlob};
 use super::uapi::*;
 use super::{Error, Xtables};
 
@@ -147,24 +147,30 @@ impl Xtables for SockoptXtables {
         })
     }
 
-    fn replace(&mut self, family: Family, old: &TableBlob, new: &TableBlob) -> Result<(), Error> {
+    fn replace(&mut self, family: Family, old: &TableBlob, new: &Rewrite) -> Result<(), Error> {
         self.locked()?;
-        let fd = raw_socket(family).map_err(|source| Error::Io {
-            op: "socket",
-            family,
-            table: new.name.clone(),
-            source,
-        })?;
+        let table = &new.table.name;
+        let io = |op: &'static str| {
+            move |source| Error::Io {
+                op,
+                family,
+                table: table.clone(),
+                source,
+            }
+        };
+        let fd = raw_socket(family).map_err(io("socket"))?;
         // The kernel writes the old table's counters here; it must outlive the call.
         let mut counters = vec![0u8; old.num_entries as usize * COUNTERS_LEN];
-        let req = blob::replace_request(new, old.num_entries, counters.as_mut_ptr() as u64);
-        let r = setsockopt(&fd, level(family), SO_SET_REPLACE, &req);
-        drop(counters);
-        r.map_err(|source| Error::Io {
-            op: "SET_REPLACE",
-            family,
-            table: new.name.clone(),
-            source,
-        })
+        let req = blob::replace_request(&new.table, old.num_entries, counters.as_mut_ptr() as u64);
+        setsockopt(&fd, level(family), SO_SET_REPLACE, &req).map_err(io("SET_REPLACE"))?;
+        // The new table's entries start at zero: give the kept ones their counters back.
+        let add = blob::add_counters_request(table, &counters, &new.kept).ok_or_else(|| {
+            Error::Malformed {
+                family,
+                table: table.clone(),
+                why: "a kept entry beyond the counters SET_REPLACE returned".into(),
+            }
+        })?;
+        setsockopt(&fd, level(family), SO_SET_ADD_COUNTERS, &add).map_err(io("SET_ADD_COUNTERS"))
     }
 }

@@ -10,6 +10,8 @@ pub const SO_GET_INFO: i32 = 64;
 pub const SO_GET_ENTRIES: i32 = 65;
 /// `IPT_SO_SET_REPLACE`.
 pub const SO_SET_REPLACE: i32 = 64;
+/// `IPT_SO_SET_ADD_COUNTERS` / `IP6T_SO_SET_ADD_COUNTERS`.
+pub const SO_SET_ADD_COUNTERS: i32 = 65;
 
 pub const XT_TABLE_MAXNAMELEN: usize = 32;
 pub const NF_INET_NUMHOOKS: usize = 5;
@@ -23,6 +25,9 @@ pub const GET_ENTRIES_HDR: usize = 40;
 pub const REPLACE_HDR: usize = 96;
 /// `struct xt_counters`: packets and bytes, u64 each.
 pub const COUNTERS_LEN: usize = 16;
+/// `struct xt_counters_info` before `counters`: name, num_counters (36 bytes, padded to the
+/// counters' 8).
+pub const ADD_COUNTERS_HDR: usize = 40;
 
 /// `struct xt_entry_target` header: target_size u16, name[29], revision u8.
 pub const TARGET_HDR: usize = 32;
