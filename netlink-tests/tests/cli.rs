@@ -555,3 +555,46 @@ fn version_names_the_checked_out_commit() {
         )
     );
 }
+
+/// Issue #53.2, a NET_ADMIN-only container, where `/proc/sys` is read-only: conntrack
+/// sysctls the host already set as configured are not written (upstream's setIntSysCtl
+/// writes only what reads otherwise), so `--init-only` says nothing about them; those it
+/// cannot set are one warning naming each.
+#[test]
+fn sysctls_set_by_the_host_need_no_write_and_the_rest_are_one_warning() {
+    netlink_tests::ns::require_root();
+    let ns = netlink_tests::ns::NetNs::new("rosys");
+    ns.write_sysctl("net/netfilter/nf_conntrack_tcp_timeout_close_wait", "3600");
+    ns.write_sysctl(
+        "net/netfilter/nf_conntrack_tcp_timeout_established",
+        "86400",
+    );
+    let proxy = netlink_tests::cluster::proxy_bin();
+    // A mount namespace with /proc/sys bound read-only over itself, as a runtime mounts it
+    // for an unprivileged container.
+    let init_only = |flags: &str| -> String {
+        let script = format!(
+            "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec {} --init-only {flags}",
+            proxy.display()
+        );
+        let out = ns.output("unshare", &["-m", "sh", "-c", &script]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        err
+    };
+    let defaults = init_only("");
+    assert!(
+        !defaults.contains("cannot set"),
+        "the host's values are upstream's defaults:\n{defaults}"
+    );
+    let other = init_only("--conntrack-tcp-timeout-close-wait=2h --conntrack-udp-timeout=40s");
+    let warnings: Vec<&str> = other.lines().filter(|l| l.contains("cannot set")).collect();
+    assert_eq!(warnings.len(), 1, "{other}");
+    assert!(
+        warnings[0].contains(r#""cannot set sysctls" count=2 "#)
+            && warnings[0]
+                .contains("nf_conntrack_tcp_timeout_close_wait=7200: Read-only file system")
+            && warnings[0].contains("nf_conntrack_udp_timeout=40: Read-only file system"),
+        "{other}"
+    );
+}
