@@ -396,3 +396,75 @@ mod tests {
         assert!(step("kubectl get cm x | sed \"s/a/b/\"").is_err());
     }
 }
+
+#[cfg(test)]
+mod kubeadm_config_edits {
+    use super::*;
+
+    /// The sed stage of README block `name`'s line that edits `kubeadm-config`.
+    fn sed_of(name: &str) -> Vec<String> {
+        let line = block(&readme(), name)
+            .into_iter()
+            .find(|l| l.contains("kubeadm-config"))
+            .unwrap_or_else(|| panic!("README block {name} edits kubeadm-config"));
+        match step(&line) {
+            Ok(Step::Pipeline(stages)) => stages
+                .into_iter()
+                .find_map(|s| match s {
+                    Stage::Sed(args) => Some(args),
+                    Stage::Kubectl(_) => None,
+                })
+                .expect("a sed stage"),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    #[allow(clippy::disallowed_methods)] // sed as README runs it
+    fn sed(args: &[String], input: &str) -> String {
+        use std::io::Write;
+        let mut child = std::process::Command::new("sed")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sed");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = crate::bounded::wait_with_output_within(child, Duration::from_secs(10), "sed");
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl get cm kubeadm-config -o yaml` with `proxy` as given (4 spaces: the
+    /// block scalar's indentation under `data`).
+    fn configmap(proxy: &str) -> String {
+        format!("apiVersion: v1\ndata:\n  ClusterConfiguration: |\n    apiServer: {{}}\n{proxy}    scheduler: {{}}\nkind: ConfigMap\n")
+    }
+
+    /// README's install turns kubeadm's `proxy: {}` off, and each way back turns it on
+    /// again from that form and from the two-line form kubeadm itself writes (`kubeadm init
+    /// --skip-phases=addon/kube-proxy`, or a `kubeadm upgrade` after the install).
+    #[test]
+    fn the_install_disables_the_addon_and_every_way_back_enables_it_in_both_forms() {
+        let on = configmap("    proxy: {}\n");
+        let off = configmap("    proxy: {disabled: true}\n");
+        let off_by_kubeadm = configmap("    proxy:\n      disabled: true\n");
+        for install in ["install", "migrate"] {
+            assert_eq!(sed(&sed_of(install), &on), off, "{install}");
+            assert_eq!(sed(&sed_of(install), &off), off, "{install}: twice is once");
+        }
+        for back in ["go-back", "go-back-deploy"] {
+            assert_eq!(sed(&sed_of(back), &off), on, "{back}");
+            assert_eq!(
+                sed(&sed_of(back), &off_by_kubeadm),
+                on,
+                "{back}, kubeadm's form"
+            );
+            assert_eq!(sed(&sed_of(back), &on), on, "{back}: already on");
+        }
+    }
+}
