@@ -10,6 +10,8 @@
 
 pub mod app;
 pub mod config;
+#[cfg(any(test, feature = "testing"))]
+pub mod fuzz;
 pub mod kernel;
 pub mod model;
 pub mod modes;

@@ -506,7 +506,7 @@ pub fn run(args: &[String]) -> Result<Printed, ToolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::explain::tests::FakeView;
+    use crate::tools::explain::fake::FakeView;
 
     fn listing() -> Listing {
         services(

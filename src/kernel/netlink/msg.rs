@@ -302,7 +302,9 @@ pub fn parse_error(m: &RawMsg<'_>) -> Result<ErrorMsg, DecodeError> {
         }
     }
     Ok(ErrorMsg {
-        errno: -err,
+        // The kernel sends -errno; i32::MIN (no errno, but a datagram can say it) has no
+        // negation and stays as it is rather than overflowing.
+        errno: err.checked_neg().unwrap_or(err),
         seq,
         ext_msg,
     })
@@ -311,6 +313,26 @@ pub fn parse_error(m: &RawMsg<'_>) -> Result<ErrorMsg, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the netlink fuzz targets: an `NLMSG_ERROR` carrying i32::MIN overflowed
+    /// the negation (a panic in debug builds, a wrong errno in release ones).
+    #[test]
+    fn an_error_code_without_a_negation_is_kept() {
+        let errno = |code: i32| {
+            let mut payload = code.to_ne_bytes().to_vec();
+            payload.extend_from_slice(&[0u8; NLMSG_HDRLEN]);
+            let m = RawMsg {
+                ty: 2,
+                flags: 0,
+                seq: 1,
+                pid: 0,
+                payload: &payload,
+            };
+            parse_error(&m).unwrap().errno
+        };
+        assert_eq!(errno(i32::MIN), i32::MIN);
+        assert_eq!(errno(-17), 17);
+    }
 
     #[test]
     fn writer_pads_attributes_and_patches_lengths() {

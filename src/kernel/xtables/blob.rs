@@ -287,8 +287,10 @@ pub fn add_counters_request(name: &str, old_counters: &[u8], kept: &[u32]) -> Op
     Some(b)
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
+/// Tables laid out as libiptc lays them out, for the unit tests and the `xtables_blob` fuzz
+/// target's seeds.
+#[cfg(any(test, feature = "testing"))]
+pub mod fixtures {
     use super::*;
 
     /// Builds entries as libiptc lays them out.
@@ -380,6 +382,12 @@ pub(crate) mod tests {
         };
         (t, vec![pre_jump_foreign, foreign_hdr])
     }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::fixtures::*;
+    use super::*;
 
     #[test]
     fn removes_owned_chains_and_jumps_and_renumbers() {

@@ -34,7 +34,7 @@ use crate::source::convert::{
 
 mod events;
 mod first_sync;
-mod lenient;
+pub mod lenient;
 mod list_watch;
 mod pacer;
 mod store;

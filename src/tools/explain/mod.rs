@@ -331,5 +331,7 @@ pub fn refused(report: &Report) -> bool {
         .any(|o| o.verdict.turns_away())
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -34,11 +34,17 @@ pub(super) fn resolve_from(
         "node" => {
             // The source a connection from this host gets: the route's preferred source,
             // else the first global address of the family.
-            let routed = kv.route(daddr)?.and_then(|(_, src)| src);
+            let routed = kv
+                .route(daddr)?
+                .and_then(|(_, src)| src)
+                .filter(|s| Family::of(s) == family);
             let addr = routed.or(first_global(locals, family)).ok_or_else(|| {
                 usage(format!(
                     "--from node: this host has no {} address",
-                    family.name()
+                    match family {
+                        Family::Ip => "IPv4",
+                        Family::Ip6 => "IPv6",
+                    }
                 ))
             })?;
             (addr, true)

@@ -60,6 +60,16 @@ fn ip_bytes(a: IpAddr) -> Vec<u8> {
     }
 }
 
+/// Writes `a` into `field` of a network header when it is of the header's family; an
+/// address of the other family (a packet no table of this family would see) leaves the
+/// field zero rather than panicking on the length.
+fn put_addr(field: &mut [u8], a: IpAddr) {
+    let b = ip_bytes(a);
+    if b.len() == field.len() {
+        field.copy_from_slice(&b);
+    }
+}
+
 impl Eval<'_> {
     fn unknown(chain: &str, rule: &LiveRule, why: impl Into<String>) -> End {
         End::Unknown {
@@ -77,8 +87,8 @@ impl Eval<'_> {
                 h[0] = 0x45;
                 h[8] = 64;
                 h[9] = p.proto;
-                h[12..16].copy_from_slice(&ip_bytes(p.saddr));
-                h[16..20].copy_from_slice(&ip_bytes(p.daddr));
+                put_addr(&mut h[12..16], p.saddr);
+                put_addr(&mut h[16..20], p.daddr);
                 h
             }
             Family::Ip6 => {
@@ -86,8 +96,8 @@ impl Eval<'_> {
                 h[0] = 0x60;
                 h[6] = p.proto;
                 h[7] = 64;
-                h[8..24].copy_from_slice(&ip_bytes(p.saddr));
-                h[24..40].copy_from_slice(&ip_bytes(p.daddr));
+                put_addr(&mut h[8..24], p.saddr);
+                put_addr(&mut h[24..40], p.daddr);
                 h
             }
         }
