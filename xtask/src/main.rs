@@ -188,9 +188,13 @@ fn fuzz_task(args: &[String]) -> Result<(), String> {
         targets.retain(|t| only.contains(t));
     }
     let bin_dir = fuzz::build(&root)?;
-    let stats = fuzz::run_all(&root, &bin_dir, &targets, seconds, jobs)?;
+    let (stats, failures) = fuzz::run_all(&root, &bin_dir, &targets, seconds, jobs);
     print!("{}", fuzz::render(&stats));
-    Ok(())
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n\n"))
+    }
 }
 
 /// SOURCE_DATE_EPOCH, or 0.

@@ -3,9 +3,7 @@
 
 pub use super::uapi::*;
 
-use netlink_packet_core::{
-    Emitable, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{Emitable, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
 use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
 use netlink_packet_generic::{GenlHeader, GenlMessage};
@@ -56,15 +54,16 @@ pub fn encode_get_family(name: &str, seq: u32) -> Vec<u8> {
     buf
 }
 
-/// The family id from a `CTRL_CMD_NEWFAMILY` reply.
+/// `CTRL_ATTR_FAMILY_ID` (linux/genetlink.h): a u16 in host order.
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+
+/// The family id from a `CTRL_CMD_NEWFAMILY` reply: its one attribute we need, read with
+/// our own attribute walker after the 4-byte genlmsghdr. `netlink-packet-generic`'s full
+/// parse of the reply panicked on a malformed op-policy attribute (its
+/// `OppolicyAttr::parse` slices past the buffer; found by the `ipvs_reply` fuzz target).
 pub fn decode_family_id(m: &RawMsg<'_>) -> Option<u16> {
-    let mut header = NetlinkHeader::default();
-    header.message_type = m.ty;
-    let reply = GenlMessage::<GenlCtrl>::deserialize(&header, m.payload).ok()?;
-    reply.payload.nlas.iter().find_map(|a| match a {
-        GenlCtrlAttrs::FamilyId(id) => Some(*id),
-        _ => None,
-    })
+    let attrs = m.payload.get(4..)?;
+    Attrs::new(attrs).get(CTRL_ATTR_FAMILY_ID)?.u16()
 }
 
 fn service_key(w: &mut MsgWriter, vs: &VirtualServer) {
@@ -431,5 +430,31 @@ mod tests {
             let _ = decode_config(&m);
             let _ = decode_family_id(&m);
         }
+    }
+
+    /// A `CTRL_CMD_NEWFAMILY` reply as nlctrl writes it (genlmsghdr, FAMILY_ID, FAMILY_NAME),
+    /// and one with a truncated op-policy nest after them, which the crate's parser
+    /// panicked on.
+    #[test]
+    fn the_family_id_is_read_from_its_attribute_alone() {
+        let mut w = MsgWriter::new();
+        w.attr_u16(CTRL_ATTR_FAMILY_ID, 0x1f);
+        w.attr_str(2, "IPVS");
+        let mut payload = vec![1, 2, 0, 0];
+        payload.extend(w.into_bytes());
+        let m = |p: &[u8]| {
+            decode_family_id(&RawMsg {
+                ty: 0x10,
+                flags: 0,
+                seq: 1,
+                pid: 0,
+                payload: p,
+            })
+        };
+        assert_eq!(m(&payload), Some(0x1f));
+        // CTRL_ATTR_OP_POLICY (11) claiming 0xffff bytes of value in a 4-byte attribute.
+        payload.extend_from_slice(&[8, 0, 11, 0x80, 4, 0, 0xff, 0xff]);
+        assert_eq!(m(&payload), Some(0x1f));
+        assert_eq!(m(&payload[..3]), None);
     }
 }
