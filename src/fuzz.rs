@@ -132,11 +132,11 @@ pub fn ipset_reply(data: &[u8]) {
 
 /// An x_tables table as `IPT_SO_GET_INFO` and `IPT_SO_GET_ENTRIES` return it, in both entry
 /// layouts: its chains listed and upstream's removed (the legacy cleanup's rewrite).
-/// The first 84 bytes are the `ipt_getinfo`, the rest the entries.
+/// The first `GETINFO_LEN` (84) bytes are the `ipt_getinfo`, the rest the entries.
 pub fn xtables_blob(data: &[u8]) {
     use crate::kernel::xtables::blob::{parse_info, remove_chains, user_chains, TableBlob};
-    use crate::kernel::xtables::uapi::{IPV4, IPV6};
-    let (info, entries) = data.split_at(data.len().min(84));
+    use crate::kernel::xtables::uapi::{GETINFO_LEN, IPV4, IPV6};
+    let (info, entries) = data.split_at(data.len().min(GETINFO_LEN));
     let Some((valid_hooks, hook_entry, underflow, num_entries, _)) = parse_info(info) else {
         return;
     };
@@ -278,30 +278,17 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// nftables mode's plan of `default/web` (ClusterIP, NodePort, a local and a remote
-/// endpoint) as the messages that create it: a dump reply has the same attributes.
+/// endpoint) as the batch a first full sync sends (`plan_full`): a dump reply carries the
+/// same attributes.
 fn nft_seed(family: Family) -> Vec<u8> {
-    use crate::kernel::nft::transaction::Transaction;
     let st = crate::model::fixtures::web_state(Some(30080));
     let cfg = crate::proxy::ProxierConfig {
         local_detector: crate::proxy::LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
         ..Default::default()
     };
     let rs = crate::modes::nftables::plan::build_ruleset(&st, &cfg, family);
-    let mut tx = Transaction::new(family, rs.table.name.clone());
-    tx.add(rs.table.clone());
-    for (chain, rules) in rs.chains() {
-        tx.add(chain.clone());
-        for r in rules {
-            tx.add(r.clone());
-        }
-    }
-    for set in rs.sets() {
-        tx.add(set.clone());
-    }
-    for e in rs.elements() {
-        tx.add(e.clone());
-    }
-    crate::kernel::nft::encode::encode_transaction(&tx, 1).bytes
+    let plan = crate::proxy::ruleset::plan_full(&rs, None, &[]);
+    crate::kernel::nft::encode::encode_transaction(&plan.tx, 1).bytes
 }
 
 /// Conntrack entries, IPVS servers, links, addresses and ipset names as our encoders write
@@ -371,7 +358,7 @@ fn kernel_seeds() -> Vec<(&'static str, Vec<u8>)> {
         crate::kernel::xtables::uapi::IPV6,
     ] {
         let (t, _) = crate::kernel::xtables::blob::fixtures::sample(layout);
-        let mut info = vec![0u8; 84];
+        let mut info = vec![0u8; crate::kernel::xtables::uapi::GETINFO_LEN];
         info[..t.name.len()].copy_from_slice(t.name.as_bytes());
         let mut put = |at: usize, v: u32| info[at..at + 4].copy_from_slice(&v.to_ne_bytes());
         put(32, t.valid_hooks);

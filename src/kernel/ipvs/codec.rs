@@ -433,8 +433,9 @@ mod tests {
     }
 
     /// A `CTRL_CMD_NEWFAMILY` reply as nlctrl writes it (genlmsghdr, FAMILY_ID, FAMILY_NAME),
-    /// and one with a truncated op-policy nest after them, which the crate's parser
-    /// panicked on.
+    /// and one with a malformed op-policy nest after them: the crate's parser refused that
+    /// whole reply (no family id), and panicked on the nest in
+    /// `fuzz/regressions/ipvs_reply/`, which `fuzz::tests` replays.
     #[test]
     fn the_family_id_is_read_from_its_attribute_alone() {
         let mut w = MsgWriter::new();
