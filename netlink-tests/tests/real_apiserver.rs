@@ -624,3 +624,291 @@ fn explain_finds_a_pod_by_name_with_the_proxys_own_token() {
         "{e}"
     );
 }
+
+/// Protobuf, as upstream kube-proxy asks for it (issue #54), against the real API server:
+/// the server answers lists and watches in protobuf when asked, and our protobuf watcher
+/// (streaming list and paged list) yields the same objects, field for field in what it
+/// carries over, as kube-rs's JSON watcher, for every kind the proxy watches: Services of
+/// every type with every field a proxy reads (status included), EndpointSlices of both
+/// families with conditions, hints and target references, a Node with its pod CIDRs and
+/// addresses, the default ServiceCIDR. A change after the list arrives as a protobuf watch
+/// event.
+#[test]
+fn protobuf_and_json_watchers_decode_the_same_objects() {
+    use kube_nlproxy::source::kube::protobuf::{self, wire::PROTOBUF, Accept};
+    require_root();
+    let c = scenario::web_cluster(Backends::default());
+    let cp = ControlPlane::start(&c.node);
+    cp.with_admin(&c.node, |client| {
+        Box::pin(async move {
+            create_every_shape(&client).await;
+            // The server's own answer, read raw: protobuf for lists and watches.
+            for (path, want) in [
+                ("/api/v1/services", PROTOBUF.to_string()),
+                (
+                    "/apis/discovery.k8s.io/v1/endpointslices?watch=true&timeoutSeconds=1",
+                    format!("{PROTOBUF};stream=watch"),
+                ),
+            ] {
+                let req = http::Request::get(path)
+                    .header(http::header::ACCEPT, PROTOBUF)
+                    .body(kube::client::Body::empty())
+                    .unwrap();
+                let res = client.send(req).await.unwrap();
+                let ct = res.headers()[http::header::CONTENT_TYPE].to_str().unwrap();
+                assert_eq!(ct, want, "{path}");
+            }
+            let only_protobuf = Accept(PROTOBUF.to_string());
+            for streaming in [true, false] {
+                let pb =
+                    |cfg| protobuf::watcher(client.clone(), only_protobuf.clone(), cfg, streaming);
+                same(
+                    "Services",
+                    json_list::<Service>(&client).await,
+                    initial(pb(Default::default())).await,
+                    normal_service,
+                );
+                same(
+                    "EndpointSlices",
+                    json_list::<EndpointSlice>(&client).await,
+                    initial(protobuf::watcher(
+                        client.clone(),
+                        only_protobuf.clone(),
+                        Default::default(),
+                        streaming,
+                    ))
+                    .await,
+                    |s| s,
+                );
+                same(
+                    "Nodes",
+                    json_list::<Node>(&client).await,
+                    initial(protobuf::watcher(
+                        client.clone(),
+                        only_protobuf.clone(),
+                        Default::default(),
+                        streaming,
+                    ))
+                    .await,
+                    normal_node,
+                );
+                use k8s_openapi::api::networking::v1::ServiceCIDR;
+                let cidrs = json_list::<ServiceCIDR>(&client).await;
+                assert!(!cidrs.is_empty(), "the API server's default ServiceCIDR");
+                same(
+                    "ServiceCIDRs",
+                    cidrs,
+                    initial(protobuf::watcher(
+                        client.clone(),
+                        only_protobuf.clone(),
+                        Default::default(),
+                        streaming,
+                    ))
+                    .await,
+                    |mut c: ServiceCIDR| {
+                        c.status = None;
+                        c
+                    },
+                );
+            }
+            // A change after the list: a protobuf watch event.
+            let mut watch = protobuf::watcher::<Service>(
+                client.clone(),
+                only_protobuf.clone(),
+                Default::default(),
+                false,
+            );
+            while !matches!(
+                tokio::time::timeout(Duration::from_secs(30), watch.next()).await,
+                Ok(Some(Ok(kube::runtime::watcher::Event::InitDone)))
+            ) {}
+            let api = Api::<Service>::namespaced(client.clone(), "default");
+            let mut s = api.get("affinity").await.unwrap();
+            s.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("moved".into(), "yes".into());
+            api.replace("affinity", &PostParams::default(), &s)
+                .await
+                .unwrap();
+            loop {
+                let e = tokio::time::timeout(Duration::from_secs(30), watch.next())
+                    .await
+                    .expect("the change within 30 s")
+                    .expect("the watch goes on")
+                    .expect("no error");
+                if let kube::runtime::watcher::Event::Apply(o) = e {
+                    let o = o.decoded().expect("decodes");
+                    if o.metadata.name.as_deref() == Some("affinity") {
+                        assert_eq!(o.metadata.labels.unwrap()["moved"], "yes");
+                        break;
+                    }
+                }
+            }
+        })
+    });
+}
+
+use futures::StreamExt as _;
+use kube_nlproxy::source::kube::Lenient;
+
+/// Every object of `K` through kube-rs's JSON list.
+async fn json_list<K>(client: &kube::Client) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut v = Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    v.sort_by_key(|o| (o.meta().namespace.clone(), o.meta().name.clone()));
+    v
+}
+
+/// The objects of a watcher's initial list, sorted, each decoded.
+async fn initial<K: kube::Resource + std::fmt::Debug>(
+    mut s: futures::stream::BoxStream<
+        'static,
+        kube::runtime::watcher::Result<kube::runtime::watcher::Event<Lenient<K>>>,
+    >,
+) -> Vec<K> {
+    use kube::runtime::watcher::Event;
+    let mut out = Vec::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(30), s.next())
+            .await
+            .expect("the list within 30 s")
+            .expect("the watcher goes on")
+            .unwrap_or_else(|e| panic!("{e}"));
+        match e {
+            Event::InitApply(o) => out.push(o.decoded().unwrap_or_else(|e| panic!("{e}"))),
+            Event::InitDone => break,
+            _ => {}
+        }
+    }
+    out.sort_by_key(|o: &K| (o.meta().namespace.clone(), o.meta().name.clone()));
+    out
+}
+
+/// JSON's objects, reduced to what the protobuf path carries, equal protobuf's.
+fn same<K: PartialEq + std::fmt::Debug + kube::Resource>(
+    kind: &str,
+    json: Vec<K>,
+    pb: Vec<K>,
+    normal: impl Fn(K) -> K,
+) {
+    let strip = |mut o: K| {
+        o.meta_mut().managed_fields = None;
+        normal(o)
+    };
+    let json: Vec<K> = json.into_iter().map(strip).collect();
+    assert!(!json.is_empty(), "{kind}: objects to compare");
+    assert_eq!(json.len(), pb.len(), "{kind}");
+    for (j, p) in json.iter().zip(&pb) {
+        assert_eq!(j, p, "{kind}");
+    }
+}
+
+fn normal_service(mut s: Service) -> Service {
+    if let Some(st) = s.status.as_mut() {
+        st.conditions = None;
+    }
+    s
+}
+
+fn normal_node(n: Node) -> Node {
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
+    Node {
+        metadata: n.metadata,
+        spec: n.spec.map(|s| NodeSpec {
+            pod_cidr: s.pod_cidr,
+            pod_cidrs: s.pod_cidrs,
+            provider_id: s.provider_id,
+            unschedulable: s.unschedulable,
+            ..Default::default()
+        }),
+        status: n.status.map(|s| NodeStatus {
+            addresses: s.addresses,
+            ..Default::default()
+        }),
+    }
+}
+
+/// Services of every type with every field a proxy reads, slices of both families, a
+/// Node with pod CIDRs and addresses.
+async fn create_every_shape(client: &kube::Client) {
+    let pp = PostParams::default();
+    let services = Api::<Service>::namespaced(client.clone(), "default");
+    for spec in [
+        serde_json::json!({"metadata": {"name": "affinity", "labels": {"app": "a"},
+            "annotations": {"note": "x"}},
+          "spec": {"type": "ClusterIP", "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+            "internalTrafficPolicy": "Local", "trafficDistribution": "PreferClose",
+            "ports": [{"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP",
+                       "appProtocol": "http"},
+                      {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]}}),
+        serde_json::json!({"metadata": {"name": "lb"},
+          "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local",
+            "allocateLoadBalancerNodePorts": true, "loadBalancerSourceRanges": ["10.0.0.0/8"],
+            "externalIPs": ["192.0.2.10"], "publishNotReadyAddresses": true,
+            "ports": [{"name": "https", "port": 443, "targetPort": 8443, "nodePort": 30443,
+                       "protocol": "TCP"}]}}),
+        serde_json::json!({"metadata": {"name": "headless"},
+          "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}),
+        serde_json::json!({"metadata": {"name": "external"},
+          "spec": {"type": "ExternalName", "externalName": "example.com"}}),
+    ] {
+        let s: Service = serde_json::from_value(spec).unwrap();
+        services.create(&pp, &s).await.unwrap();
+    }
+    let mut lb = services.get_status("lb").await.unwrap();
+    lb.status = serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": [
+        {"ip": "203.0.113.7", "ipMode": "Proxy",
+         "ports": [{"port": 443, "protocol": "TCP", "error": "Pending"}]},
+        {"hostname": "lb.example.com"}]}}))
+    .unwrap();
+    services.replace_status("lb", &pp, &lb).await.unwrap();
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), "default");
+    for spec in [
+        serde_json::json!({"metadata": {"name": "affinity-v4",
+            "labels": {"kubernetes.io/service-name": "affinity"}},
+          "addressType": "IPv4",
+          "endpoints": [
+            {"addresses": ["10.244.1.2"], "nodeName": "node1", "zone": "zone-a",
+             "hostname": "web-0",
+             "conditions": {"ready": true, "serving": true, "terminating": false},
+             "hints": {"forZones": [{"name": "zone-a"}], "forNodes": [{"name": "node1"}]},
+             "targetRef": {"kind": "Pod", "namespace": "default", "name": "web-0",
+                           "uid": "0b6d1d0a-0000-4000-8000-000000000001"}},
+            {"addresses": ["10.244.2.2"], "nodeName": "node2",
+             "conditions": {"ready": false, "serving": true, "terminating": true}}],
+          "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"},
+                    {"name": "dns", "port": 5353, "protocol": "UDP"}]}),
+        serde_json::json!({"metadata": {"name": "affinity-v6",
+            "labels": {"kubernetes.io/service-name": "affinity"}},
+          "addressType": "IPv6",
+          "endpoints": [{"addresses": ["fd00:10:244::5"]}],
+          "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+        serde_json::json!({"metadata": {"name": "empty",
+            "labels": {"kubernetes.io/service-name": "lb"}},
+          "addressType": "IPv4", "endpoints": []}),
+    ] {
+        let s: EndpointSlice = serde_json::from_value(spec).unwrap();
+        slices.create(&pp, &s).await.unwrap();
+    }
+    let nodes = Api::<Node>::all(client.clone());
+    let n: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "proto-node", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+        "spec": {"podCIDR": "10.244.7.0/24", "podCIDRs": ["10.244.7.0/24", "fd00:7::/64"],
+                 "providerID": "test://proto-node", "unschedulable": true}}))
+    .unwrap();
+    nodes.create(&pp, &n).await.unwrap();
+    let mut n = nodes.get_status("proto-node").await.unwrap();
+    n.status = serde_json::from_value(serde_json::json!({"addresses": [
+        {"type": "InternalIP", "address": "192.168.7.7"},
+        {"type": "Hostname", "address": "proto-node"}]}))
+    .unwrap();
+    nodes.replace_status("proto-node", &pp, &n).await.unwrap();
+}

@@ -76,8 +76,12 @@ impl Sources {
                     }
                     warnings = Some(wtx);
                 }
+                let accept = kube_source::protobuf::Accept::new(
+                    &cfg.content_type,
+                    &cfg.accept_content_types,
+                );
                 tokio::spawn(kube_source::run(
-                    client,
+                    kube_source::ApiClient { client, accept },
                     cfg.node_name.clone(),
                     tx,
                     cfg.config_sync_period,

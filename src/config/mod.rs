@@ -76,6 +76,9 @@ pub struct StateTool {
 pub struct Config {
     pub manifests: Option<PathBuf>,
     pub kubeconfig: Option<PathBuf>,
+    /// `clientConnection.contentType` and `acceptContentTypes`: the API client's `Accept`.
+    pub content_type: String,
+    pub accept_content_types: String,
     pub master: Option<String>,
     pub node_name: String,
     pub mode: ProxyMode,

@@ -59,6 +59,8 @@ pub(super) fn resolve(loaded: Loaded, gates: gates::FeatureGates) -> Result<Conf
         config_bytes,
         manifests: o.manifests,
         kubeconfig: non_empty(Some(kp.client_connection.kubeconfig.clone())).map(Into::into),
+        content_type: kp.client_connection.content_type.clone(),
+        accept_content_types: kp.client_connection.accept_content_types.clone(),
         master,
         node_name,
         mode,

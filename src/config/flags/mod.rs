@@ -127,7 +127,7 @@ pub const FLAGS: &[FlagSpec] = &[
     f("feature-gates", MapBool, Config, "key=value pairs of feature gates, applied as upstream applies them: an unknown gate or a locked one set to the other value is an error."),
     f("kubeconfig", Str, Config, "Path to kubeconfig file with authorization information (the master location can be overridden by the master flag)."),
     f("master", Str, Cli, "The address of the Kubernetes API server (overrides any value in kubeconfig)."),
-    noop("kube-api-content-type", Str, Config, "the API client always asks for JSON"),
+    f("kube-api-content-type", Str, Config, "Content type of requests sent to apiserver (default application/vnd.kubernetes.protobuf; JSON is accepted where the server offers nothing else)."),
     noop("kube-api-burst", Int32, Config, "no client-side rate limit: the API source makes a handful of long-lived watch requests"),
     noop("kube-api-qps", Float32, Config, "no client-side rate limit: the API source makes a handful of long-lived watch requests"),
     f("hostname-override", Str, Cli, "If non-empty, used as the name of the Node this proxy runs on (the file's hostnameOverride otherwise, else the hostname)."),

@@ -37,6 +37,7 @@ mod first_sync;
 pub mod lenient;
 mod list_watch;
 mod pacer;
+pub mod protobuf;
 mod store;
 
 pub use events::*;
@@ -82,7 +83,7 @@ fn key_of<K: Resource>(o: &K) -> Key {
 /// (detect-local-mode NodeCIDR), for up to [`POD_CIDR_WAIT`] for its podCIDRs; every
 /// [`WAIT_LOG_PERIOD`] meanwhile a line names what is still missing.
 pub async fn run(
-    client: Client,
+    api: ApiClient,
     node: String,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
@@ -90,7 +91,7 @@ pub async fn run(
     wait_for_pod_cidrs: bool,
     events: Option<mpsc::UnboundedSender<Warning>>,
 ) -> super::SourceEnd {
-    let mut all = watch_streams(&client, &node, &events);
+    let mut all = watch_streams(&api, &node, &events);
     let mut stores = Stores::default();
     let mut first = FirstSyncWait::new(NodeWaits {
         node: NODE_WAIT,
@@ -251,17 +252,14 @@ fn state_now(stores: &mut Stores, node: &str, collisions: &mut CollisionTracker)
 /// ([`Lenient`]): one undecodable object must not fail its whole list (and with it every
 /// sync).
 fn watch_streams(
-    client: &Client,
+    client: &ApiClient,
     node: &str,
     events: &Option<mpsc::UnboundedSender<Warning>>,
 ) -> futures::stream::BoxStream<'static, Vec<watcher::Result<Update>>> {
-    fn api<K: Resource<DynamicType = ()>>(client: &Client) -> Api<Lenient<K>> {
-        Api::all(client.clone())
-    }
     let cfg = watcher::Config::default().labels(SELECTOR);
     let svc = converted(
         "Service",
-        list_and_watch("Services", api::<Service>(client), cfg.clone()),
+        list_and_watch::<Service>("Services", client, cfg.clone()),
         events,
         service_ports,
         Update::Service,
@@ -270,16 +268,16 @@ fn watch_streams(
     let here: ArcStr = node.into();
     let eps = converted(
         "EndpointSlice",
-        list_and_watch("EndpointSlices", api::<EndpointSlice>(client), cfg),
+        list_and_watch::<EndpointSlice>("EndpointSlices", client, cfg),
         events,
         move |o: &EndpointSlice, w: &mut Vec<ObjectWarning>| convert_slice(o, &here, w),
         Update::Slice,
     );
     let nodes = converted(
         "Node",
-        list_and_watch(
+        list_and_watch::<Node>(
             "Nodes",
-            api::<Node>(client),
+            client,
             watcher::Config::default().fields(&format!("metadata.name={node}")),
         ),
         events,
@@ -290,16 +288,20 @@ fn watch_streams(
         Update::Node,
     );
     let cidrs = service_cidrs(
-        list_and_watch(
-            "ServiceCIDRs",
-            api::<ServiceCIDR>(client),
-            watcher::Config::default(),
-        ),
+        list_and_watch::<ServiceCIDR>("ServiceCIDRs", client, watcher::Config::default()),
         events.clone(),
     );
     stream::select_all([svc, eps, nodes, cidrs])
         .ready_chunks(4096)
         .boxed()
+}
+
+/// The API client and the media types it asks for (`clientConnection.contentType` and
+/// `acceptContentTypes`).
+#[derive(Clone)]
+pub struct ApiClient {
+    pub client: Client,
+    pub accept: protobuf::Accept,
 }
 
 /// The API client (the daemon's, and the tools'): `--kubeconfig`, else the inferred config (in-cluster, $KUBECONFIG,

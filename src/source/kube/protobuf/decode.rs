@@ -1,0 +1,355 @@
+//! Protobuf bodies and watch frames decoded into the watcher's objects: each object on its
+//! own ([`Lenient`]), so that one undecodable object is skipped alone. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use prost::Message;
+
+use super::objects::{object_meta, status, ProtobufKind};
+use super::wire::{self, WireError};
+use crate::source::kube::Lenient;
+
+/// One object's message decoded and carried over, or its metadata and why not.
+pub fn lenient<K: ProtobufKind>(bytes: &[u8]) -> Lenient<K> {
+    let decoded = K::Message::decode(bytes)
+        .map_err(|e| e.to_string())
+        .and_then(K::from_message);
+    match decoded {
+        Ok(k) => Lenient::Decoded(k),
+        Err(error) => Lenient::Undecodable {
+            metadata: Box::new(metadata_only(bytes).unwrap_or_default()),
+            error,
+        },
+    }
+}
+
+/// An object's `metadata` (field 1 of every kind) alone, when the rest does not decode.
+fn metadata_only(object: &[u8]) -> Option<ObjectMeta> {
+    let fields = wire::fields("an object", object).ok()?;
+    let meta = fields.iter().rev().find_map(|(n, v)| match v {
+        wire::Value::Bytes(b) if *n == 1 => Some(*b),
+        _ => None,
+    })?;
+    let meta = k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta::decode(meta).ok()?;
+    object_meta(meta).ok()
+}
+
+/// A decoded list page.
+#[derive(Debug)]
+pub struct ListPage<K> {
+    pub resource_version: String,
+    pub continue_token: String,
+    pub items: Vec<Lenient<K>>,
+}
+
+/// A list response's body (`k8s\0`, the envelope, a `…List`).
+pub fn list<K: ProtobufKind>(body: &[u8]) -> Result<ListPage<K>, WireError> {
+    let parts = wire::list_parts(wire::object_of(body, K::LIST_KIND)?)?;
+    Ok(ListPage {
+        resource_version: parts.resource_version.to_string(),
+        continue_token: parts.continue_token.to_string(),
+        items: parts.items.into_iter().map(lenient).collect(),
+    })
+}
+
+/// One watch event.
+#[derive(Debug)]
+pub enum WatchEvent<K> {
+    Added(Lenient<K>),
+    Modified(Lenient<K>),
+    Deleted(Lenient<K>),
+    /// A bookmark's resourceVersion, and whether it ends a streaming list
+    /// (`k8s.io/initial-events-end`).
+    Bookmark {
+        resource_version: String,
+        initial_events_end: bool,
+    },
+    Error(Box<kube::core::Status>),
+}
+
+/// One watch frame.
+pub fn watch_event<K: ProtobufKind>(frame: &[u8]) -> Result<WatchEvent<K>, WireError> {
+    let parts = wire::watch_parts(frame)?;
+    let wrong_kind = |expected: &'static str| WireError::Kind {
+        expected,
+        found: parts.kind.to_string(),
+    };
+    let object_kind_ok = parts.kind.is_empty() || parts.kind == K::KIND;
+    Ok(match parts.event_type {
+        "ADDED" | "MODIFIED" | "DELETED" if !object_kind_ok => return Err(wrong_kind(K::KIND)),
+        "ADDED" => WatchEvent::Added(lenient(parts.object)),
+        "MODIFIED" => WatchEvent::Modified(lenient(parts.object)),
+        "DELETED" => WatchEvent::Deleted(lenient(parts.object)),
+        "BOOKMARK" => {
+            let meta = metadata_only(parts.object).unwrap_or_default();
+            WatchEvent::Bookmark {
+                resource_version: meta.resource_version.unwrap_or_default(),
+                initial_events_end: meta
+                    .annotations
+                    .is_some_and(|a| a.contains_key("k8s.io/initial-events-end")),
+            }
+        }
+        "ERROR" if parts.kind.is_empty() || parts.kind == "Status" => {
+            let s = k8s_pb::apimachinery::pkg::apis::meta::v1::Status::decode(parts.object)
+                .map_err(|e| WireError::Malformed {
+                    what: "a watch error's Status",
+                    detail: e.to_string(),
+                })?;
+            WatchEvent::Error(Box::new(status(s)))
+        }
+        "ERROR" => return Err(wrong_kind("Status")),
+        other => {
+            return Err(WireError::Malformed {
+                what: "a watch event",
+                detail: format!("event type {other:?}"),
+            })
+        }
+    })
+}
+
+/// An error response's `Status`, when the body is one in protobuf.
+pub fn error_status(body: &[u8]) -> Option<kube::core::Status> {
+    let raw = wire::object_of(body, "Status").ok()?;
+    k8s_pb::apimachinery::pkg::apis::meta::v1::Status::decode(raw)
+        .ok()
+        .map(status)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use k8s_pb::api::core::v1 as pb_core;
+    use k8s_pb::api::discovery::v1 as pb_discovery;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb_meta;
+    use k8s_pb::apimachinery::pkg::runtime::RawExtension;
+
+    pub fn enveloped(kind: &str, raw: Vec<u8>) -> Vec<u8> {
+        use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+        let mut out = wire::MAGIC.to_vec();
+        Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some("v1".into()),
+                kind: Some(kind.into()),
+            }),
+            raw: Some(raw),
+            ..Default::default()
+        }
+        .encode(&mut out)
+        .expect("a Vec grows");
+        out
+    }
+
+    pub fn meta(ns: &str, name: &str, rv: &str) -> pb_meta::ObjectMeta {
+        pb_meta::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(ns.into()),
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        }
+    }
+
+    pub fn service(name: &str, cluster_ip: &str, port: i32) -> pb_core::Service {
+        pb_core::Service {
+            metadata: Some(meta("default", name, "7")),
+            spec: Some(pb_core::ServiceSpec {
+                cluster_ip: Some(cluster_ip.into()),
+                cluster_ips: vec![cluster_ip.into()],
+                r#type: Some("ClusterIP".into()),
+                ports: vec![pb_core::ServicePort {
+                    name: Some("http".into()),
+                    protocol: Some("TCP".into()),
+                    port: Some(port),
+                    target_port: Some(k8s_pb::apimachinery::pkg::util::intstr::IntOrString {
+                        r#type: Some(1),
+                        str_val: Some("web".into()),
+                        int_val: None,
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn frame(event_type: &str, kind: &str, object: Vec<u8>) -> Vec<u8> {
+        pb_meta::WatchEvent {
+            r#type: Some(event_type.into()),
+            object: Some(RawExtension {
+                raw: Some(enveloped(kind, object)),
+            }),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn a_list_with_one_broken_service_keeps_the_others() {
+        let mut items = pb_core::ServiceList {
+            metadata: Some(pb_meta::ListMeta {
+                resource_version: Some("100".into()),
+                ..Default::default()
+            }),
+            items: vec![service("a", "10.0.0.1", 80), service("c", "10.0.0.3", 443)],
+        }
+        .encode_to_vec();
+        // Item "b": its metadata decodes, its spec is a varint where a message belongs.
+        let mut b = pb_meta::ObjectMeta {
+            name: Some("b".into()),
+            namespace: Some("default".into()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        b.splice(0..0, [0x0a, b.len() as u8]);
+        b.extend_from_slice(&[0x10, 0x01]);
+        items.extend_from_slice(&[0x12, b.len() as u8]);
+        items.extend_from_slice(&b);
+        let page = list::<Service>(&enveloped("ServiceList", items)).unwrap();
+        assert_eq!(page.resource_version, "100");
+        let names: Vec<_> = page
+            .items
+            .into_iter()
+            .map(|l| match l {
+                Lenient::Decoded(s) => (s.metadata.name.unwrap(), None),
+                Lenient::Undecodable { metadata, error } => (metadata.name.unwrap(), Some(error)),
+            })
+            .collect();
+        assert_eq!(names[0], ("a".to_string(), None));
+        assert_eq!(names[1], ("c".to_string(), None));
+        assert_eq!(names[2].0, "b");
+        assert!(
+            names[2].1.as_deref().unwrap().contains("Service.spec"),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn a_service_carries_over_what_the_json_path_reads() {
+        let Lenient::Decoded(s) =
+            lenient::<Service>(&service("web", "10.0.0.1", 80).encode_to_vec())
+        else {
+            panic!("decodes")
+        };
+        let json: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "resourceVersion": "7"},
+            "spec": {"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"], "type": "ClusterIP",
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80,
+                                "targetPort": "web"}]}
+        }))
+        .unwrap();
+        assert_eq!(s, json);
+    }
+
+    #[test]
+    fn a_slice_carries_over_what_the_json_path_reads() {
+        let slice = pb_discovery::EndpointSlice {
+            metadata: Some(pb_meta::ObjectMeta {
+                labels: [("kubernetes.io/service-name".to_string(), "web".to_string())].into(),
+                ..meta("default", "web-abc", "9")
+            }),
+            address_type: Some("IPv4".into()),
+            endpoints: vec![pb_discovery::Endpoint {
+                addresses: vec!["10.1.0.5".into()],
+                conditions: Some(pb_discovery::EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                node_name: Some("n1".into()),
+                zone: Some("z1".into()),
+                hints: Some(pb_discovery::EndpointHints {
+                    for_zones: vec![pb_discovery::ForZone {
+                        name: Some("z1".into()),
+                    }],
+                    for_nodes: vec![],
+                }),
+                ..Default::default()
+            }],
+            ports: vec![pb_discovery::EndpointPort {
+                name: Some("http".into()),
+                protocol: Some("TCP".into()),
+                port: Some(8080),
+                app_protocol: None,
+            }],
+        };
+        let Lenient::Decoded(s) = lenient::<EndpointSlice>(&slice.encode_to_vec()) else {
+            panic!("decodes")
+        };
+        let json: EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-abc", "namespace": "default", "resourceVersion": "9",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.1.0.5"], "nodeName": "n1", "zone": "z1",
+                           "conditions": {"ready": true, "serving": true, "terminating": false},
+                           "hints": {"forZones": [{"name": "z1"}]}}],
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]
+        }))
+        .unwrap();
+        assert_eq!(s, json);
+    }
+
+    #[test]
+    fn watch_events_of_every_type() {
+        let svc = service("web", "10.0.0.1", 80).encode_to_vec();
+        for (t, want) in [
+            ("ADDED", "added"),
+            ("MODIFIED", "modified"),
+            ("DELETED", "deleted"),
+        ] {
+            let got = match watch_event::<Service>(&frame(t, "Service", svc.clone())).unwrap() {
+                WatchEvent::Added(Lenient::Decoded(_)) => "added",
+                WatchEvent::Modified(Lenient::Decoded(_)) => "modified",
+                WatchEvent::Deleted(Lenient::Decoded(_)) => "deleted",
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(got, want);
+        }
+        let bookmark = pb_core::Service {
+            metadata: Some(pb_meta::ObjectMeta {
+                resource_version: Some("55".into()),
+                annotations: [("k8s.io/initial-events-end".to_string(), "true".to_string())].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        match watch_event::<Service>(&frame("BOOKMARK", "Service", bookmark.encode_to_vec())) {
+            Ok(WatchEvent::Bookmark {
+                resource_version,
+                initial_events_end: true,
+            }) => assert_eq!(resource_version, "55"),
+            other => panic!("{other:?}"),
+        }
+        let gone = pb_meta::Status {
+            code: Some(410),
+            reason: Some("Expired".into()),
+            message: Some("too old resource version".into()),
+            ..Default::default()
+        };
+        match watch_event::<Service>(&frame("ERROR", "Status", gone.encode_to_vec())) {
+            Ok(WatchEvent::Error(s)) => {
+                assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            watch_event::<Service>(&frame("ADDED", "Pod", svc.clone())),
+            Err(WireError::Kind { .. })
+        ));
+        assert!(matches!(
+            watch_event::<Service>(&frame("RENAMED", "Service", svc)),
+            Err(WireError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn error_bodies_in_protobuf() {
+        let forbidden = pb_meta::Status {
+            code: Some(403),
+            reason: Some("Forbidden".into()),
+            ..Default::default()
+        };
+        let s = error_status(&enveloped("Status", forbidden.encode_to_vec())).unwrap();
+        assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"));
+        assert!(error_status(b"{\"kind\":\"Status\"}").is_none());
+    }
+}
