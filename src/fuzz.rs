@@ -17,6 +17,7 @@ use crate::kernel::netlink::msg::{parse_error, parse_msgs, RawMsg};
 use crate::kernel::nft::Family;
 use crate::source::convert::{build_state, Snapshot};
 use crate::source::kube::lenient::Lenient;
+use crate::source::kube::protobuf::ProtobufKind;
 
 /// One fuzz target: its name (the libFuzzer binary's and the corpus directory's) and entry.
 pub type Target = (&'static str, fn(&[u8]));
@@ -30,6 +31,7 @@ pub const TARGETS: &[Target] = &[
     ("ipset_reply", ipset_reply),
     ("xtables_blob", xtables_blob),
     ("watch_event", watch_event),
+    ("protobuf_event", protobuf_event),
     ("manifest", manifest),
     ("config_file", config_file),
     ("flags", flags),
@@ -172,6 +174,48 @@ pub fn watch_event(data: &[u8]) {
         _ => snap.service_cidrs = decoded::<ServiceCIDR>(json, list),
     }
     let _ = build_state(&snap, NODE);
+}
+
+/// A protobuf response from the API server, as the protobuf watcher reads it, then
+/// converted into the proxy's state. The first byte picks the kind as in [`watch_event`],
+/// its low bit a watch stream (4-byte frames, each a `WatchEvent`) or a list body.
+pub fn protobuf_event(data: &[u8]) {
+    let Some((&pick, body)) = data.split_first() else {
+        return;
+    };
+    let mut snap = Snapshot::default();
+    let list = pick & 1 == 1;
+    match (pick >> 1) % 4 {
+        0 => snap.services = protobuf_decoded::<Service>(body, list),
+        1 => snap.endpoint_slices = protobuf_decoded::<EndpointSlice>(body, list),
+        2 => snap.node = protobuf_decoded::<Node>(body, list).into_iter().next(),
+        _ => snap.service_cidrs = protobuf_decoded::<ServiceCIDR>(body, list),
+    }
+    let _ = build_state(&snap, NODE);
+}
+
+fn protobuf_decoded<K: ProtobufKind>(body: &[u8], list: bool) -> Vec<K> {
+    use crate::source::kube::protobuf::decode::{self, WatchEvent};
+    let objects: Vec<Lenient<K>> = if list {
+        decode::list::<K>(body).map(|l| l.items).unwrap_or_default()
+    } else {
+        let mut frames = crate::source::kube::protobuf::wire::Frames::default();
+        frames.push(body);
+        let mut out = Vec::new();
+        while let Ok(Some(f)) = frames.next_frame() {
+            if let Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) =
+                decode::watch_event::<K>(f)
+            {
+                out.push(o);
+            }
+        }
+        let _ = frames.finish();
+        out
+    };
+    objects
+        .into_iter()
+        .filter_map(|o| o.decoded().ok())
+        .collect()
 }
 
 /// The objects of kind `K` that decode from a watch event (`list` false) or a list.
@@ -424,6 +468,7 @@ fn api_seeds() -> Vec<(&'static str, Vec<u8>)> {
             out.push(("watch_event", b));
         }
     }
+    out.extend(protobuf_seeds());
     let docs = [&service, &slice, &node]
         .iter()
         .map(|o| serde_json::to_string(o).unwrap())
@@ -552,6 +597,124 @@ fn text_seeds() -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
+/// `protobuf_event`'s seeds: for each kind, a watch stream of one ADDED event and a list
+/// of one object, as apimachinery writes them (`k8s\0` and the envelope).
+fn protobuf_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use k8s_pb::api::core::v1 as core;
+    use k8s_pb::api::discovery::v1 as discovery;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
+    use k8s_pb::apimachinery::pkg::runtime::{RawExtension, TypeMeta, Unknown};
+    use prost::Message;
+    let enveloped = |kind: &str, raw: Vec<u8>| {
+        let mut out = b"k8s\0".to_vec();
+        let u = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some("v1".into()),
+                kind: Some(kind.into()),
+            }),
+            raw: Some(raw),
+            ..Default::default()
+        };
+        out.extend(u.encode_to_vec());
+        out
+    };
+    let m = |name: &str| meta::ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("default".into()),
+        resource_version: Some("9".into()),
+        labels: [("kubernetes.io/service-name".to_string(), "web".to_string())].into(),
+        ..Default::default()
+    };
+    let service = core::Service {
+        metadata: Some(m("web")),
+        spec: Some(core::ServiceSpec {
+            cluster_ip: Some("10.96.0.10".into()),
+            cluster_ips: vec!["10.96.0.10".into()],
+            r#type: Some("NodePort".into()),
+            ports: vec![core::ServicePort {
+                name: Some("http".into()),
+                protocol: Some("TCP".into()),
+                port: Some(80),
+                node_port: Some(30080),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let slice = discovery::EndpointSlice {
+        metadata: Some(m("web-1")),
+        address_type: Some("IPv4".into()),
+        endpoints: vec![discovery::Endpoint {
+            addresses: vec!["10.244.1.5".into()],
+            node_name: Some(NODE.into()),
+            conditions: Some(discovery::EndpointConditions {
+                ready: Some(true),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ports: vec![discovery::EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            app_protocol: None,
+        }],
+    };
+    let node = core::Node {
+        metadata: Some(meta::ObjectMeta {
+            name: Some(NODE.into()),
+            ..Default::default()
+        }),
+        spec: Some(core::NodeSpec {
+            pod_cid_rs: vec!["10.244.1.0/24".into()],
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let cidr = k8s_pb::api::networking::v1::ServiceCIDR {
+        metadata: Some(m("kubernetes")),
+        spec: Some(k8s_pb::api::networking::v1::ServiceCIDRSpec {
+            cidrs: vec!["10.96.0.0/16".into()],
+        }),
+        status: None,
+    };
+    let objects = [
+        ("Service", service.encode_to_vec()),
+        ("EndpointSlice", slice.encode_to_vec()),
+        ("Node", node.encode_to_vec()),
+        ("ServiceCIDR", cidr.encode_to_vec()),
+    ];
+    let mut out = Vec::new();
+    for (pick, (kind, object)) in (0u8..).zip(objects) {
+        let event = meta::WatchEvent {
+            r#type: Some("ADDED".into()),
+            object: Some(RawExtension {
+                raw: Some(enveloped(kind, object.clone())),
+            }),
+        }
+        .encode_to_vec();
+        let mut watch = vec![pick << 1];
+        watch.extend((event.len() as u32).to_be_bytes());
+        watch.extend(event);
+        out.push(("protobuf_event", watch));
+        // Every `…List` is ListMeta (1) and items (2).
+        let mut list = meta::ListMeta {
+            resource_version: Some("9".into()),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        list.splice(0..0, [0x0a, list.len() as u8]);
+        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut list);
+        prost::encoding::encode_varint(object.len() as u64, &mut list);
+        list.extend(object);
+        let mut body = vec![pick << 1 | 1];
+        body.extend(enveloped(&format!("{kind}List"), list));
+        out.push(("protobuf_event", body));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,6 +723,23 @@ mod tests {
     /// Every seed through its target, so that a decoder change that panics on what the
     /// kernel or the API server really sends fails here, without libFuzzer; and every target
     /// has seeds.
+    #[test]
+    fn protobuf_seeds_decode_to_one_object_each() {
+        let seeds = protobuf_seeds();
+        assert_eq!(seeds.len(), 8);
+        for (_, seed) in seeds {
+            let (pick, body) = seed.split_first().unwrap();
+            let list = pick & 1 == 1;
+            let n = match pick >> 1 {
+                0 => protobuf_decoded::<Service>(body, list).len(),
+                1 => protobuf_decoded::<EndpointSlice>(body, list).len(),
+                2 => protobuf_decoded::<Node>(body, list).len(),
+                _ => protobuf_decoded::<ServiceCIDR>(body, list).len(),
+            };
+            assert_eq!(n, 1, "seed {pick}");
+        }
+    }
+
     #[test]
     fn every_target_survives_its_seeds() {
         let seeds = seeds();

@@ -509,27 +509,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accept_header_is_client_gos() {
-        let a = Accept::new(PROTOBUF, "");
-        assert_eq!(a.0, "application/vnd.kubernetes.protobuf, */*");
-        assert!(a.protobuf());
-        let j = Accept::new("application/json", "");
-        assert_eq!(j.0, "application/json, */*");
-        assert!(!j.protobuf());
-        let both = Accept::new(
-            PROTOBUF,
-            "application/vnd.kubernetes.protobuf,application/json",
-        );
-        assert_eq!(
-            both.0,
-            "application/vnd.kubernetes.protobuf,application/json"
-        );
-        assert!(both.protobuf());
-        assert!(!Accept::new(PROTOBUF, "application/json").protobuf());
-        assert_eq!(Accept::new("", "").0, "application/json");
-    }
-}
+mod tests;
