@@ -134,6 +134,11 @@ impl ControlPlane {
     }
 
     /// Starts kube-apiserver again over the same etcd and keys, and waits until it is ready.
+    /// The kube-apiserver's process id (its CPU, for the fleet rows).
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.id()
+    }
+
     pub fn start_apiserver(&mut self) {
         self.apiserver = spawn_apiserver(&self.ns_name, &self.dir, self.service_cidr);
         self.wait_ready();

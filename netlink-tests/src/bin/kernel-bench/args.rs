@@ -12,6 +12,8 @@ modes (default: the full run, ~30 min):
   --scale-only [NxE]             the in-process scale shapes
   --maglev-only [NxE]            Maglev against random load balancing (default 10000x10)
   --per-change-only              CPU per one-endpoint change in process, 1k/10k/100k x 10
+  --fleet-only [NxE]             the API server's cost of the proxies' watches, JSON against
+                                 protobuf (default 10000x10; 100, 500, 1000 watchers)
   --partial-only | --latency-only | --conntrack-only
   --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream";
 
@@ -29,6 +31,7 @@ const KNOWN: &[&str] = &[
     "--ours-only",
     "--churn-only",
     "--side-by-side-only",
+    "--fleet-only",
 ];
 
 /// Endpoints per Service in the synthetic clusters, unless a shape says otherwise.
@@ -98,6 +101,8 @@ pub enum Mode {
     PerChange,
     /// Maglev against random load balancing on `shape` (10k × 10 unless given).
     Maglev { shape: Shape },
+    /// The API server's cost of the watches, JSON against protobuf, on `shape`.
+    Fleet { shape: Shape },
     /// The connect latency rows.
     Latency,
     /// The conntrack reconcile row.
@@ -123,6 +128,7 @@ impl Mode {
             | Mode::SideBySide
             | Mode::SideBySideShape { .. }
             | Mode::Churn { .. } => &["nft"],
+            Mode::Fleet { .. } => &[],
             Mode::Full => &["nft", "iptables-restore", "conntrack"],
         }
     }
@@ -228,6 +234,15 @@ pub fn parse(args: &[String]) -> Result<Args, ArgsError> {
         }
     } else if has("--side-by-side-only") {
         Mode::SideBySide
+    } else if has("--fleet-only") {
+        Mode::Fleet {
+            shape: after("--fleet-only")
+                .and_then(Shape::parse)
+                .unwrap_or(Shape {
+                    services: 10_000,
+                    endpoints: EPS,
+                }),
+        }
     } else {
         Mode::Full
     };
@@ -266,6 +281,8 @@ pub struct Sizes {
     pub daemon_churn_secs: u64,
     /// Services of the IPVS full-sync rows.
     pub ipvs: &'static [usize],
+    /// Watches of the fleet rows (issue #54: 100, 500 and 1,000 nodes' worth).
+    pub fleet_watchers: &'static [usize],
 }
 
 const fn workload(services: usize, endpoints: usize, churn_secs: u64) -> Workload {
@@ -307,6 +324,7 @@ impl Sizes {
         daemon: &[10_000, 30_000, 100_000],
         daemon_churn_secs: 60,
         ipvs: &[1000, 10_000],
+        fleet_watchers: &[100, 500, 1000],
     };
 
     /// `--quick`: 1k and 10k.
@@ -319,6 +337,7 @@ impl Sizes {
         daemon: &[10_000],
         daemon_churn_secs: 10,
         ipvs: &[1000],
+        fleet_watchers: &[10, 50],
     };
 
     /// The sizes of a run, `--quick` or not.
@@ -338,6 +357,28 @@ mod tests {
     fn parse_line(line: &str) -> Result<Args, ArgsError> {
         let args: Vec<String> = line.split_whitespace().map(String::from).collect();
         parse(&args)
+    }
+
+    #[test]
+    fn fleet_takes_a_shape() {
+        assert_eq!(
+            parse_line("--fleet-only 1000x10").unwrap().mode,
+            Mode::Fleet {
+                shape: Shape {
+                    services: 1000,
+                    endpoints: 10
+                }
+            }
+        );
+        assert_eq!(
+            parse_line("--fleet-only").unwrap().mode,
+            Mode::Fleet {
+                shape: Shape {
+                    services: 10_000,
+                    endpoints: EPS
+                }
+            }
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod args;
 mod churn;
 mod conntrack;
 mod daemon;
+mod fleet;
 mod harness;
 mod ipvs;
 mod latency;
@@ -115,6 +116,7 @@ fn measure(args: Args, table: &mut Table) {
         Mode::PerChange => per_change::per_change_rows(table, per_change::SIZES),
         Mode::Maglev { shape } => maglev::maglev_rows(table, shape),
         Mode::Latency => latency::latency_rows(table, sizes.latency, sizes.connects),
+        Mode::Fleet { shape } => fleet::fleet_rows(table, shape, sizes.fleet_watchers),
         Mode::Conntrack => conntrack::conntrack_row(table),
         Mode::Ipvs { ours_only } => {
             // 1k: upstream's IPVS mode needs about 2 min for it under the VM's emulated CPU.

@@ -298,7 +298,7 @@ pub fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::proc
 
 /// Creates `shape`'s Services and EndpointSlices through the API (32 at a time, 1000 per
 /// admin session), then the Node.
-fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
+pub fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
     let Shape {
         services: n,
         endpoints: eps,
