@@ -41,6 +41,8 @@ struct Store {
     oldest: u64,
     lists: BTreeMap<String, usize>,
     watches: BTreeMap<String, usize>,
+    /// Each list or watch request's `Accept` header, in order.
+    accepts: Vec<String>,
     events: Vec<Value>,
     refuse_watches: bool,
     /// Answer 404 for ServiceCIDRs, as an API server before Kubernetes 1.33 does.
@@ -124,8 +126,15 @@ async fn collection(
     State(sh): State<Shared>,
     Path(p): Path<Vec<String>>,
     Query(q): Query<BTreeMap<String, String>>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     let coll = p.last().cloned().unwrap_or_default();
+    let accept = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    sh.store.lock().unwrap().accepts.push(accept);
     let Some((_, api, kind)) = KINDS.iter().find(|(c, _, _)| *c == coll) else {
         return StatusCode::NOT_FOUND.into_response();
     };
@@ -317,16 +326,16 @@ impl ApiServer {
         let app = axum::Router::new()
             .route(
                 "/api/v1/{c}",
-                get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
+                get(|s, Path(c): Path<String>, q, h| collection(s, Path(vec![c]), q, h)),
             )
             .route("/api/v1/{c}/{name}", get(one))
             .route(
                 "/apis/discovery.k8s.io/v1/{c}",
-                get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
+                get(|s, Path(c): Path<String>, q, h| collection(s, Path(vec![c]), q, h)),
             )
             .route(
                 "/apis/networking.k8s.io/v1/{c}",
-                get(|s, Path(c): Path<String>, q| collection(s, Path(vec![c]), q)),
+                get(|s, Path(c): Path<String>, q, h| collection(s, Path(vec![c]), q, h)),
             )
             .route(
                 "/apis/events.k8s.io/v1/namespaces/{ns}/events",
@@ -482,6 +491,12 @@ impl ApiServer {
             .get(coll)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The `Accept` header of every list and watch request so far, in order. This server
+    /// answers JSON whatever is asked for, as one that offers nothing else.
+    pub fn accepts(&self) -> Vec<String> {
+        self.shared.store.lock().unwrap().accepts.clone()
     }
 
     /// Events the proxy posted.

@@ -374,11 +374,27 @@ fn config_sync_period_republishes_the_watched_state() {
 /// start-up and on later watch events, and the client does not dump response bodies.
 #[test]
 fn an_undecodable_object_is_skipped_and_the_rest_programmed() {
+    // Protobuf asked for, as upstream's default; this server answers JSON anyway, as one
+    // that offers nothing else: our watcher reads the JSON.
+    undecodable_skipped(&[], "application/vnd.kubernetes.protobuf, */*");
+}
+
+/// The same with JSON asked for (`Accept` as client-go's).
+#[test]
+fn with_json_asked_for_an_undecodable_object_is_skipped_too() {
+    undecodable_skipped(
+        &["--kube-api-content-type", "application/json"],
+        "application/json, */*",
+    );
+}
+
+fn undecodable_skipped(args: &[&str], accept: &str) {
     let (c, api) = setup();
     let mut bad = obj::service("default", "broken", "10.96.0.30", 80);
     bad["spec"]["ports"][0]["port"] = "eighty".into();
     api.apply(bad.clone());
-    let d = start(&c, &api);
+    let url = api.url();
+    let d = c.start_daemon_with(&[&["--master", url.as_str()], args].concat());
     wait("the good Service", Duration::from_secs(20), || {
         !answered(&c, "10.96.0.10", 4).is_empty() && c.ruleset("ip").contains("10.96.0.10")
     });
@@ -404,6 +420,9 @@ fn an_undecodable_object_is_skipped_and_the_rest_programmed() {
         !log.contains("\"kind\":\"ServiceList\""),
         "no response bodies: {log}"
     );
+    let accepts = api.accepts();
+    assert!(!accepts.is_empty());
+    assert!(accepts.iter().all(|a| a == accept), "{accepts:?}");
 }
 
 /// ServiceCIDR objects reach the kernel: traffic to an unallocated address inside them is

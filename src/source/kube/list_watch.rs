@@ -177,8 +177,9 @@ pub(super) fn log_fallback(kind: &str, why: Fallback<'_>, wait: EndWait) {
     }
 }
 
-/// [`with_list_fallback`] over the API: `kind`'s objects selected by `cfg`, in protobuf
-/// when the client asks for it (our watcher), else in JSON (kube-rs's).
+/// [`with_list_fallback`] over the API: `kind`'s objects selected by `cfg`, asked for in
+/// the client's media types (protobuf by default, as upstream's) and read in whichever the
+/// server answers.
 pub(super) fn list_and_watch<K>(
     kind: &'static str,
     api: &super::ApiClient,
@@ -194,13 +195,8 @@ where
         + Sync
         + 'static,
 {
-    if api.accept.protobuf() {
-        let (client, accept) = (api.client.clone(), api.accept.clone());
-        let streaming = super::protobuf::watcher(client.clone(), accept.clone(), cfg.clone(), true);
-        let listing = move || super::protobuf::watcher(client, accept, cfg, false);
-        return with_list_fallback(kind, streaming, listing, END_WAIT);
-    }
-    let api: Api<Lenient<K>> = Api::all(api.client.clone());
-    let streaming = watcher(api.clone(), cfg.clone().streaming_lists()).boxed();
-    with_list_fallback(kind, streaming, move || watcher(api, cfg).boxed(), END_WAIT)
+    let (client, accept) = (api.client.clone(), api.accept.clone());
+    let streaming = super::protobuf::watcher(client.clone(), accept.clone(), cfg.clone(), true);
+    let listing = move || super::protobuf::watcher(client, accept, cfg, false);
+    with_list_fallback(kind, streaming, listing, END_WAIT)
 }

@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Client, Resource};
+use kube::{Client, Resource};
 use tokio::sync::{mpsc, watch};
 
 use crate::model::collisions::CollisionTracker;

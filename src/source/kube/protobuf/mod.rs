@@ -1,8 +1,8 @@
 //! Lists and watches in protobuf, as upstream kube-proxy's informers ask for them
 //! (`clientConnection.contentType`, default `application/vnd.kubernetes.protobuf`): a
 //! 10-endpoint EndpointSlice is 1,562 bytes on the wire against 3,215 as JSON, and every
-//! node watches every slice. kube-rs's watcher speaks JSON only, so this is its state
-//! machine (streaming list or paged list, then watch; 410 relists; a watch that ends resumes
+//! node watches every slice. kube-rs's watcher speaks JSON only and sends no `Accept`, so
+//! this is its state machine (streaming list or paged list, then watch; 410 relists; a watch that ends resumes
 //! from its resourceVersion) over requests that carry our `Accept` header and responses
 //! decoded by their `Content-Type`: protobuf when the server chose it, JSON when it did
 //! not (a server or aggregator that offers nothing else). It yields the same events and
@@ -38,14 +38,6 @@ impl Accept {
             (c, _) if !c.is_empty() => Accept(format!("{c}, */*")),
             _ => Accept("application/json".into()),
         }
-    }
-
-    /// Whether protobuf is among the media types asked for; without it the JSON watcher
-    /// of kube-rs is used, as before.
-    pub fn protobuf(&self) -> bool {
-        self.0
-            .split(',')
-            .any(|t| t.trim().split(';').next() == Some(PROTOBUF))
     }
 }
 
