@@ -599,25 +599,12 @@ fn text_seeds() -> Vec<(&'static str, Vec<u8>)> {
 
 /// `protobuf_event`'s seeds: for each kind, a watch stream of one ADDED event and a list
 /// of one object, as apimachinery writes them (`k8s\0` and the envelope).
-fn protobuf_seeds() -> Vec<(&'static str, Vec<u8>)> {
+/// One object of each kind `protobuf_event` picks, as protobuf messages.
+fn protobuf_seed_objects() -> [(&'static str, Vec<u8>); 4] {
     use k8s_pb::api::core::v1 as core;
     use k8s_pb::api::discovery::v1 as discovery;
     use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
-    use k8s_pb::apimachinery::pkg::runtime::{RawExtension, TypeMeta, Unknown};
     use prost::Message;
-    let enveloped = |kind: &str, raw: Vec<u8>| {
-        let mut out = b"k8s\0".to_vec();
-        let u = Unknown {
-            type_meta: Some(TypeMeta {
-                api_version: Some("v1".into()),
-                kind: Some(kind.into()),
-            }),
-            raw: Some(raw),
-            ..Default::default()
-        };
-        out.extend(u.encode_to_vec());
-        out
-    };
     let m = |name: &str| meta::ObjectMeta {
         name: Some(name.into()),
         namespace: Some("default".into()),
@@ -679,12 +666,32 @@ fn protobuf_seeds() -> Vec<(&'static str, Vec<u8>)> {
         }),
         status: None,
     };
-    let objects = [
+    [
         ("Service", service.encode_to_vec()),
         ("EndpointSlice", slice.encode_to_vec()),
         ("Node", node.encode_to_vec()),
         ("ServiceCIDR", cidr.encode_to_vec()),
-    ];
+    ]
+}
+
+fn protobuf_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
+    use k8s_pb::apimachinery::pkg::runtime::{RawExtension, TypeMeta, Unknown};
+    use prost::Message;
+    let enveloped = |kind: &str, raw: Vec<u8>| {
+        let mut out = b"k8s\0".to_vec();
+        let u = Unknown {
+            type_meta: Some(TypeMeta {
+                api_version: Some("v1".into()),
+                kind: Some(kind.into()),
+            }),
+            raw: Some(raw),
+            ..Default::default()
+        };
+        out.extend(u.encode_to_vec());
+        out
+    };
+    let objects = protobuf_seed_objects();
     let mut out = Vec::new();
     for (pick, (kind, object)) in (0u8..).zip(objects) {
         let event = meta::WatchEvent {
