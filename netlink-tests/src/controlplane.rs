@@ -347,6 +347,16 @@ impl ControlPlane {
         ns: &NetNs,
         f: impl FnOnce(kube::Client) -> futures::future::BoxFuture<'static, T> + Send + 'static,
     ) -> T {
+        self.with_admin_within(ns, Duration::from_secs(60), f)
+    }
+
+    /// [`Self::with_admin`] with another bound (the fleet rows' windows of 1,000 watches).
+    pub fn with_admin_within<T: Send + 'static>(
+        &self,
+        ns: &NetNs,
+        bound: Duration,
+        f: impl FnOnce(kube::Client) -> futures::future::BoxFuture<'static, T> + Send + 'static,
+    ) -> T {
         let kc = self.admin_kubeconfig();
         ns.run(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -355,9 +365,9 @@ impl ControlPlane {
                 .unwrap();
             rt.block_on(async move {
                 let client = client_from(&kc).await.expect("admin client");
-                tokio::time::timeout(Duration::from_secs(60), f(client))
+                tokio::time::timeout(bound, f(client))
                     .await
-                    .expect("API calls within 60 s")
+                    .unwrap_or_else(|_| panic!("API calls within {bound:?}"))
             })
         })
     }
