@@ -626,9 +626,9 @@ fn explain_finds_a_pod_by_name_with_the_proxys_own_token() {
 }
 
 /// Protobuf, as upstream kube-proxy asks for it (issue #54), against the real API server:
-/// the server answers lists and watches in protobuf when asked, and our protobuf watcher
-/// (streaming list and paged list) yields the same objects, field for field in what it
-/// carries over, as kube-rs's JSON watcher, for every kind the proxy watches: Services of
+/// the server answers lists and watches in protobuf when asked, and our watcher (streaming
+/// list and paged list, protobuf and JSON asked for) yields the same objects, field for
+/// field in what it carries over, as kube-rs's JSON list, for every kind the proxy watches: Services of
 /// every type with every field a proxy reads (status included), EndpointSlices of both
 /// families with conditions, hints and target references, a Node with its pod CIDRs and
 /// addresses, the default ServiceCIDR. A change after the list arrives as a protobuf watch
@@ -658,8 +658,14 @@ fn protobuf_and_json_watchers_decode_the_same_objects() {
                 let ct = res.headers()[http::header::CONTENT_TYPE].to_str().unwrap();
                 assert_eq!(ct, want, "{path}");
             }
-            let only_protobuf = Accept(PROTOBUF.to_string());
-            for streaming in [true, false] {
+            // Protobuf alone (no JSON to fall back on), and JSON as asked for with
+            // `--kube-api-content-type application/json`: both through our watcher.
+            for (only_protobuf, streaming) in [
+                (Accept(PROTOBUF.to_string()), true),
+                (Accept(PROTOBUF.to_string()), false),
+                (Accept::new("application/json", ""), true),
+                (Accept::new("application/json", ""), false),
+            ] {
                 let pb =
                     |cfg| protobuf::watcher(client.clone(), only_protobuf.clone(), cfg, streaming);
                 same(
@@ -712,6 +718,7 @@ fn protobuf_and_json_watchers_decode_the_same_objects() {
                 );
             }
             // A change after the list: a protobuf watch event.
+            let only_protobuf = Accept(PROTOBUF.to_string());
             let mut watch = protobuf::watcher::<Service>(
                 client.clone(),
                 only_protobuf.clone(),
@@ -791,7 +798,8 @@ async fn initial<K: kube::Resource + std::fmt::Debug>(
     out
 }
 
-/// JSON's objects, reduced to what the protobuf path carries, equal protobuf's.
+/// kube-rs's JSON objects equal our watcher's, both reduced to what the protobuf path
+/// carries.
 fn same<K: PartialEq + std::fmt::Debug + kube::Resource>(
     kind: &str,
     json: Vec<K>,
@@ -802,7 +810,9 @@ fn same<K: PartialEq + std::fmt::Debug + kube::Resource>(
         o.meta_mut().managed_fields = None;
         normal(o)
     };
-    let json: Vec<K> = json.into_iter().map(strip).collect();
+    let json: Vec<K> = json.into_iter().map(&strip).collect();
+    // Our watcher's objects reduced the same way: JSON answers carry everything.
+    let pb: Vec<K> = pb.into_iter().map(&strip).collect();
     assert!(!json.is_empty(), "{kind}: objects to compare");
     assert_eq!(json.len(), pb.len(), "{kind}");
     for (j, p) in json.iter().zip(&pb) {
