@@ -186,14 +186,7 @@ pub(super) fn list_and_watch<K>(
     cfg: watcher::Config,
 ) -> EventStream<K>
 where
-    K: Resource<DynamicType = ()>
-        + super::protobuf::ProtobufKind
-        + serde::de::DeserializeOwned
-        + Clone
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: super::protobuf::Watched + std::fmt::Debug,
 {
     let (client, accept) = (api.client.clone(), api.accept.clone());
     let streaming = super::protobuf::watcher(client.clone(), accept.clone(), cfg.clone(), true);

@@ -230,14 +230,10 @@ async fn list_rows(client: &kube::Client) -> Vec<ListRow> {
     rows
 }
 
-fn decode_json_list<K>(body: &[u8]) -> f64
-where
-    K: kube::Resource + serde::de::DeserializeOwned + Clone,
-{
+/// Our decode per object of a list body, by `decode` (JSON or protobuf).
+fn per_object_us<K>(body: &[u8], decode: impl Fn(&[u8]) -> Vec<Lenient<K>>) -> f64 {
     let count = |b: &[u8]| {
-        serde_json::from_slice::<kube::core::ObjectList<Lenient<K>>>(b)
-            .unwrap()
-            .items
+        decode(b)
             .iter()
             .filter(|o| matches!(o, Lenient::Decoded(_)))
             .count()
@@ -246,17 +242,19 @@ where
     per_item_us(items, || count(body))
 }
 
-fn decode_pb_list<K: kube_nlproxy::source::kube::protobuf::ProtobufKind>(body: &[u8]) -> f64 {
-    let count = |b: &[u8]| {
-        decode::list::<K>(b)
+fn decode_json_list<K>(body: &[u8]) -> f64
+where
+    K: kube::Resource + serde::de::DeserializeOwned + Clone,
+{
+    per_object_us(body, |b| {
+        serde_json::from_slice::<kube::core::ObjectList<Lenient<K>>>(b)
             .unwrap()
             .items
-            .iter()
-            .filter(|o| matches!(o, Lenient::Decoded(_)))
-            .count()
-    };
-    let items = count(body);
-    per_item_us(items, || count(body))
+    })
+}
+
+fn decode_pb_list<K: kube_nlproxy::source::kube::protobuf::ProtobufKind>(body: &[u8]) -> f64 {
+    per_object_us(body, |b| decode::list::<K>(b).unwrap().items)
 }
 
 struct EventRow {

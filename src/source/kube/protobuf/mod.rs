@@ -26,6 +26,29 @@ use decode::{ListPage, WatchEvent};
 pub use objects::ProtobufKind;
 use wire::PROTOBUF;
 
+/// A kind the watcher watches: decodable in either encoding, with its API path.
+pub trait Watched:
+    ProtobufKind
+    + Resource<DynamicType = ()>
+    + serde::de::DeserializeOwned
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: ProtobufKind
+        + Resource<DynamicType = ()>
+        + serde::de::DeserializeOwned
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// The `Accept` header upstream's client sends (client-go's `setAcceptHeader`):
 /// `acceptContentTypes` when set, else `contentType` with `*/*` after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,7 +136,7 @@ async fn list_page<K>(
     lp: &ListParams,
 ) -> Result<ListPage<K>, kube::Error>
 where
-    K: ProtobufKind + Resource<DynamicType = ()> + serde::de::DeserializeOwned + Clone,
+    K: Watched,
 {
     let req = kube::core::Request::new(K::url_path(&(), None))
         .list(lp)
@@ -145,12 +168,7 @@ async fn watch<K>(
     version: &str,
 ) -> Result<Events<K>, kube::Error>
 where
-    K: ProtobufKind
-        + Resource<DynamicType = ()>
-        + serde::de::DeserializeOwned
-        + Clone
-        + Send
-        + 'static,
+    K: Watched,
 {
     let req = kube::core::Request::new(K::url_path(&(), None))
         .watch(wp, version)
@@ -290,13 +308,7 @@ pub fn watcher<K>(
     streaming: bool,
 ) -> EventStream<K>
 where
-    K: ProtobufKind
-        + Resource<DynamicType = ()>
-        + serde::de::DeserializeOwned
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
 {
     let ctx = std::sync::Arc::new((client, accept, cfg, streaming));
     stream::unfold(State::Empty, move |mut state| {
@@ -337,12 +349,7 @@ async fn step<K>(
     state: State<K>,
 ) -> Step<K>
 where
-    K: ProtobufKind
-        + Resource<DynamicType = ()>
-        + serde::de::DeserializeOwned
-        + Clone
-        + Send
-        + 'static,
+    K: Watched,
 {
     match state {
         State::Empty if streaming => {
@@ -427,7 +434,7 @@ async fn list_step<K>(
     continue_token: Option<String>,
 ) -> Step<K>
 where
-    K: ProtobufKind + Resource<DynamicType = ()> + serde::de::DeserializeOwned + Clone,
+    K: Watched,
 {
     let lp = ListParams {
         label_selector: cfg.label_selector.clone(),
