@@ -675,48 +675,18 @@ fn protobuf_seed_objects() -> [(&'static str, Vec<u8>); 4] {
 }
 
 fn protobuf_seeds() -> Vec<(&'static str, Vec<u8>)> {
-    use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
-    use k8s_pb::apimachinery::pkg::runtime::{RawExtension, TypeMeta, Unknown};
-    use prost::Message;
-    let enveloped = |kind: &str, raw: Vec<u8>| {
-        let mut out = b"k8s\0".to_vec();
-        let u = Unknown {
-            type_meta: Some(TypeMeta {
-                api_version: Some("v1".into()),
-                kind: Some(kind.into()),
-            }),
-            raw: Some(raw),
-            ..Default::default()
-        };
-        out.extend(u.encode_to_vec());
-        out
-    };
-    let objects = protobuf_seed_objects();
+    use crate::source::kube::protobuf::wire::fixtures::{enveloped, event, framed, list};
     let mut out = Vec::new();
-    for (pick, (kind, object)) in (0u8..).zip(objects) {
-        let event = meta::WatchEvent {
-            r#type: Some("ADDED".into()),
-            object: Some(RawExtension {
-                raw: Some(enveloped(kind, object.clone())),
-            }),
-        }
-        .encode_to_vec();
+    for (pick, (kind, object)) in (0u8..).zip(protobuf_seed_objects()) {
         let mut watch = vec![pick << 1];
-        watch.extend((event.len() as u32).to_be_bytes());
-        watch.extend(event);
+        watch.extend(framed(&[event("ADDED", kind, object.clone())]));
         out.push(("protobuf_event", watch));
-        // Every `…List` is ListMeta (1) and items (2).
-        let mut list = meta::ListMeta {
-            resource_version: Some("9".into()),
-            ..Default::default()
-        }
-        .encode_to_vec();
-        list.splice(0..0, [0x0a, list.len() as u8]);
-        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut list);
-        prost::encoding::encode_varint(object.len() as u64, &mut list);
-        list.extend(object);
         let mut body = vec![pick << 1 | 1];
-        body.extend(enveloped(&format!("{kind}List"), list));
+        body.extend(enveloped(
+            "v1",
+            &format!("{kind}List"),
+            list("9", &[object]),
+        ));
         out.push(("protobuf_event", body));
     }
     out

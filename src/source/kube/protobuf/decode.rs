@@ -122,22 +122,10 @@ pub(crate) mod tests {
     use k8s_pb::api::core::v1 as pb_core;
     use k8s_pb::api::discovery::v1 as pb_discovery;
     use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb_meta;
-    use k8s_pb::apimachinery::pkg::runtime::RawExtension;
 
+    /// A body in a v1 envelope of `kind`.
     pub fn enveloped(kind: &str, raw: Vec<u8>) -> Vec<u8> {
-        use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
-        let mut out = wire::MAGIC.to_vec();
-        Unknown {
-            type_meta: Some(TypeMeta {
-                api_version: Some("v1".into()),
-                kind: Some(kind.into()),
-            }),
-            raw: Some(raw),
-            ..Default::default()
-        }
-        .encode(&mut out)
-        .expect("a Vec grows");
-        out
+        wire::fixtures::enveloped("v1", kind, raw)
     }
 
     pub fn meta(ns: &str, name: &str, rv: &str) -> pb_meta::ObjectMeta {
@@ -174,13 +162,7 @@ pub(crate) mod tests {
     }
 
     fn frame(event_type: &str, kind: &str, object: Vec<u8>) -> Vec<u8> {
-        pb_meta::WatchEvent {
-            r#type: Some(event_type.into()),
-            object: Some(RawExtension {
-                raw: Some(enveloped(kind, object)),
-            }),
-        }
-        .encode_to_vec()
+        wire::fixtures::event(event_type, kind, object)
     }
 
     #[test]
@@ -233,6 +215,43 @@ pub(crate) mod tests {
         let json: Service = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "web", "namespace": "default", "resourceVersion": "7"},
             "spec": {"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"], "type": "ClusterIP",
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80,
+                                "targetPort": "web"}]}
+        }))
+        .unwrap();
+        assert_eq!(s, json);
+    }
+
+    /// Go writes its non-pointer fields in protobuf even when zero (as the real API server
+    /// does: `nodePort: 0`, `externalName: ""`, `generation: 0`, an unset time as Go's
+    /// zero time); JSON omits them, and both encodings must give the same object.
+    #[test]
+    fn zero_values_go_writes_are_what_json_omits() {
+        let mut svc = service("web", "10.0.0.1", 80);
+        let m = svc.metadata.as_mut().unwrap();
+        m.generate_name = Some(String::new());
+        m.generation = Some(0);
+        m.self_link = Some(String::new());
+        m.creation_timestamp = Some(pb_meta::Time {
+            seconds: Some(-62_135_596_800),
+            nanos: Some(0),
+        });
+        let spec = svc.spec.as_mut().unwrap();
+        spec.external_name = Some(String::new());
+        spec.external_traffic_policy = Some(String::new());
+        spec.health_check_node_port = Some(0);
+        spec.load_balancer_ip = Some(String::new());
+        spec.publish_not_ready_addresses = Some(false);
+        spec.ports[0].node_port = Some(0);
+        // A pointer field keeps its zero: `allocateLoadBalancerNodePorts: false` is said.
+        spec.allocate_load_balancer_node_ports = Some(false);
+        let Lenient::Decoded(s) = lenient::<Service>(&svc.encode_to_vec()) else {
+            panic!("decodes")
+        };
+        let json: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default", "resourceVersion": "7"},
+            "spec": {"clusterIP": "10.0.0.1", "clusterIPs": ["10.0.0.1"], "type": "ClusterIP",
+                     "allocateLoadBalancerNodePorts": false,
                      "ports": [{"name": "http", "protocol": "TCP", "port": 80,
                                 "targetPort": "web"}]}
         }))

@@ -14,12 +14,12 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_pb::api::core::v1 as pb_core;
 use k8s_pb::api::discovery::v1 as pb_discovery;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb_meta;
-use k8s_pb::apimachinery::pkg::runtime::RawExtension;
 use kube::runtime::watcher::{self, Event};
 use kube::Resource as _;
 use prost::Message;
 
 use super::decode::tests::{enveloped, meta, service};
+use super::wire::fixtures::{event, framed};
 use super::wire::PROTOBUF;
 use super::Accept;
 use crate::source::kube::{EventStream, Lenient};
@@ -84,39 +84,7 @@ impl Scripted {
 }
 
 fn list_body(rv: &str, items: Vec<Vec<u8>>) -> Vec<u8> {
-    let mut list = pb_core::ServiceList {
-        metadata: Some(pb_meta::ListMeta {
-            resource_version: Some(rv.into()),
-            ..Default::default()
-        }),
-        items: vec![],
-    }
-    .encode_to_vec();
-    for i in items {
-        prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut list);
-        prost::encoding::encode_varint(i.len() as u64, &mut list);
-        list.extend_from_slice(&i);
-    }
-    enveloped("ServiceList", list)
-}
-
-fn framed(events: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for e in events {
-        out.extend_from_slice(&(e.len() as u32).to_be_bytes());
-        out.extend_from_slice(e);
-    }
-    out
-}
-
-fn event(ty: &str, kind: &str, object: Vec<u8>) -> Vec<u8> {
-    pb_meta::WatchEvent {
-        r#type: Some(ty.into()),
-        object: Some(RawExtension {
-            raw: Some(enveloped(kind, object)),
-        }),
-    }
-    .encode_to_vec()
+    enveloped("ServiceList", super::wire::fixtures::list(rv, &items))
 }
 
 /// A Service whose spec is a varint where a message belongs: its metadata still decodes.

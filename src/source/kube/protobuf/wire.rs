@@ -272,14 +272,17 @@ impl Frames {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Bodies as apimachinery writes them, for tests and fuzz seeds: one encoder each.
+#[cfg(any(test, feature = "testing"))]
+pub mod fixtures {
+    use super::MAGIC;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
+    use k8s_pb::apimachinery::pkg::runtime::{RawExtension, TypeMeta, Unknown};
     use prost::Message;
 
-    /// `k8s\0` + Unknown{typeMeta{apiVersion, kind}, raw}.
-    pub(crate) fn enveloped(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
-        use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+    /// `k8s\0` + `runtime.Unknown{typeMeta{apiVersion, kind}, raw}`, its encoding and
+    /// content type written empty as apimachinery writes them.
+    pub fn enveloped(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
         let mut out = MAGIC.to_vec();
         Unknown {
             type_meta: Some(TypeMeta {
@@ -294,6 +297,49 @@ mod tests {
         .expect("a Vec grows");
         out
     }
+
+    /// A `…List` message (not enveloped): `metadata.resourceVersion` = `rv`, then each
+    /// item's bytes as they are (well-formed or not).
+    pub fn list(rv: &str, items: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let m = meta::ListMeta {
+            resource_version: Some(rv.into()),
+            ..Default::default()
+        };
+        prost::encoding::message::encode(1, &m, &mut out);
+        for i in items {
+            prost::encoding::bytes::encode(2, i, &mut out);
+        }
+        out
+    }
+
+    /// A `WatchEvent` of `ty` whose object is `object` in a v1 envelope of `kind`.
+    pub fn event(ty: &str, kind: &str, object: Vec<u8>) -> Vec<u8> {
+        meta::WatchEvent {
+            r#type: Some(ty.into()),
+            object: Some(RawExtension {
+                raw: Some(enveloped("v1", kind, object)),
+            }),
+        }
+        .encode_to_vec()
+    }
+
+    /// A watch response's bytes: each event after its 4-byte big-endian length.
+    pub fn framed(events: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for e in events {
+            out.extend_from_slice(&(e.len() as u32).to_be_bytes());
+            out.extend_from_slice(e);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{enveloped, framed};
+    use super::*;
+    use prost::Message;
 
     #[test]
     fn envelope_bytes_are_apimachinerys() {
@@ -405,11 +451,7 @@ mod tests {
 
     #[test]
     fn frames_are_cut_from_chunks_of_any_size() {
-        let mut stream = Vec::new();
-        for body in [&b"one"[..], b"", b"three33"] {
-            stream.extend_from_slice(&(body.len() as u32).to_be_bytes());
-            stream.extend_from_slice(body);
-        }
+        let stream = framed(&[b"one".to_vec(), vec![], b"three33".to_vec()]);
         for chunk in [1, 2, 5, stream.len()] {
             let mut frames = Frames::default();
             let mut got = Vec::new();
