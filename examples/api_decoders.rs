@@ -1,6 +1,8 @@
 //! Decoding the API server's watch events for EndpointSlices and Services each way the API
 //! source could (issue #36: start to first sync): `cargo run --release --example api_decoders
-//! -- [SLICES] [ENDPOINTS]` (default 10000 × 10, plus as many Services). The events are the
+//! -- [SLICES] [ENDPOINTS]` (default 10000 × 10, plus as many Services), or `-- DIR` for the
+//! real API server's watch events that `kernel-bench --fleet-only` kept there
+//! (`KBENCH_FLEET_EVENTS=DIR`), JSON against protobuf. The events are the
 //! lines a streaming list sends (`{"type":"ADDED","object":{…}}`), with what the API server
 //! writes in each object (managedFields, conditions, nodeName, zone, targetRef, hints). The
 //! time is the best of 3 over every line.
@@ -52,6 +54,119 @@ fn slice(i: usize, endpoints: usize) -> String {
         "endpoints": eps,
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
     }))
+}
+
+/// The same slice as [`slice`]'s, as the API server writes it in protobuf: one watch
+/// frame's event (its 4-byte length left off, as `decode::watch_event` takes it).
+fn pb_slice(i: usize, endpoints: usize) -> Vec<u8> {
+    use k8s_pb::api::core::v1 as core;
+    use k8s_pb::api::discovery::v1 as d;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1 as m;
+    use prost::Message;
+    let s = |v: String| Some(v);
+    let time = Some(m::Time {
+        seconds: Some(1_796_464_800),
+        nanos: Some(0),
+    });
+    let eps = (0..endpoints)
+        .map(|j| d::Endpoint {
+            addresses: vec![format!("10.{}.{}.{}", (i >> 8) & 255, i & 255, j + 1)],
+            conditions: Some(d::EndpointConditions {
+                ready: Some(true),
+                serving: Some(true),
+                terminating: Some(false),
+            }),
+            node_name: s(format!("node-{}", j % 50)),
+            zone: s("zone-a".into()),
+            target_ref: Some(core::ObjectReference {
+                kind: s("Pod".into()),
+                namespace: s("bench".into()),
+                name: s(format!("web-{i}-{j}")),
+                uid: s("2f1c8a56-0d4e-4c61-9a0e-5c2b1f7d8e90".into()),
+                ..Default::default()
+            }),
+            hints: Some(d::EndpointHints {
+                for_zones: vec![d::ForZone {
+                    name: s("zone-a".into()),
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    let object = d::EndpointSlice {
+        metadata: Some(m::ObjectMeta {
+            name: s(format!("svc-{i}-abcde")),
+            namespace: s("bench".into()),
+            uid: s("7d1c8a56-0d4e-4c61-9a0e-5c2b1f7d8e90".into()),
+            resource_version: s(format!("{}", 1000 + i)),
+            generation: Some(1),
+            creation_timestamp: time,
+            labels: [
+                ("kubernetes.io/service-name".to_string(), format!("svc-{i}")),
+                (
+                    "endpointslice.kubernetes.io/managed-by".to_string(),
+                    "endpointslice-controller.k8s.io".to_string(),
+                ),
+            ]
+            .into(),
+            owner_references: vec![m::OwnerReference {
+                api_version: s("v1".into()),
+                kind: s("Service".into()),
+                name: s(format!("svc-{i}")),
+                uid: s("8e1c8a56-0d4e-4c61-9a0e-5c2b1f7d8e90".into()),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }],
+            managed_fields: vec![m::ManagedFieldsEntry {
+                manager: s("kube-controller-manager".into()),
+                operation: s("Update".into()),
+                api_version: s("discovery.k8s.io/v1".into()),
+                time,
+                fields_type: s("FieldsV1".into()),
+                fields_v1: Some(m::FieldsV1 {
+                    raw: Some(br#"{"f:addressType":{},"f:endpoints":{},"f:ports":{}}"#.to_vec()),
+                }),
+                subresource: None,
+            }],
+            ..Default::default()
+        }),
+        address_type: s("IPv4".into()),
+        endpoints: eps,
+        ports: vec![d::EndpointPort {
+            name: s("http".into()),
+            port: Some(8080),
+            protocol: s("TCP".into()),
+            app_protocol: None,
+        }],
+    };
+    let raw = wire_envelope(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        object.encode_to_vec(),
+    );
+    m::WatchEvent {
+        r#type: s("ADDED".into()),
+        object: Some(k8s_pb::apimachinery::pkg::runtime::RawExtension { raw: Some(raw) }),
+    }
+    .encode_to_vec()
+}
+
+/// `k8s\0` and a `runtime.Unknown` holding `raw`.
+fn wire_envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
+    use prost::Message;
+    let unknown = k8s_pb::apimachinery::pkg::runtime::Unknown {
+        type_meta: Some(k8s_pb::apimachinery::pkg::runtime::TypeMeta {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+        }),
+        raw: Some(raw),
+        content_encoding: Some(String::new()),
+        content_type: Some(String::new()),
+    };
+    let mut out = kube_nlproxy::source::kube::protobuf::wire::MAGIC.to_vec();
+    out.extend(unknown.encode_to_vec());
+    out
 }
 
 fn service(i: usize) -> String {
@@ -155,7 +270,71 @@ fn measure(what: &str, lines: &[String], decoders: [(&str, Decoder); 4]) {
     }
 }
 
+/// The watch bodies `kernel-bench --fleet-only` kept (`KBENCH_FLEET_EVENTS=DIR`): the real
+/// API server's events, decoded by both of the API source's decoders, each event 200 times.
+fn measure_kept_events(dir: &std::path::Path) {
+    use kube_nlproxy::source::kube::protobuf::{decode, wire};
+    let json = std::fs::read(dir.join("events.json")).expect("events.json");
+    let pb = std::fs::read(dir.join("events.pb")).expect("events.pb");
+    let lines: Vec<String> = String::from_utf8(json)
+        .expect("JSON")
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    let mut frames = wire::Frames::default();
+    frames.push(&pb);
+    let mut pb_frames = Vec::new();
+    while let Some(f) = frames.next_frame().expect("frames") {
+        pb_frames.push(f.to_vec());
+    }
+    let rounds = 200;
+    let time = |f: &dyn Fn() -> usize| {
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let n: usize = (0..rounds).map(|_| f()).sum();
+            best = best.min(t0.elapsed().as_secs_f64());
+            assert_eq!(n, rounds * lines.len(), "every event decodes");
+        }
+        best * 1e6 / (rounds * lines.len()) as f64
+    };
+    let j = time(&|| {
+        lines
+            .iter()
+            .filter(|l| {
+                matches!(
+                    serde_json::from_str::<WatchEvent<Lenient<EndpointSlice>>>(l),
+                    Ok(WatchEvent::Modified(Lenient::Decoded(_)))
+                )
+            })
+            .count()
+    });
+    let p = time(&|| {
+        pb_frames
+            .iter()
+            .filter(|f| {
+                matches!(
+                    decode::watch_event::<EndpointSlice>(f),
+                    Ok(decode::WatchEvent::Modified(Lenient::Decoded(_)))
+                )
+            })
+            .count()
+    });
+    println!(
+        "{} events: JSON {j:.2} µs, protobuf {p:.2} µs per event ({:.2}×)",
+        lines.len(),
+        p / j
+    );
+}
+
 fn main() {
+    if let Some(dir) = std::env::args()
+        .nth(1)
+        .filter(|a| std::path::Path::new(a).is_dir())
+    {
+        return measure_kept_events(std::path::Path::new(&dir));
+    }
     let arg = |i: usize, default: usize| {
         std::env::args()
             .nth(i)
@@ -167,4 +346,33 @@ fn main() {
     println!("| kind | decoder | events | size | time |\n| --- | --- | --- | --- | --- |");
     measure("EndpointSlice", &slice_lines, ways::<EndpointSlice>());
     measure("Service", &service_lines, ways::<Service>());
+    let frames: Vec<Vec<u8>> = (0..slices).map(|i| pb_slice(i, endpoints)).collect();
+    measure_protobuf("EndpointSlice", &frames);
+}
+
+/// Our protobuf decoder (`decode::watch_event`, the API source's) over every frame.
+fn measure_protobuf(what: &str, frames: &[Vec<u8>]) {
+    use kube_nlproxy::source::kube::protobuf::decode;
+    let bytes: usize = frames.iter().map(Vec::len).sum();
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let n = frames
+            .iter()
+            .filter(|f| {
+                matches!(
+                    decode::watch_event::<EndpointSlice>(f),
+                    Ok(decode::WatchEvent::Added(Lenient::Decoded(_)))
+                )
+            })
+            .count();
+        best = best.min(t0.elapsed().as_secs_f64());
+        assert_eq!(n, frames.len(), "protobuf: every frame decodes");
+    }
+    println!(
+        "| {what} | protobuf: decode::watch_event (the API source) | {} | {:.1} MB | {:.0} ms |",
+        frames.len(),
+        bytes as f64 / 1e6,
+        best * 1e3
+    );
 }

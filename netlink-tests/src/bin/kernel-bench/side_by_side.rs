@@ -445,7 +445,7 @@ fn create_node(cp: &ControlPlane, node: &NetNs) {
 
 /// Upstream in `mode` on a node namespace of its own (the `k`th twin of `a`), alone until
 /// its first sync: the first sync, and the running proxy when it finished.
-fn start_upstream(
+pub fn start_upstream(
     a: &Cluster,
     cp: &ControlPlane,
     k: u8,

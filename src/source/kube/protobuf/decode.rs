@@ -2,6 +2,9 @@
 //! own ([`Lenient`]), so that one undecodable object is skipped alone. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_pb::apimachinery::pkg::apis::meta::v1 as pb_meta;
+use prost::bytes::Buf;
+use prost::encoding::{decode_key, merge_loop, skip_field, DecodeContext, WireType};
 use prost::Message;
 
 use super::objects::{object_meta, status, ProtobufKind};
@@ -10,7 +13,7 @@ use crate::source::kube::Lenient;
 
 /// One object's message decoded and carried over, or its metadata and why not.
 pub fn lenient<K: ProtobufKind>(bytes: &[u8]) -> Lenient<K> {
-    let decoded = K::Message::decode(bytes)
+    let decoded = message::<K>(bytes)
         .map_err(|e| e.to_string())
         .and_then(K::from_message);
     match decoded {
@@ -22,14 +25,46 @@ pub fn lenient<K: ProtobufKind>(bytes: &[u8]) -> Lenient<K> {
     }
 }
 
+/// `metadata.managedFields`' field number in `ObjectMeta`.
+const MANAGED_FIELDS: u32 = 17;
+
+/// An object's message, as `K::Message::decode` gives it but without
+/// `metadata.managedFields`, which no proxy reads and which is a third of a small object's
+/// allocations (a list of entries of five strings and a byte string each): skipped on the
+/// wire instead of decoded and dropped. The fields are merged one by one as prost's own
+/// derived `merge` does (`Message::merge_field`, the per-field step every prost message
+/// implements).
+fn message<K: ProtobufKind>(mut buf: &[u8]) -> Result<K::Message, prost::DecodeError> {
+    let mut m = K::Message::default();
+    // prost's recursion budget (100 levels) is not lowered for `metadata` here, as its own
+    // `merge` would: `enter_recursion` is private. One level of 100, on a depth-bounded
+    // kind.
+    let ctx = DecodeContext::default();
+    while buf.has_remaining() {
+        let (tag, wire_type) = decode_key(&mut buf)?;
+        if tag == 1 && wire_type == WireType::LengthDelimited {
+            let meta = K::metadata_mut(&mut m).get_or_insert_with(Default::default);
+            merge_loop(meta, &mut buf, ctx.clone(), |meta, buf, ctx| {
+                let (tag, wire_type) = decode_key(buf)?;
+                if tag == MANAGED_FIELDS {
+                    skip_field(wire_type, tag, buf, ctx)
+                } else {
+                    meta.merge_field(tag, wire_type, buf, ctx)
+                }
+            })?;
+        } else {
+            m.merge_field(tag, wire_type, &mut buf, ctx.clone())?;
+        }
+    }
+    Ok(m)
+}
+
 /// An object's `metadata` (field 1 of every kind) alone, when the rest does not decode.
 fn metadata_only(object: &[u8]) -> Option<ObjectMeta> {
-    let fields = wire::fields("an object", object).ok()?;
-    let meta = fields.iter().rev().find_map(|(n, v)| match v {
-        wire::Value::Bytes(b) if *n == 1 => Some(*b),
-        _ => None,
-    })?;
-    let meta = k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta::decode(meta).ok()?;
+    let [meta] = wire::Fields::new("an object", object)
+        .last_bytes([1])
+        .ok()?;
+    let meta = pb_meta::ObjectMeta::decode(meta).ok()?;
     object_meta(meta).ok()
 }
 
@@ -305,6 +340,60 @@ pub(crate) mod tests {
         }))
         .unwrap();
         assert_eq!(s, json);
+    }
+
+    /// `metadata.managedFields` is skipped on the wire, unread: entries that are not even
+    /// valid protobuf do not fail the object, and everything around them is kept. A
+    /// `metadata` written in two parts is merged, as protobuf has it.
+    #[test]
+    fn managed_fields_are_skipped_unread_and_metadata_parts_merge() {
+        let entry = pb_meta::ManagedFieldsEntry {
+            manager: Some("kube-controller-manager".into()),
+            fields_v1: Some(pb_meta::FieldsV1 {
+                raw: Some(br#"{"f:endpoints":{}}"#.to_vec()),
+            }),
+            ..Default::default()
+        };
+        let first = pb_meta::ObjectMeta {
+            managed_fields: vec![entry],
+            ..meta("default", "web-abc", "9")
+        };
+        let mut meta_bytes = first.encode_to_vec();
+        // A managedFields entry (field 17, length-delimited) of a varint key with no value.
+        meta_bytes.extend_from_slice(&[0x8a, 0x01, 0x01, 0x08]);
+        let second = pb_meta::ObjectMeta {
+            labels: [("kubernetes.io/service-name".to_string(), "web".to_string())].into(),
+            ..Default::default()
+        };
+        let mut object = Vec::new();
+        for m in [meta_bytes, second.encode_to_vec()] {
+            object.push(0x0a);
+            prost::encoding::encode_varint(m.len() as u64, &mut object);
+            object.extend_from_slice(&m);
+        }
+        object.extend(
+            pb_discovery::EndpointSlice {
+                address_type: Some("IPv4".into()),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        assert!(
+            pb_discovery::EndpointSlice::decode(&object[..]).is_err(),
+            "the entry is invalid for prost's own decode"
+        );
+        let Lenient::Decoded(s) = lenient::<EndpointSlice>(&object) else {
+            panic!("decodes without reading managedFields")
+        };
+        let m = &s.metadata;
+        assert_eq!(m.name.as_deref(), Some("web-abc"));
+        assert_eq!(m.resource_version.as_deref(), Some("9"));
+        assert_eq!(m.managed_fields, None);
+        assert_eq!(
+            m.labels.as_ref().unwrap()["kubernetes.io/service-name"],
+            "web"
+        );
+        assert_eq!(s.address_type, "IPv4");
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! Strings and lists are moved, not copied. Go writes every non-pointer field in protobuf,
 //! zero or not, where its JSON omits the zero ones (`omitempty`): those fields, marked
 //! `.omit()` below (Go's value types, checked against the real API server by
-//! `real_apiserver.rs`), and empty lists and maps become `None`, as JSON's decoding gives. Only the fields a proxy reads are carried over: `managedFields`,
-//! a Node's images, conditions, capacity and the like are left out (the JSON path skips
-//! them too, see the ignored fields in `Lenient`'s decoding). Pure.
+//! `real_apiserver.rs`), and empty lists and maps become `None`, as JSON's decoding gives.
+//! Left out: `managedFields`, skipped on the wire unread (`decode::lenient`), and a Node's
+//! images, conditions, capacity and the like, which no proxy reads. Pure.
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
@@ -26,6 +26,8 @@ pub trait ProtobufKind: Sized {
     const LIST_KIND: &'static str;
     /// The typed object; `Err` says which field could not be carried over.
     fn from_message(m: Self::Message) -> Result<Self, String>;
+    /// The message's `metadata` (field 1 of every kind).
+    fn metadata_mut(m: &mut Self::Message) -> &mut Option<pb_meta::ObjectMeta>;
 }
 
 /// `Some(v)` unless `v` is empty, as JSON omits empty lists and maps.
@@ -204,6 +206,9 @@ impl ProtobufKind for core::Service {
     type Message = pb_core::Service;
     const KIND: &'static str = "Service";
     const LIST_KIND: &'static str = "ServiceList";
+    fn metadata_mut(m: &mut pb_core::Service) -> &mut Option<pb_meta::ObjectMeta> {
+        &mut m.metadata
+    }
     fn from_message(m: pb_core::Service) -> Result<Self, String> {
         Ok(core::Service {
             metadata: metadata(m.metadata)?,
@@ -259,6 +264,9 @@ impl ProtobufKind for discovery::EndpointSlice {
     type Message = pb_discovery::EndpointSlice;
     const KIND: &'static str = "EndpointSlice";
     const LIST_KIND: &'static str = "EndpointSliceList";
+    fn metadata_mut(m: &mut pb_discovery::EndpointSlice) -> &mut Option<pb_meta::ObjectMeta> {
+        &mut m.metadata
+    }
     fn from_message(m: pb_discovery::EndpointSlice) -> Result<Self, String> {
         Ok(discovery::EndpointSlice {
             address_type: m.address_type.unwrap_or_default(),
@@ -284,6 +292,9 @@ impl ProtobufKind for core::Node {
     type Message = pb_core::Node;
     const KIND: &'static str = "Node";
     const LIST_KIND: &'static str = "NodeList";
+    fn metadata_mut(m: &mut pb_core::Node) -> &mut Option<pb_meta::ObjectMeta> {
+        &mut m.metadata
+    }
     fn from_message(m: pb_core::Node) -> Result<Self, String> {
         Ok(core::Node {
             metadata: metadata(m.metadata)?,
@@ -314,6 +325,9 @@ impl ProtobufKind for networking::ServiceCIDR {
     type Message = pb_networking::ServiceCIDR;
     const KIND: &'static str = "ServiceCIDR";
     const LIST_KIND: &'static str = "ServiceCIDRList";
+    fn metadata_mut(m: &mut pb_networking::ServiceCIDR) -> &mut Option<pb_meta::ObjectMeta> {
+        &mut m.metadata
+    }
     fn from_message(m: pb_networking::ServiceCIDR) -> Result<Self, String> {
         Ok(networking::ServiceCIDR {
             metadata: metadata(m.metadata)?,

@@ -56,20 +56,29 @@ pub enum Value<'a> {
     Bytes(&'a [u8]),
 }
 
-/// The fields of `msg` in wire order, numbers with their values. Groups (wire types 3 and
-/// 4, unused by Kubernetes) and anything truncated are malformed.
-pub fn fields<'a>(
+/// The fields of `msg` in wire order, numbers with their values, walked without
+/// allocating. Groups (wire types 3 and 4, unused by Kubernetes) and anything truncated are
+/// malformed; the walk ends after the first error.
+#[derive(Debug, Clone)]
+pub struct Fields<'a> {
     what: &'static str,
-    mut msg: &'a [u8],
-) -> Result<Vec<(u32, Value<'a>)>, WireError> {
-    let mut out = Vec::new();
-    while msg.has_remaining() {
-        let key = prost::encoding::decode_varint(&mut msg).map_err(|e| malformed(what, e))?;
+    msg: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    pub fn new(what: &'static str, msg: &'a [u8]) -> Self {
+        Fields { what, msg }
+    }
+
+    fn field(&mut self) -> Result<(u32, Value<'a>), WireError> {
+        let what = self.what;
+        let msg = &mut self.msg;
+        let key = prost::encoding::decode_varint(msg).map_err(|e| malformed(what, e))?;
         let number = u32::try_from(key >> 3).map_err(|_| malformed(what, "field number"))?;
         let value = match key & 7 {
-            0 => Value::Varint(
-                prost::encoding::decode_varint(&mut msg).map_err(|e| malformed(what, e))?,
-            ),
+            0 => {
+                Value::Varint(prost::encoding::decode_varint(msg).map_err(|e| malformed(what, e))?)
+            }
             1 | 5 => {
                 let n = if key & 7 == 1 { 8 } else { 4 };
                 if msg.len() < n {
@@ -79,42 +88,53 @@ pub fn fields<'a>(
                 Value::Fixed
             }
             2 => {
-                let len =
-                    prost::encoding::decode_varint(&mut msg).map_err(|e| malformed(what, e))?;
+                let len = prost::encoding::decode_varint(msg).map_err(|e| malformed(what, e))?;
                 let len = usize::try_from(len)
                     .ok()
                     .filter(|&l| l <= msg.len())
                     .ok_or_else(|| malformed(what, "a length past the end of the message"))?;
                 let (bytes, rest) = msg.split_at(len);
-                msg = rest;
+                *msg = rest;
                 Value::Bytes(bytes)
             }
             t => return Err(malformed(what, format!("wire type {t}"))),
         };
-        out.push((number, value));
+        Ok((number, value))
     }
-    Ok(out)
+
+    /// The last bytes value of each of `numbers` (protobuf's rule: the last one wins),
+    /// empty when absent, in one walk of the whole message: a malformed field anywhere is
+    /// an error, even after the ones wanted.
+    pub fn last_bytes<const N: usize>(self, numbers: [u32; N]) -> Result<[&'a [u8]; N], WireError> {
+        let mut found = [&[][..]; N];
+        for field in self {
+            if let (n, Value::Bytes(b)) = field? {
+                if let Some(k) = numbers.iter().position(|&want| want == n) {
+                    found[k] = b;
+                }
+            }
+        }
+        Ok(found)
+    }
 }
 
-/// The last value of field `number` as bytes (protobuf's rule: the last one wins), or
-/// empty when absent.
-fn bytes_field<'a>(fields: &[(u32, Value<'a>)], number: u32) -> &'a [u8] {
-    fields
-        .iter()
-        .rev()
-        .find_map(|(n, v)| match v {
-            Value::Bytes(b) if *n == number => Some(*b),
-            _ => None,
-        })
-        .unwrap_or_default()
+impl<'a> Iterator for Fields<'a> {
+    type Item = Result<(u32, Value<'a>), WireError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if !self.msg.has_remaining() {
+            return None;
+        }
+        let field = self.field();
+        if field.is_err() {
+            self.msg = &[];
+        }
+        Some(field)
+    }
 }
 
-fn string_field<'a>(
-    what: &'static str,
-    fields: &[(u32, Value<'a>)],
-    number: u32,
-) -> Result<&'a str, WireError> {
-    std::str::from_utf8(bytes_field(fields, number)).map_err(|e| malformed(what, e))
+fn utf8<'a>(what: &'static str, bytes: &'a [u8]) -> Result<&'a str, WireError> {
+    std::str::from_utf8(bytes).map_err(|e| malformed(what, e))
 }
 
 /// A `runtime.Unknown` envelope: the kind it says it holds and the object's bytes.
@@ -129,22 +149,24 @@ pub struct Envelope<'a> {
 pub fn envelope(body: &[u8]) -> Result<Envelope<'_>, WireError> {
     let what = "the envelope";
     let inner = body.strip_prefix(MAGIC).ok_or(WireError::NoMagic)?;
-    let f = fields(what, inner)?;
-    let type_meta = fields(what, bytes_field(&f, 1))?;
-    let encoding = string_field(what, &f, 3)?;
+    // runtime.Unknown: typeMeta = 1, raw = 2, contentEncoding = 3, contentType = 4.
+    let [type_meta, raw, encoding, content_type] =
+        Fields::new(what, inner).last_bytes([1, 2, 3, 4])?;
+    let [api_version, kind] = Fields::new(what, type_meta).last_bytes([1, 2])?;
+    let encoding = utf8(what, encoding)?;
     if !encoding.is_empty() {
         return Err(WireError::Encoding(encoding.to_string()));
     }
     // apimachinery leaves it empty or names protobuf; JSON inside a protobuf envelope is
     // never written by an API server.
-    let content_type = string_field(what, &f, 4)?;
+    let content_type = utf8(what, content_type)?;
     if !content_type.is_empty() && !content_type.starts_with(PROTOBUF) {
         return Err(WireError::ContentType(content_type.to_string()));
     }
     Ok(Envelope {
-        api_version: string_field(what, &type_meta, 1)?,
-        kind: string_field(what, &type_meta, 2)?,
-        raw: bytes_field(&f, 2),
+        api_version: utf8(what, api_version)?,
+        kind: utf8(what, kind)?,
+        raw,
     })
 }
 
@@ -172,19 +194,20 @@ pub struct ListParts<'a> {
 /// Splits a list message (`metadata` = 1, `items` = 2, as every `…List` type has them).
 pub fn list_parts(list: &[u8]) -> Result<ListParts<'_>, WireError> {
     let what = "the list";
-    let f = fields(what, list)?;
+    let mut meta: &[u8] = &[];
+    let mut items = Vec::new();
+    for field in Fields::new(what, list) {
+        match field? {
+            (1, Value::Bytes(b)) => meta = b,
+            (2, Value::Bytes(b)) => items.push(b),
+            _ => {}
+        }
+    }
     // ListMeta: resourceVersion = 2, continue = 3.
-    let meta = fields(what, bytes_field(&f, 1))?;
-    let items = f
-        .iter()
-        .filter_map(|(n, v)| match v {
-            Value::Bytes(b) if *n == 2 => Some(*b),
-            _ => None,
-        })
-        .collect();
+    let [resource_version, continue_token] = Fields::new(what, meta).last_bytes([2, 3])?;
     Ok(ListParts {
-        resource_version: string_field(what, &meta, 2)?,
-        continue_token: string_field(what, &meta, 3)?,
+        resource_version: utf8(what, resource_version)?,
+        continue_token: utf8(what, continue_token)?,
         items,
     })
 }
@@ -208,9 +231,10 @@ pub fn watch_parts(frame: &[u8]) -> Result<WatchParts<'_>, WireError> {
         Some(_) => envelope(frame)?.raw,
         None => frame,
     };
-    let f = fields(what, frame)?;
-    let event_type = string_field(what, &f, 1)?;
-    let raw = bytes_field(&fields(what, bytes_field(&f, 2))?, 1);
+    // WatchEvent: type = 1, object = 2 (a RawExtension: raw = 1).
+    let [event_type, object] = Fields::new(what, frame).last_bytes([1, 2])?;
+    let event_type = utf8(what, event_type)?;
+    let [raw] = Fields::new(what, object).last_bytes([1])?;
     let (kind, object) = if raw.starts_with(MAGIC) {
         let e = envelope(raw)?;
         (e.kind, e.raw)
@@ -340,6 +364,27 @@ mod tests {
     use super::fixtures::{enveloped, framed};
     use super::*;
     use prost::Message;
+
+    /// Field 1 "a", a varint field 1, field 2 "b", field 1 "c": the last bytes value of
+    /// each number wins and the varint is passed over; a malformed field after the wanted
+    /// ones still fails the walk, which then ends.
+    #[test]
+    fn the_walk_finds_the_last_value_and_any_malformed_field() {
+        let msg = [0x0a, 1, b'a', 0x08, 5, 0x12, 1, b'b', 0x0a, 1, b'c'];
+        let [one, two, three] = Fields::new("m", &msg).last_bytes([1, 2, 3]).unwrap();
+        assert_eq!((one, two, three), (&b"c"[..], &b"b"[..], &b""[..]));
+        let walked: Vec<_> = Fields::new("m", &msg).map(Result::unwrap).collect();
+        assert_eq!(walked[1], (1, Value::Varint(5)));
+        assert_eq!(walked.len(), 4);
+
+        let mut bad = msg.to_vec();
+        bad.extend_from_slice(&[0x1a, 9, b'x']); // field 3 claims 9 bytes, has 1
+        let err = Fields::new("m", &bad).last_bytes([1]).unwrap_err();
+        assert!(err.to_string().contains("past the end"), "{err}");
+        let mut walk = Fields::new("m", &bad).skip(4);
+        assert!(matches!(walk.next(), Some(Err(_))));
+        assert!(walk.next().is_none(), "the walk ends at its first error");
+    }
 
     #[test]
     fn envelope_bytes_are_apimachinerys() {
