@@ -29,9 +29,9 @@ pub fn lenient<K: ProtobufKind>(bytes: &[u8]) -> Lenient<K> {
 const MANAGED_FIELDS: u32 = 17;
 
 /// An object's message, as `K::Message::decode` gives it but without
-/// `metadata.managedFields`, which no proxy reads and which is a third of a small object's
-/// allocations (a list of entries of five strings and a byte string each): skipped on the
-/// wire instead of decoded and dropped. The fields are merged one by one as prost's own
+/// `metadata.managedFields`, which no proxy reads (entries of five strings and a byte string
+/// each; decoding and dropping them was 10% of a watch event's decode in instructions,
+/// BENCHMARKS.md "Fleet"): skipped on the wire instead. The fields are merged one by one as prost's own
 /// derived `merge` does (`Message::merge_field`, the per-field step every prost message
 /// implements).
 fn message<K: ProtobufKind>(mut buf: &[u8]) -> Result<K::Message, prost::DecodeError> {
