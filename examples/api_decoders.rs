@@ -1,6 +1,6 @@
 //! Decoding the API server's watch events for EndpointSlices and Services each way the API
 //! source could (issue #36: start to first sync): `cargo run --release --example api_decoders
-//! -- [SLICES] [ENDPOINTS]` (default 10000 × 10, plus as many Services), or `-- DIR` for the
+//! --features testing -- [SLICES] [ENDPOINTS]` (default 10000 × 10, plus as many Services), or `-- DIR` for the
 //! real API server's watch events that `kernel-bench --fleet-only` kept there
 //! (`KBENCH_FLEET_EVENTS=DIR`), JSON against protobuf. The events are the
 //! lines a streaming list sends (`{"type":"ADDED","object":{…}}`), with what the API server
@@ -140,33 +140,11 @@ fn pb_slice(i: usize, endpoints: usize) -> Vec<u8> {
             app_protocol: None,
         }],
     };
-    let raw = wire_envelope(
-        "discovery.k8s.io/v1",
+    kube_nlproxy::source::kube::protobuf::wire::fixtures::event(
+        "ADDED",
         "EndpointSlice",
         object.encode_to_vec(),
-    );
-    m::WatchEvent {
-        r#type: s("ADDED".into()),
-        object: Some(k8s_pb::apimachinery::pkg::runtime::RawExtension { raw: Some(raw) }),
-    }
-    .encode_to_vec()
-}
-
-/// `k8s\0` and a `runtime.Unknown` holding `raw`.
-fn wire_envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
-    use prost::Message;
-    let unknown = k8s_pb::apimachinery::pkg::runtime::Unknown {
-        type_meta: Some(k8s_pb::apimachinery::pkg::runtime::TypeMeta {
-            api_version: Some(api_version.into()),
-            kind: Some(kind.into()),
-        }),
-        raw: Some(raw),
-        content_encoding: Some(String::new()),
-        content_type: Some(String::new()),
-    };
-    let mut out = kube_nlproxy::source::kube::protobuf::wire::MAGIC.to_vec();
-    out.extend(unknown.encode_to_vec());
-    out
+    )
 }
 
 fn service(i: usize) -> String {

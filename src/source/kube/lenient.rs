@@ -22,7 +22,7 @@ use serde_json::value::RawValue;
 /// only finds where it ends) and decodes it as `K`; only on failure is the text decoded a
 /// second time, for `metadata` alone. At 10k EndpointSlices of 10 endpoints each as watch
 /// events this costs about what decoding `K` directly does, against ~3× for the untyped
-/// object and `try_parse` (`cargo run --release --example api_decoders`).
+/// object and `try_parse` (`cargo run --release --example api_decoders --features testing`).
 ///
 /// The text is reached without buffering because the API server writes a watch event's
 /// `type` before its `object` (apimachinery's `WatchEvent` struct, encoded by Go in field

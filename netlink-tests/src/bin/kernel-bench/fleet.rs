@@ -442,7 +442,7 @@ async fn event_row(client: &kube::Client, shape: Shape) -> EventRow {
     let json = bodies[0].lock().unwrap().clone();
     let pb = bodies[1].lock().unwrap().clone();
     // A diagnostic: KBENCH_FLEET_EVENTS=DIR keeps both watch bodies as they came
-    // (events.json, events.pb) for `cargo run --release --example api_decoders -- DIR`.
+    // (events.json, events.pb) for `cargo run --release --example api_decoders --features testing -- DIR`.
     if let Some(dir) = std::env::var_os("KBENCH_FLEET_EVENTS") {
         let dir = std::path::Path::new(&dir);
         std::fs::create_dir_all(dir).unwrap();
