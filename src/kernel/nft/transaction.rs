@@ -66,6 +66,10 @@ pub struct Transaction {
     pub family: Family,
     pub table: String,
     pub ops: Vec<Op>,
+    /// The batch asserts every object of the table (a full sync: each set and chain
+    /// flushed and filled again), so whatever anyone changed in the table before it is
+    /// overwritten. A partial batch leaves alone what it does not change.
+    pub whole_table: bool,
 }
 
 impl Transaction {
@@ -74,6 +78,7 @@ impl Transaction {
             family,
             table: table.into(),
             ops: Vec::new(),
+            whole_table: false,
         }
     }
     pub fn add(&mut self, o: impl Into<Object>) {

@@ -68,6 +68,7 @@ fn grouped_elements(rs: &Ruleset) -> Vec<Vec<&SharedElement>> {
 /// table, so established connections are untouched.
 pub fn plan_full(next: &Ruleset, existing: Option<&Existing>, pending_deletes: &[String]) -> Plan {
     let mut tx = Transaction::new(next.family(), next.table.name.clone());
+    tx.whole_table = true;
     // One operation per element, rule, chain and set (2.2M at 100k × 10): sized once.
     tx.ops
         .reserve(next.element_count() + next.rule_count() * 2 + 1024);

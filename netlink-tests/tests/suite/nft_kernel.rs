@@ -593,12 +593,29 @@ fn large_batches_pause_the_monitor_and_report_what_it_missed() {
         1,
         "the monitor was out of its group during the pause"
     );
-    // A foreign change elsewhere during the pause is no reason to restore.
+    // A foreign element deletion during a partial batch's pause is reported: the batch
+    // does not re-assert what it leaves alone.
     let n3 = name.clone();
     nft.after_next_quiet_commit(Box::new(move || {
-        netlink_tests::ns::sh(&format!("ip netns exec {n3} nft add table ip unrelated"));
+        netlink_tests::ns::sh(&format!(
+            "ip netns exec {n3} nft delete element ip t s '{{ 10.0.0.7 }}'"
+        ));
     }));
     nft.apply(&big_tx("t", 3002)).unwrap();
+    assert_eq!(
+        wait_for(&missed, 2),
+        2,
+        "an element deleted in a partial batch's pause is reported"
+    );
+    // Behind a whole-table batch (a full sync), a foreign change elsewhere is no reason to
+    // restore: the batch asserted all of ours.
+    let n4 = name.clone();
+    nft.after_next_quiet_commit(Box::new(move || {
+        netlink_tests::ns::sh(&format!("ip netns exec {n4} nft add table ip unrelated"));
+    }));
+    let mut whole = big_tx("t", 3003);
+    whole.whole_table = true;
+    nft.apply(&whole).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    assert_eq!(missed.load(SeqCst), 1);
+    assert_eq!(missed.load(SeqCst), 2);
 }
