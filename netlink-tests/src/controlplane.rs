@@ -223,15 +223,14 @@ impl ControlPlane {
     /// A kubeconfig for `token`, trusting the apiserver's self-signed certificate.
     pub fn kubeconfig(&self, token: &str, name: &str) -> PathBuf {
         let p = self.dir.join(format!("{name}.kubeconfig"));
-        std::fs::write(
+        write_atomically(
             &p,
-            format!(
+            &format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    certificate-authority: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {name}}}\ncurrent-context: test\nusers:\n- name: {name}\n  user:\n    token: {token}\n",
                 self.url,
                 self.dir.join("certs/apiserver.crt").display()
             ),
-        )
-        .unwrap();
+        );
         p
     }
 
@@ -328,15 +327,14 @@ impl ControlPlane {
     /// namespace's route to it): the certificate is still checked, for its NODE_IP name.
     pub fn admin_kubeconfig_via(&self, server: &str) -> PathBuf {
         let p = self.dir.join("admin-via.kubeconfig");
-        std::fs::write(
+        write_atomically(
             &p,
-            format!(
+            &format!(
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    tls-server-name: {}\n    certificate-authority: {}\ncontexts:\n- name: test\n  context: {{cluster: test, user: admin}}\ncurrent-context: test\nusers:\n- name: admin\n  user:\n    token: {ADMIN_TOKEN}\n",
                 crate::cluster::NODE_IP,
                 self.dir.join("certs/apiserver.crt").display()
             ),
-        )
-        .unwrap();
+        );
         p
     }
 
@@ -382,6 +380,17 @@ impl Drop for ControlPlane {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Writes `text` to `path` through a file of its own renamed over it: threads calling
+/// [`ControlPlane::with_admin`] at once each rewrite the admin kubeconfig, and a reader must
+/// never see one half written ("failed to determine current context", seen in the soak).
+fn write_atomically(path: &Path, text: &str) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
 /// A kube-rs client from a kubeconfig file.

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use netlink_tests::cluster::{yaml, Cluster};
+use netlink_tests::listing::nft_canonical;
 use netlink_tests::ns::NetNs;
 use netlink_tests::scenario::{dns_yaml, web_yaml_with, LOCAL_EP, REMOTE_EP};
 
@@ -43,41 +44,6 @@ fn second_yaml() -> String {
                 yaml::ready(REMOTE_EP, "node2"),
             ],
         )
-}
-
-/// Our IPv4 table as `nft -j` lists it, with what two equal tables may list differently
-/// taken out: handles, and the order of set elements (hash order).
-fn canonical_table(ns: &NetNs) -> Vec<String> {
-    let out = ns.sh("nft -j list table ip kube-nlproxy");
-    let v: serde_json::Value = serde_json::from_str(&out).expect("nft -j prints JSON");
-    let mut lines = Vec::new();
-    let mut pos = std::collections::BTreeMap::<String, usize>::new();
-    for item in v["nftables"].as_array().expect("nftables array") {
-        let mut item = item.clone();
-        let Some((kind, body)) = item.as_object_mut().and_then(|o| o.iter_mut().next()) else {
-            continue;
-        };
-        if kind == "metainfo" {
-            continue;
-        }
-        let kind = kind.clone();
-        let body = body.as_object_mut().expect("object");
-        body.remove("handle");
-        if let Some(serde_json::Value::Array(elems)) = body.get_mut("elem") {
-            elems.sort_by_key(|e| e.to_string());
-        }
-        let key = if kind == "rule" {
-            let chain = body["chain"].as_str().unwrap_or("").to_string();
-            let n = pos.entry(chain.clone()).or_default();
-            *n += 1;
-            format!("rule {chain} #{n:04}")
-        } else {
-            kind.clone()
-        };
-        lines.push(format!("{key} {}", serde_json::Value::Object(body.clone())));
-    }
-    lines.sort();
-    lines
 }
 
 #[test]
@@ -181,7 +147,10 @@ fn diff_shows_exactly_what_the_next_sync_does() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let (ours, theirs) = (canonical_table(&scratch), canonical_table(&c.node));
+    let (ours, theirs) = (
+        nft_canonical(&scratch, "ip", "kube-nlproxy"),
+        nft_canonical(&c.node, "ip", "kube-nlproxy"),
+    );
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|l| !b.contains(l)).cloned().collect()
     };

@@ -15,7 +15,10 @@ modes (default: the full run, ~30 min):
   --fleet-only [NxE]             the API server's cost of the proxies' watches, JSON against
                                  protobuf (default 10000x10; 100, 500, 1000 watchers)
   --partial-only | --latency-only | --conntrack-only
-  --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream";
+  --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream
+  --soak [MINUTES] [NxE]         ours under churn, API server restarts and tampering for
+                                 MINUTES (default 60) at NxE (default 10000x10); exits 1
+                                 when a goal is missed";
 
 const KNOWN: &[&str] = &[
     "--quick",
@@ -32,6 +35,7 @@ const KNOWN: &[&str] = &[
     "--churn-only",
     "--side-by-side-only",
     "--fleet-only",
+    "--soak",
 ];
 
 /// Endpoints per Service in the synthetic clusters, unless a shape says otherwise.
@@ -109,6 +113,9 @@ pub enum Mode {
     Conntrack,
     /// The IPVS rows (inside the VM), without upstream's IPVS mode when `ours_only`.
     Ipvs { ours_only: bool },
+    /// Issue #50's soak: ours alone with `shape` through the real API server for
+    /// `minutes`, under churn, restarts and tampering.
+    Soak { minutes: u64, shape: Shape },
 }
 
 impl Mode {
@@ -127,7 +134,8 @@ impl Mode {
             | Mode::Maglev { .. }
             | Mode::SideBySide
             | Mode::SideBySideShape { .. }
-            | Mode::Churn { .. } => &["nft"],
+            | Mode::Churn { .. }
+            | Mode::Soak { .. } => &["nft"],
             Mode::Fleet { .. } => &[],
             Mode::Full => &["nft", "iptables-restore", "conntrack"],
         }
@@ -227,6 +235,21 @@ pub fn parse(args: &[String]) -> Result<Args, ArgsError> {
             .collect();
         Mode::Churn {
             secs: rest.first().and_then(|v| v.parse().ok()).unwrap_or(60),
+            shape: rest.iter().find_map(|v| Shape::parse(v)).unwrap_or(Shape {
+                services: 10_000,
+                endpoints: EPS,
+            }),
+        }
+    } else if has("--soak") {
+        let rest: Vec<&str> = args
+            .iter()
+            .skip_while(|a| *a != "--soak")
+            .skip(1)
+            .take(2)
+            .map(String::as_str)
+            .collect();
+        Mode::Soak {
+            minutes: rest.first().and_then(|v| v.parse().ok()).unwrap_or(60),
             shape: rest.iter().find_map(|v| Shape::parse(v)).unwrap_or(Shape {
                 services: 10_000,
                 endpoints: EPS,
@@ -377,6 +400,36 @@ mod tests {
                     services: 10_000,
                     endpoints: EPS
                 }
+            }
+        );
+    }
+
+    #[test]
+    fn soak_takes_minutes_and_a_shape_in_either_order() {
+        let shape = |services| Shape {
+            services,
+            endpoints: EPS,
+        };
+        let mode = |line| parse_line(line).unwrap().mode;
+        assert_eq!(
+            mode("--soak"),
+            Mode::Soak {
+                minutes: 60,
+                shape: shape(10_000)
+            }
+        );
+        assert_eq!(
+            mode("--soak 3 1000x10"),
+            Mode::Soak {
+                minutes: 3,
+                shape: shape(1000)
+            }
+        );
+        assert_eq!(
+            mode("--soak 1000x10"),
+            Mode::Soak {
+                minutes: 60,
+                shape: shape(1000)
             }
         );
     }

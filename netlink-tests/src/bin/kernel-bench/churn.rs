@@ -18,9 +18,15 @@ use crate::table::{Goal, Row, Table, Target, Unit};
 /// The network programming latency histogram from a metrics text: (upper bound, cumulative
 /// count) per bucket, summed over label sets.
 fn programming_buckets(text: &str) -> Vec<(f64, f64)> {
-    let name = "kubeproxy_network_programming_duration_seconds_bucket{";
+    metric_buckets(text, "kubeproxy_network_programming_duration_seconds")
+}
+
+/// Histogram `metric`'s buckets in a metrics text: (upper bound, cumulative count) per
+/// bucket, summed over label sets.
+pub fn metric_buckets(text: &str, metric: &str) -> Vec<(f64, f64)> {
+    let name = format!("{metric}_bucket{{");
     let mut b: std::collections::BTreeMap<u64, (f64, f64)> = Default::default();
-    for l in text.lines().filter(|l| l.starts_with(name)) {
+    for l in text.lines().filter(|l| l.starts_with(&name)) {
         let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
             continue;
         };
@@ -44,7 +50,7 @@ fn programming_buckets(text: &str) -> Vec<(f64, f64)> {
 
 /// The `q` quantile of the observations between two snapshots of a cumulative histogram,
 /// interpolated linearly inside its bucket (as Prometheus' `histogram_quantile` does).
-fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+pub fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
     let delta: Vec<(f64, f64)> = after
         .iter()
         .map(|&(le, c)| {
@@ -229,7 +235,7 @@ fn send_changes(cp: &ControlPlane, ns: &NetNs, shape: Shape, secs: u64) -> (u64,
 
 /// Each network programming latency (seconds) ours logged from byte `from` of its `log` on:
 /// one `latencies_ms="..."` field per sync.
-fn logged_latencies(log: &std::path::Path, from: usize) -> Vec<f64> {
+pub fn logged_latencies(log: &std::path::Path, from: usize) -> Vec<f64> {
     let text = std::fs::read(log).unwrap_or_default();
     String::from_utf8_lossy(text.get(from..).unwrap_or_default())
         .lines()

@@ -269,6 +269,18 @@ pub fn bench_slice(i: usize, eps: usize, bump: bool) -> serde_json::Value {
 
 /// Starts ours in `ns` with `args` (its log in `dir`).
 pub fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::process::Child {
+    // Each sync's network programming latencies (one line per sync): the churn row.
+    let filter = "info,network_programming=debug";
+    spawn_ours_logging(ns, args, dir, filter)
+}
+
+/// [`spawn_ours`] with `filter` as its `RUST_LOG` unless `KBENCH_OURS_LOG` says otherwise.
+pub fn spawn_ours_logging(
+    ns: &NetNs,
+    args: &[&str],
+    dir: &std::path::Path,
+    filter: &str,
+) -> std::process::Child {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &ns.name]);
     // A diagnostic: KBENCH_OURS_WRAP="heaptrack -o /tmp/ours" runs ours under a profiler
@@ -286,9 +298,7 @@ pub fn spawn_ours(ns: &NetNs, args: &[&str], dir: &std::path::Path) -> std::proc
         // KBENCH_OURS_LOG=kube_nlproxy=debug says where a change's time goes.
         .env(
             "RUST_LOG",
-            // Each sync's network programming latencies (one line per sync): the churn row.
-            std::env::var("KBENCH_OURS_LOG")
-                .unwrap_or_else(|_| "info,network_programming=debug".into()),
+            std::env::var("KBENCH_OURS_LOG").unwrap_or_else(|_| filter.into()),
         )
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("ours.log")).unwrap())

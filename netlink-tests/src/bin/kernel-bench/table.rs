@@ -48,6 +48,8 @@ pub enum Unit {
     Times,
     /// A percentage (of a core), shown as "15%".
     Percent,
+    /// A count of things, shown as the number.
+    Count,
 }
 
 impl Unit {
@@ -59,6 +61,7 @@ impl Unit {
             Unit::MiB => format!("{value} MiB"),
             Unit::Times => format!("{value}×"),
             Unit::Percent => format!("{value}%"),
+            Unit::Count => format!("{value}"),
         }
     }
 }
@@ -263,6 +266,11 @@ pub struct Row {
 }
 
 impl Row {
+    /// Whether its goals were met (None: a note, no goal).
+    pub fn met(&self) -> Option<bool> {
+        self.target.met()
+    }
+
     /// A row of `ours` alone: no baseline, no ratio, no target.
     pub fn new(what: impl Into<String>, ours: impl Into<String>) -> Row {
         Row {
@@ -328,6 +336,11 @@ impl Table {
     /// Adds `row` after the rows measured before it.
     pub fn push(&mut self, row: Row) {
         self.rows.push(row);
+    }
+
+    /// Whether no row missed its goal.
+    pub fn all_met(&self) -> bool {
+        self.rows.iter().all(|r| r.met() != Some(false))
     }
 
     /// Adds the rows of `other`, measured after these.
