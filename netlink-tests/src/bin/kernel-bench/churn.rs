@@ -186,51 +186,69 @@ fn send_changes(cp: &ControlPlane, ns: &NetNs, shape: Shape, secs: u64) -> (u64,
         let part = PART.min(secs.saturating_sub(t0.elapsed().as_secs())).max(1);
         let first = next;
         next += part * RATE;
+        // Every change hits a Service not changed before in this window (the side-by-side
+        // changes used services 100..105 only).
+        let changes = (first..first + part * RATE).map(move |k| {
+            let j = 200 + k as usize;
+            (j % n, (j / n).is_multiple_of(2))
+        });
         let (ok, bad) = cp.with_admin(ns, move |client| {
-            Box::pin(async move {
-                let api = Api::<EndpointSlice>::namespaced(client, "default");
-                let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
-                let mut tick = tokio::time::interval(Duration::from_millis(1000 / RATE));
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-                let mut tasks = Vec::new();
-                for k in first..first + part * RATE {
-                    tick.tick().await;
-                    // Every change hits a Service not changed before in this window
-                    // (the side-by-side changes used services 100..105 only).
-                    let i = (200 + k as usize) % n;
-                    let bump = ((200 + k as usize) / n).is_multiple_of(2);
-                    let sl = bench_slice(i, eps, bump);
-                    let patch = serde_json::json!({
-                        "metadata": {"annotations": sl["metadata"]["annotations"]},
-                        "endpoints": sl["endpoints"],
-                    });
-                    let (api, permit) = (api.clone(), sem.clone().acquire_owned().await);
-                    tasks.push(tokio::spawn(async move {
-                        let _permit = permit;
-                        api.patch(
-                            &format!("svc-{i}-a"),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await
-                        .is_ok()
-                    }));
-                }
-                let (mut ok, mut bad) = (0u64, 0u64);
-                for t in tasks {
-                    if t.await.unwrap_or(false) {
-                        ok += 1;
-                    } else {
-                        bad += 1;
-                    }
-                }
-                (ok, bad)
-            })
+            Box::pin(patch_slices(
+                Api::<EndpointSlice>::namespaced(client, "default"),
+                changes,
+                eps,
+                RATE,
+            ))
         });
         sent += ok;
         failed += bad;
     }
     (sent, failed)
+}
+
+/// Patches one bench slice (`bench_slice`) every `1 / rate` seconds: for each `(i, bump)` of
+/// `changes`, Service `i`'s slice with its first endpoint moved or back, stamped with the
+/// trigger time now; up to 64 in flight, as the EndpointSlice controller's workers would be,
+/// each bounded to 5 s. The patches the API server took, and those it refused or did not
+/// answer in time.
+pub async fn patch_slices(
+    api: Api<EndpointSlice>,
+    changes: impl Iterator<Item = (usize, bool)>,
+    eps: usize,
+    rate: u64,
+) -> (u64, u64) {
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    for (i, bump) in changes {
+        tick.tick().await;
+        let sl = bench_slice(i, eps, bump);
+        let patch = serde_json::json!({
+            "metadata": {"annotations": sl["metadata"]["annotations"]},
+            "endpoints": sl["endpoints"],
+        });
+        let (api, permit) = (api.clone(), sem.clone().acquire_owned().await);
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
+            let name = format!("svc-{i}-a");
+            let call = api.patch(&name, &pp, &merge);
+            matches!(
+                tokio::time::timeout(Duration::from_secs(5), call).await,
+                Ok(Ok(_))
+            )
+        }));
+    }
+    let (mut ok, mut bad) = (0u64, 0u64);
+    for t in tasks {
+        if t.await.unwrap_or(false) {
+            ok += 1;
+        } else {
+            bad += 1;
+        }
+    }
+    (ok, bad)
 }
 
 /// Each network programming latency (seconds) ours logged from byte `from` of its `log` on:

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use netlink_tests::backend::{tcp_backend, udp_backend, OpenConn};
 use netlink_tests::cluster::Cluster;
 use netlink_tests::controlplane::ControlPlane;
@@ -22,9 +22,9 @@ use netlink_tests::listing::nft_canonical;
 use netlink_tests::ns::NetNs;
 
 use crate::args::Shape;
-use crate::churn::{histogram_quantile, logged_latencies, metric_buckets};
+use crate::churn::{histogram_quantile, logged_latencies, metric_buckets, patch_slices};
 use crate::procfs::usage;
-use crate::side_by_side::{bench_slice, create_workload, first_sync};
+use crate::side_by_side::{create_workload, first_sync};
 use crate::table::{Goal, Row, Table, Target, Unit};
 
 /// The soak's schedule: issue #50's hour (a sample and a tampering every minute, the API
@@ -581,43 +581,14 @@ fn churn_endpoints(
         next += CHURN_PART * CHURN_RATE;
         let eps = shape.endpoints;
         let n = shape.services as u64;
+        let changes = (first..next).map(move |k| ((k % n) as usize, (k / n).is_multiple_of(2)));
         let (ok, bad) = cp.read().unwrap().with_admin(ns, move |client| {
-            Box::pin(async move {
-                let api = Api::<EndpointSlice>::namespaced(client, "default");
-                // Up to 64 in flight, as the EndpointSlice controller's workers would be.
-                let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
-                let mut tick = tokio::time::interval(Duration::from_millis(1000 / CHURN_RATE));
-                let mut tasks = Vec::new();
-                for k in first..next {
-                    tick.tick().await;
-                    let i = (k % n) as usize;
-                    let sl = bench_slice(i, eps, (k / n).is_multiple_of(2));
-                    let patch = serde_json::json!({
-                        "metadata": {"annotations": sl["metadata"]["annotations"]},
-                        "endpoints": sl["endpoints"],
-                    });
-                    let (api, permit) = (api.clone(), sem.clone().acquire_owned().await);
-                    tasks.push(tokio::spawn(async move {
-                        let _permit = permit;
-                        let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
-                        let name = format!("svc-{i}-a");
-                        let call = api.patch(&name, &pp, &merge);
-                        matches!(
-                            tokio::time::timeout(Duration::from_secs(5), call).await,
-                            Ok(Ok(_))
-                        )
-                    }));
-                }
-                let (mut ok, mut bad) = (0u64, 0u64);
-                for t in tasks {
-                    if t.await.unwrap_or(false) {
-                        ok += 1;
-                    } else {
-                        bad += 1;
-                    }
-                }
-                (ok, bad)
-            })
+            Box::pin(patch_slices(
+                Api::<EndpointSlice>::namespaced(client, "default"),
+                changes,
+                eps,
+                CHURN_RATE,
+            ))
         });
         counters.endpoint_changes.fetch_add(ok, Ordering::SeqCst);
         counters.refused.fetch_add(bad, Ordering::SeqCst);
