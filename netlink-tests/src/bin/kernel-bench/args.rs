@@ -16,6 +16,8 @@ modes (default: the full run, ~30 min):
                                  protobuf (default 10000x10; 100, 500, 1000 watchers)
   --partial-only | --latency-only | --conntrack-only
   --ipvs-only [--ours-only]      IPVS rows (run inside the VM); --ours-only: without upstream
+  --data-path-only [SERVICES]    new connections a second through a ClusterIP against
+                                 direct and upstream nftables (1k, 10k, 100k x 10 or one)
   --soak [MINUTES] [NxE]         ours under churn, API server restarts and tampering for
                                  MINUTES (default 60) at NxE (default 10000x10); exits 1
                                  when a goal is missed";
@@ -36,6 +38,7 @@ const KNOWN: &[&str] = &[
     "--side-by-side-only",
     "--fleet-only",
     "--soak",
+    "--data-path-only",
 ];
 
 /// Endpoints per Service in the synthetic clusters, unless a shape says otherwise.
@@ -116,6 +119,8 @@ pub enum Mode {
     /// Issue #50's soak: ours alone with `shape` through the real API server for
     /// `minutes`, under churn, restarts and tampering.
     Soak { minutes: u64, shape: Shape },
+    /// Issue #52's data path at `services` × 10, or at each of 1k, 10k and 100k.
+    DataPath { services: Option<usize> },
 }
 
 impl Mode {
@@ -135,7 +140,8 @@ impl Mode {
             | Mode::SideBySide
             | Mode::SideBySideShape { .. }
             | Mode::Churn { .. }
-            | Mode::Soak { .. } => &["nft"],
+            | Mode::Soak { .. }
+            | Mode::DataPath { .. } => &["nft"],
             Mode::Fleet { .. } => &[],
             Mode::Full => &["nft", "iptables-restore", "conntrack"],
         }
@@ -239,6 +245,10 @@ pub fn parse(args: &[String]) -> Result<Args, ArgsError> {
                 services: 10_000,
                 endpoints: EPS,
             }),
+        }
+    } else if has("--data-path-only") {
+        Mode::DataPath {
+            services: after("--data-path-only").and_then(|v| v.parse().ok()),
         }
     } else if has("--soak") {
         let rest: Vec<&str> = args

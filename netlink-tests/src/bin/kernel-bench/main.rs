@@ -18,6 +18,7 @@ mod args;
 mod churn;
 mod conntrack;
 mod daemon;
+mod data_path;
 mod fleet;
 mod harness;
 mod ipvs;
@@ -128,6 +129,11 @@ fn measure(args: Args, table: &mut Table) {
         Mode::Fleet { shape } => fleet::fleet_rows(table, shape, sizes.fleet_watchers),
         Mode::Conntrack => conntrack::conntrack_row(table),
         Mode::Soak { minutes, shape } => soak::soak_rows(table, minutes, shape),
+        Mode::DataPath { services } => {
+            let all = [1000, 10_000, 100_000];
+            let one = services.map(|n| [n]);
+            data_path::data_path_rows(table, one.as_ref().map_or(&all[..], |o| &o[..]));
+        }
         Mode::Ipvs { ours_only } => {
             // 1k: upstream's IPVS mode needs about 2 min for it under the VM's emulated CPU.
             if !ours_only {
