@@ -20,7 +20,8 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-fn ipvs_mode_in_a_vm_run() {
+#[test]
+fn ipvs_mode_in_a_vm() {
     let filter = std::env::var("KNP_VM_TESTS").unwrap_or_else(|_| "guest::".into());
     // Two tests at a time on the guest's two virtual CPUs (each its own namespaces, as on
     // the host): without KVM every process is emulated, and one at a time the suite took
@@ -29,7 +30,8 @@ fn ipvs_mode_in_a_vm_run() {
 }
 
 /// A guest booted with `ipv6.disable=1` (issue #56.3): the `no_ipv6::` tests.
-fn a_host_without_ipv6_in_a_vm_run() {
+#[test]
+fn a_host_without_ipv6_in_a_vm() {
     let vm = Vm {
         append: Some("ipv6.disable=1"),
         ..Vm::default()
@@ -42,7 +44,8 @@ fn a_host_without_ipv6_in_a_vm_run() {
 /// a node namespace; the VM is started in that namespace, its guest reaching the API server
 /// through qemu's user network (run-in-vm.sh --forward-tcp 6443), and runs ours in IPVS mode
 /// once there (`api_event::`), authenticated as the admin.
-fn ipvs_deprecation_event_reaches_a_real_api_server_run() {
+#[test]
+fn ipvs_deprecation_event_reaches_a_real_api_server() {
     use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::events::v1::Event;
     use kube::api::{Api, ListParams, PostParams};
@@ -145,41 +148,6 @@ fn a_guest_that_does_not_boot_is_booted_once_more_then_reported() {
         "two 1 s boot windows, not the 60 s run timeout: {:?}",
         t0.elapsed()
     );
-}
-
-/// The three runs that boot a guest, for `all_real_node_scenarios_beside_the_vm_runs`: one
-/// after another on a thread of their own, beside the real nodes.
-pub const VM_RUNS: [(&str, fn()); 3] = [
-    ("ipvs_mode_in_a_vm", ipvs_mode_in_a_vm_run),
-    (
-        "a_host_without_ipv6_in_a_vm",
-        a_host_without_ipv6_in_a_vm_run,
-    ),
-    (
-        "ipvs_deprecation_event_reaches_a_real_api_server",
-        ipvs_deprecation_event_reaches_a_real_api_server_run,
-    ),
-];
-
-/// Each VM run alone: `cargo test --test suite ipvs::one::NAME -- --ignored`.
-mod one {
-    #[test]
-    #[ignore = "run by all_real_node_scenarios_beside_the_vm_runs"]
-    fn ipvs_mode_in_a_vm() {
-        super::ipvs_mode_in_a_vm_run();
-    }
-
-    #[test]
-    #[ignore = "run by all_real_node_scenarios_beside_the_vm_runs"]
-    fn a_host_without_ipv6_in_a_vm() {
-        super::a_host_without_ipv6_in_a_vm_run();
-    }
-
-    #[test]
-    #[ignore = "run by all_real_node_scenarios_beside_the_vm_runs"]
-    fn ipvs_deprecation_event_reaches_a_real_api_server() {
-        super::ipvs_deprecation_event_reaches_a_real_api_server_run();
-    }
 }
 
 /// How [`run_in_vm`] boots the guest.
@@ -321,7 +289,7 @@ mod no_ipv6 {
     fn cluster() -> Cluster {
         assert!(
             std::env::var_os(super::IN_VM).is_some(),
-            "runs inside the VM (cargo test --test suite ipvs::one::a_host_without_ipv6_in_a_vm -- --ignored)"
+            "runs inside the VM (cargo test --test suite ipvs::a_host_without_ipv6_in_a_vm)"
         );
         assert!(
             !kernel_has_ipv6(),
@@ -401,7 +369,7 @@ mod guest {
     fn in_vm() {
         assert!(
             std::env::var_os(super::IN_VM).is_some(),
-            "guest tests run inside the VM (cargo test --test suite ipvs::one::ipvs_mode_in_a_vm -- --ignored)"
+            "guest tests run inside the VM (cargo test --test suite ipvs::ipvs_mode_in_a_vm)"
         );
         assert!(
             std::path::Path::new("/proc/net/ip_vs").exists(),

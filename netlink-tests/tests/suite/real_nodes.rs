@@ -781,40 +781,59 @@ fn canary_one_node_then_all_and_back(c: &Cluster, before: &realnode::traffic::Fl
     );
 }
 
-/// The three scenarios, in the order `all_real_node_scenarios_beside_the_vm_runs` runs them
-/// (a cluster takes most of the machine: one at a time).
-pub const SCENARIOS: [(&str, fn()); 3] = [
-    (
-        "deploy_as_shipped_passes_upstreams_e2e",
-        deploy_as_shipped_passes_upstreams_e2e_scenario,
-    ),
-    (
-        "migrate_from_upstream_in_place_and_back_with_live_traffic",
-        migrate_from_upstream_in_place_and_back_with_live_traffic_scenario,
-    ),
-    (
-        "node_life_keeps_connections_and_rules",
-        node_life_keeps_connections_and_rules_scenario,
-    ),
-];
+/// The three scenarios in turn, each even when one before it failed (a cluster takes most of
+/// the machine: one at a time); the failures named at the end, their panics above.
+pub fn in_turn() {
+    let scenarios: [(&str, fn()); 3] = [
+        (
+            "deploy_as_shipped_passes_upstreams_e2e",
+            deploy_as_shipped_passes_upstreams_e2e_scenario,
+        ),
+        (
+            "migrate_from_upstream_in_place_and_back_with_live_traffic",
+            migrate_from_upstream_in_place_and_back_with_live_traffic_scenario,
+        ),
+        (
+            "node_life_keeps_connections_and_rules",
+            node_life_keeps_connections_and_rules_scenario,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (name, scenario) in scenarios {
+        let t0 = Instant::now();
+        let ok = std::panic::catch_unwind(scenario).is_ok();
+        eprintln!(
+            "real nodes: {name}: {} in {:?}",
+            if ok { "passed" } else { "FAILED" },
+            t0.elapsed()
+        );
+        if !ok {
+            failed.push(name);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "real-node scenarios failed: {failed:?} (their panics are above)"
+    );
+}
 
 /// Each scenario alone: `cargo test --test suite real_nodes::one::NAME -- --ignored`. The test
-/// command runs all three through [`SCENARIOS`].
+/// command runs all three through [`in_turn`].
 mod one {
     #[test]
-    #[ignore = "run by all_real_node_scenarios_beside_the_vm_runs"]
+    #[ignore = "run by all_real_node_scenarios_in_turn"]
     fn deploy_as_shipped_passes_upstreams_e2e() {
         super::deploy_as_shipped_passes_upstreams_e2e_scenario();
     }
 
     #[test]
-    #[ignore = "run by all_real_node_scenarios_beside_the_vm_runs"]
+    #[ignore = "run by all_real_node_scenarios_in_turn"]
     fn migrate_from_upstream_in_place_and_back_with_live_traffic() {
         super::migrate_from_upstream_in_place_and_back_with_live_traffic_scenario();
     }
 
     #[test]
-    #[ignore = "run by all_real_node_scenarios_beside_the_vm_runs"]
+    #[ignore = "run by all_real_node_scenarios_in_turn"]
     fn node_life_keeps_connections_and_rules() {
         super::node_life_keeps_connections_and_rules_scenario();
     }
