@@ -127,7 +127,10 @@ fn cpu_jiffies() -> (u64, u64) {
         .collect();
     let total: u64 = v.iter().take(8).sum();
     // user nice system idle iowait irq softirq steal
-    let not_busy = [1, 3, 4].iter().map(|&k| v.get(k).copied().unwrap_or(0)).sum::<u64>();
+    let not_busy = [1, 3, 4]
+        .iter()
+        .map(|&k| v.get(k).copied().unwrap_or(0))
+        .sum::<u64>();
     (total - not_busy, total)
 }
 
