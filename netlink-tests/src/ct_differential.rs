@@ -1,4 +1,4 @@
-//! Conntrack entries for the cleanup differential (`tests/suite/conntrack_differential.rs`): the
+//! Conntrack entries for the cleanup differential (`tests/conntrack_differential.rs`): the
 //! Services under test and the entries seeded for them, keyed by the role of each address
 //! and port (so that tables read as the scenario and SCTP entries compare with their UDP
 //! twins); seeded into a namespace and listed back with Debian's `conntrack` CLI (an oracle

@@ -29,7 +29,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${KNP_VM_CACHE:-/var/tmp/kube-nlproxy-vm}
 # --smp N: virtual CPUs. Without KVM (the CI machines have none) qemu emulates each on its
-# own host thread; the IPVS tests ask for two (netlink-tests/tests/suite/ipvs.rs), kernel-bench's
+# own host thread; the IPVS tests ask for two (netlink-tests/tests/ipvs.rs), kernel-bench's
 # IPVS rows were measured on one.
 MEM=1024 TIMEOUT=900 BOOT_TIMEOUT=${KNP_VM_BOOT_TIMEOUT:-90} SETUP_ONLY=0 SMP=1 APPEND="" FORWARD=""
 SHARES=() ENVS=()

@@ -989,7 +989,7 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
 ///   and the metrics hooks (`no_local_endpoints` per family) cover them.
 /// - TestLocalhostNodePortReject(All), TestLocalhostNodePortProxy, Test_useLocalhostNodePortProxy:
 ///   1.37's alpha gate; our localhost NodePorts are served by the userspace forwarder, proven
-///   with real packets in `netlink-tests/tests/suite/packets.rs` and `installers.rs`.
+///   with real packets in `netlink-tests/tests/packets.rs` and `installers.rs`.
 /// - TestProxier_OnServiceCIDRsChanged: covered by the ServiceCIDR tests (`cluster_ip_general`'s
 ///   unallocated row here, `unallocated_service_ips_are_dropped_and_unused_ports_rejected`
 ///   above, and the API-source test).

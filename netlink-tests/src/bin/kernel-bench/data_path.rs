@@ -246,7 +246,7 @@ fn probed(n: usize) -> (usize, Vec<Ipv4Addr>) {
 /// that live side by side, measured in turn for [`ROUNDS`] rounds of [`WINDOW`] each so
 /// that the machine's other work falls on all three alike; per path, the round of median
 /// rate.
-fn measure_size(n: usize) -> (Load, Load, Load) {
+fn measure_size(n: usize) -> (Load, Load, Option<Load>) {
     let (i, eps) = probed(n);
     let vip = SocketAddr::new(cluster_ip(i).into(), 80);
     let direct_to = SocketAddr::new(eps[0].into(), 8080);
@@ -254,22 +254,35 @@ fn measure_size(n: usize) -> (Load, Load, Load) {
     let st = state(n);
     ours.node
         .run(move || netlink_proxier().sync(&st).expect("our sync"));
-    let upstream = topology(&eps);
-    let took = timed(&upstream.node, &["nft", "-f", "-"], &upstream_nft(n, EPS));
-    eprintln!("data path {n}: upstream's layout loaded by nft -f in {took:?}");
+    let upstream = (n <= UPSTREAM_MAX).then(|| {
+        let t = topology(&eps);
+        let took = timed(&t.node, &["nft", "-f", "-"], &upstream_nft(n, EPS));
+        eprintln!("data path {n}: upstream's layout loaded by nft -f in {took:?}");
+        t
+    });
     let mut runs: [Vec<Load>; 3] = Default::default();
     for _ in 0..ROUNDS {
         runs[0].push(load(&ours.client, direct_to, WINDOW));
         runs[1].push(load(&ours.client, vip, WINDOW));
-        runs[2].push(load(&upstream.client, vip, WINDOW));
+        if let Some(u) = &upstream {
+            runs[2].push(load(&u.client, vip, WINDOW));
+        }
     }
+    let upstream_runs = !runs[2].is_empty();
     let [direct, ours, upstream] = runs.map(median_rate);
+    let upstream = upstream_runs.then_some(upstream);
     eprintln!(
-        "data path {n}: direct {:.0}/s, ours {:.0}/s, upstream nftables {:.0}/s",
-        direct.per_second, ours.per_second, upstream.per_second
+        "data path {n}: direct {:.0}/s, ours {:.0}/s, upstream nftables {:?}/s",
+        direct.per_second,
+        ours.per_second,
+        upstream.map(|u| u.per_second.round())
     );
     (direct, ours, upstream)
 }
+
+/// Above this many Services upstream's layout is not loaded: `nft -f` of it took 228–246 s
+/// at 10k × 10 on this machine (BENCHMARKS.md), and its chains grow with the endpoints.
+const UPSTREAM_MAX: usize = 10_000;
 
 /// The load of median rate.
 fn median_rate(mut v: Vec<Load>) -> Load {
@@ -307,7 +320,7 @@ pub fn data_path_rows(table: &mut Table, sizes: &[usize]) {
     for &n in sizes {
         let (direct, ours, upstream) = measure_size(n);
         rates.push(ours.per_second);
-        table.push(size_row(n, &direct, &ours, &upstream));
+        table.push(size_row(n, &direct, &ours, upstream.as_ref()));
     }
     if rates.len() > 1 {
         let s = spread(&rates);
@@ -331,10 +344,24 @@ pub fn data_path_rows(table: &mut Table, sizes: &[usize]) {
 }
 
 /// One size's row: ours against direct and against upstream nftables mode.
-fn size_row(n: usize, direct: &Load, ours: &Load, upstream: &Load) -> Row {
+fn size_row(n: usize, direct: &Load, ours: &Load, upstream: Option<&Load>) -> Row {
     let of_direct = ours.per_second / direct.per_second;
     let p99 = ours.p99.as_secs_f64() / direct.p99.as_secs_f64();
-    let of_upstream = ours.per_second / upstream.per_second;
+    let mut goals = vec![
+        Goal::at_least(of_direct, RATE_OF_DIRECT, Unit::Times).named("rate of direct"),
+        Goal::at_most(p99, P99_OF_DIRECT, Unit::Times).named("p99 of direct"),
+    ];
+    let (up_text, up_ratio) = match upstream {
+        Some(u) => {
+            let r = ours.per_second / u.per_second;
+            goals.push(Goal::at_least(r, 1.0, Unit::Times).named("rate of upstream"));
+            (render(u), format!(", {r:.2}× upstream"))
+        }
+        None => (
+            format!("not loaded above {UPSTREAM_MAX} services (nft -f of its layout)"),
+            String::new(),
+        ),
+    };
     Row::new(
         format!(
             "new TCP connections through a ClusterIP, {n} services × 10, pod to Service (connect, read, reset; {CLIENTS} client threads; the median of {ROUNDS} rounds of {} s, the three paths in turn): rate, connect latency, CPU per connection; baseline: the same pod to the endpoint directly / upstream nftables mode's layout",
@@ -342,15 +369,11 @@ fn size_row(n: usize, direct: &Load, ours: &Load, upstream: &Load) -> Row {
         ),
         render(ours),
     )
-    .baseline(format!("{} / {}", render(direct), render(upstream)))
+    .baseline(format!("{} / {up_text}", render(direct)))
     .ratio(format!(
-        "{of_direct:.2}× direct, p99 {p99:.2}× direct, {of_upstream:.2}× upstream"
+        "{of_direct:.2}× direct, p99 {p99:.2}× direct{up_ratio}"
     ))
-    .target(Target::Goals(vec![
-        Goal::at_least(of_direct, RATE_OF_DIRECT, Unit::Times).named("rate of direct"),
-        Goal::at_most(p99, P99_OF_DIRECT, Unit::Times).named("p99 of direct"),
-        Goal::at_least(of_upstream, 1.0, Unit::Times).named("rate of upstream"),
-    ]))
+    .target(Target::Goals(goals))
 }
 
 #[cfg(test)]

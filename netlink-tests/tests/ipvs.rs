@@ -289,7 +289,7 @@ mod no_ipv6 {
     fn cluster() -> Cluster {
         assert!(
             std::env::var_os(super::IN_VM).is_some(),
-            "runs inside the VM (cargo test --test suite ipvs::a_host_without_ipv6_in_a_vm)"
+            "runs inside the VM (cargo test --test ipvs a_host_without_ipv6_in_a_vm)"
         );
         assert!(
             !kernel_has_ipv6(),
@@ -369,7 +369,7 @@ mod guest {
     fn in_vm() {
         assert!(
             std::env::var_os(super::IN_VM).is_some(),
-            "guest tests run inside the VM (cargo test --test suite ipvs::ipvs_mode_in_a_vm)"
+            "guest tests run inside the VM (cargo test --test ipvs ipvs_mode_in_a_vm)"
         );
         assert!(
             std::path::Path::new("/proc/net/ip_vs").exists(),

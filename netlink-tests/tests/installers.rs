@@ -12,7 +12,7 @@ use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
 use netlink_tests::cluster::{proxy_bin, sa, Cluster, EXT_IP, NODE_IP};
 use netlink_tests::scenario::{self, names, peer, Backends, LOCAL_EP, REMOTE_EP};
 
-const KUBEADM_CONFIG: &str = include_str!("../../../src/config/file/testdata/kubeadm_config.conf");
+const KUBEADM_CONFIG: &str = include_str!("../../src/config/file/testdata/kubeadm_config.conf");
 
 fn cluster() -> Cluster {
     scenario::web_cluster(Backends::default())

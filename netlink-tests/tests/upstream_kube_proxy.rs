@@ -120,7 +120,7 @@ fn we_read_upstreams_files_as_upstream_does() {
     let kubeadm = d.join("kubeadm.conf");
     std::fs::write(
         &kubeadm,
-        include_str!("../../../src/config/file/testdata/kubeadm_config.conf"),
+        include_str!("../../src/config/file/testdata/kubeadm_config.conf"),
     )
     .unwrap();
     for (case, input) in [

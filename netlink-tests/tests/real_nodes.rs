@@ -94,7 +94,8 @@ fn assert_rbac_is_ours_only(c: &Cluster) {
     );
 }
 
-fn deploy_as_shipped_passes_upstreams_e2e_scenario() {
+#[test]
+fn deploy_as_shipped_passes_upstreams_e2e() {
     require_root();
     let (image, reference) = our_image();
     // Dual-stack nodes (proxies::CI_FAMILY): every IPv4 path, and the IPv6 ones beside it;
@@ -468,7 +469,8 @@ fn migrate_in_place_and_back(c: &Cluster, mode: &str, before: realnode::traffic:
     );
 }
 
-fn migrate_from_upstream_in_place_and_back_with_live_traffic_scenario() {
+#[test]
+fn migrate_from_upstream_in_place_and_back_with_live_traffic() {
     require_root();
     let (image, _) = our_image();
     let c = Cluster::start(3, &[image]);
@@ -561,7 +563,8 @@ fn service_ip(c: &Cluster, ns: &str, name: &str) -> String {
     ])
 }
 
-fn node_life_keeps_connections_and_rules_scenario() {
+#[test]
+fn node_life_keeps_connections_and_rules() {
     require_root();
     let (image, _) = our_image();
     let mut c = Cluster::start(3, &[image]);
@@ -779,62 +782,4 @@ fn canary_one_node_then_all_and_back(c: &Cluster, before: &realnode::traffic::Fl
         kubeadms,
         "kubeadm's objects as they were, update strategy and image included"
     );
-}
-
-/// The three scenarios in turn, each even when one before it failed (a cluster takes most of
-/// the machine: one at a time); the failures named at the end, their panics above.
-pub fn in_turn() {
-    let scenarios: [(&str, fn()); 3] = [
-        (
-            "deploy_as_shipped_passes_upstreams_e2e",
-            deploy_as_shipped_passes_upstreams_e2e_scenario,
-        ),
-        (
-            "migrate_from_upstream_in_place_and_back_with_live_traffic",
-            migrate_from_upstream_in_place_and_back_with_live_traffic_scenario,
-        ),
-        (
-            "node_life_keeps_connections_and_rules",
-            node_life_keeps_connections_and_rules_scenario,
-        ),
-    ];
-    let mut failed = Vec::new();
-    for (name, scenario) in scenarios {
-        let t0 = Instant::now();
-        let ok = std::panic::catch_unwind(scenario).is_ok();
-        eprintln!(
-            "real nodes: {name}: {} in {:?}",
-            if ok { "passed" } else { "FAILED" },
-            t0.elapsed()
-        );
-        if !ok {
-            failed.push(name);
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "real-node scenarios failed: {failed:?} (their panics are above)"
-    );
-}
-
-/// Each scenario alone: `cargo test --test suite real_nodes::one::NAME -- --ignored`. The test
-/// command runs all three through [`in_turn`].
-mod one {
-    #[test]
-    #[ignore = "run by all_real_node_scenarios_in_turn"]
-    fn deploy_as_shipped_passes_upstreams_e2e() {
-        super::deploy_as_shipped_passes_upstreams_e2e_scenario();
-    }
-
-    #[test]
-    #[ignore = "run by all_real_node_scenarios_in_turn"]
-    fn migrate_from_upstream_in_place_and_back_with_live_traffic() {
-        super::migrate_from_upstream_in_place_and_back_with_live_traffic_scenario();
-    }
-
-    #[test]
-    #[ignore = "run by all_real_node_scenarios_in_turn"]
-    fn node_life_keeps_connections_and_rules() {
-        super::node_life_keeps_connections_and_rules_scenario();
-    }
 }
