@@ -404,7 +404,9 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
             .unwrap()
     };
     let child = spawn(&["--config".as_ref(), cfg.as_os_str()]);
-    std::thread::sleep(std::time::Duration::from_millis(60));
+    // After it has read the file: an edit made earlier is simply what it loads (a fixed 60 ms
+    // after `ip netns exec` was not enough on a loaded machine).
+    wait_started(child.id(), true);
     std::fs::write(
         &cfg,
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\noomScoreAdj: 7\n",
@@ -420,6 +422,8 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
     assert!(err.contains("configuration file changed"), "{err}");
     for delay_ms in [50u64, 150, 400] {
         let child = spawn(&[]);
+        // Counted from the exec: a SIGTERM before it would end `ip netns exec` instead.
+        wait_started(child.id(), false);
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         // `ip netns exec` execs the proxy in place: the child's pid is the daemon's.
         #[allow(unsafe_code)]
@@ -441,6 +445,34 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits, 20 s at most, until `pid` is the daemon (`ip netns exec` has exec'd it) and, with
+/// `configured`, has opened a socket, which it does only after reading its configuration.
+fn wait_started(pid: u32, configured: bool) {
+    let t0 = std::time::Instant::now();
+    let proxy = netlink_tests::cluster::proxy_bin();
+    loop {
+        let is_daemon = std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == proxy);
+        let has_socket = || {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                })
+        };
+        if is_daemon && (!configured || has_socket()) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "pid {pid} did not become the started daemon within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 #[test]
