@@ -1,7 +1,7 @@
 //! The differential flow table shared by the data-path oracle tests: upstream kube-proxy
 //! (built from its Go module) on a twin namespace cluster beside ours, one table of flows
 //! through both, outcomes compared (`tests/upstream_differential.rs` against a real
-//! kube-apiserver; `tests/systems/ipvs.rs` in the VM, for IPVS mode, against two of our fake API
+//! kube-apiserver; `tests/ipvs.rs` in the VM, for IPVS mode, against two of our fake API
 //! servers serving the same objects).
 
 use std::collections::BTreeSet;

@@ -1,6 +1,6 @@
 //! Upstream's e2e suite against three real nodes running a proxy, the one documented command
 //! for the full proxy focus (CI runs the Services conformance specs and the kube-proxy ones
-//! in `tests/systems/real_nodes.rs`):
+//! in `tests/real_nodes.rs`):
 //!
 //! ```text
 //! cargo xtask image && netlink-tests/upstream/build.sh --node
