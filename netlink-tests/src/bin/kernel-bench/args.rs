@@ -177,6 +177,24 @@ impl std::fmt::Display for ArgsError {
     }
 }
 
+/// The optional count (seconds, minutes) and `NxE` shape after `flag`, in either order:
+/// 60 and 10k × [`EPS`] when not given.
+fn count_and_shape(args: &[String], flag: &str) -> (u64, Shape) {
+    let rest: Vec<&str> = args
+        .iter()
+        .skip_while(|a| *a != flag)
+        .skip(1)
+        .take(2)
+        .map(String::as_str)
+        .collect();
+    let count = rest.iter().find_map(|v| v.parse().ok()).unwrap_or(60);
+    let shape = rest.iter().find_map(|v| Shape::parse(v)).unwrap_or(Shape {
+        services: 10_000,
+        endpoints: EPS,
+    });
+    (count, shape)
+}
+
 /// Parses the arguments (without the program name). One mode flag is expected; given
 /// several, the first of this order wins: IPVS, daemon, scale, partial, latency,
 /// conntrack, side-by-side shape, churn, side by side.
@@ -232,39 +250,15 @@ pub fn parse(args: &[String]) -> Result<Args, ArgsError> {
             ours_only,
         }
     } else if has("--churn-only") {
-        let rest: Vec<&str> = args
-            .iter()
-            .skip_while(|a| *a != "--churn-only")
-            .skip(1)
-            .take(2)
-            .map(String::as_str)
-            .collect();
-        Mode::Churn {
-            secs: rest.first().and_then(|v| v.parse().ok()).unwrap_or(60),
-            shape: rest.iter().find_map(|v| Shape::parse(v)).unwrap_or(Shape {
-                services: 10_000,
-                endpoints: EPS,
-            }),
-        }
+        let (secs, shape) = count_and_shape(args, "--churn-only");
+        Mode::Churn { secs, shape }
     } else if has("--data-path-only") {
         Mode::DataPath {
             services: after("--data-path-only").and_then(|v| v.parse().ok()),
         }
     } else if has("--soak") {
-        let rest: Vec<&str> = args
-            .iter()
-            .skip_while(|a| *a != "--soak")
-            .skip(1)
-            .take(2)
-            .map(String::as_str)
-            .collect();
-        Mode::Soak {
-            minutes: rest.first().and_then(|v| v.parse().ok()).unwrap_or(60),
-            shape: rest.iter().find_map(|v| Shape::parse(v)).unwrap_or(Shape {
-                services: 10_000,
-                endpoints: EPS,
-            }),
-        }
+        let (minutes, shape) = count_and_shape(args, "--soak");
+        Mode::Soak { minutes, shape }
     } else if has("--side-by-side-only") {
         Mode::SideBySide
     } else if has("--fleet-only") {
