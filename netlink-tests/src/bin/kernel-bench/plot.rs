@@ -35,7 +35,7 @@ pub fn draw(samples: &[Sample], path: &std::path::Path) -> Result<(), String> {
         ("sync duration p99 (s)", Box::new(|s| s.sync_p99)),
         (
             "network programming latency p99 (s)",
-            Box::new(|s| crate::soak::quantile(&s.latencies, 0.99)),
+            Box::new(|s| crate::side_by_side::quantile(&s.latencies, 0.99)),
         ),
         ("conntrack entries", Box::new(|s| Some(s.conntrack as f64))),
         (

@@ -24,7 +24,7 @@ use netlink_tests::ns::NetNs;
 use crate::args::Shape;
 use crate::churn::{histogram_quantile, logged_latencies, metric_buckets, patch_slices};
 use crate::procfs::usage;
-use crate::side_by_side::{create_workload, first_sync};
+use crate::side_by_side::{create_workload, first_sync, quantile};
 use crate::table::{Goal, Row, Table, Target, Unit};
 
 /// The soak's schedule: issue #50's hour (a sample and a tampering every minute, the API
@@ -129,13 +129,6 @@ pub const REPAIR_LIMIT: Duration = Duration::from_secs(10);
 /// last window's p99 latency within 1.2× the first's.
 const MEMORY_PERCENT: f64 = 5.0;
 const LATENCY_PERCENT: f64 = 20.0;
-
-/// The `q` quantile of `v` (nearest rank), None when empty.
-pub fn quantile(v: &[f64], q: f64) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[((q * v.len() as f64) as usize).min(v.len() - 1)])
-}
 
 /// Largest and smallest of `v`.
 fn range(v: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
