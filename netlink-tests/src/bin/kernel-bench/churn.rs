@@ -254,8 +254,7 @@ pub async fn patch_slices(
 /// Each network programming latency (seconds) ours logged from byte `from` of its `log` on:
 /// one `latencies_ms="..."` field per sync.
 pub fn logged_latencies(log: &std::path::Path, from: usize) -> Vec<f64> {
-    let text = std::fs::read(log).unwrap_or_default();
-    String::from_utf8_lossy(text.get(from..).unwrap_or_default())
+    log_since(log, from)
         .lines()
         .filter_map(|l| l.split("latencies_ms=").nth(1))
         .flat_map(|v| {
@@ -266,6 +265,12 @@ pub fn logged_latencies(log: &std::path::Path, from: usize) -> Vec<f64> {
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+/// Ours' log from byte `from` on.
+pub fn log_since(log: &std::path::Path, from: usize) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    String::from_utf8_lossy(text.get(from..).unwrap_or_default()).into_owned()
 }
 
 #[cfg(test)]

@@ -393,7 +393,10 @@ pub fn soak_rows(table: &mut Table, minutes: u64, shape: Shape) {
         "--proxy-mode",
         "nftables",
     ];
-    let log_filter = "info,network_programming=debug,kube_nlproxy::proxy::runner=debug";
+    // `synced` (hooks, debug) says whether each sync was full and how long it took: what an
+    // unrepaired tampering's report shows.
+    let log_filter =
+        "info,network_programming=debug,kube_nlproxy::proxy::runner=debug,kube_nlproxy::app::hooks=debug";
     let mut ours = crate::side_by_side::spawn_ours_logging(&a.node, &args, &cp.dir, log_filter);
     first_sync(&a.node, ours.id(), "ours").expect("ours' first sync");
     let log = cp.dir.join("ours.log");
@@ -801,11 +804,17 @@ impl Run<'_> {
             };
             (Box::new(list), "the services chain".to_string())
         };
-        let t0 = Instant::now();
+        let (t0, logged) = (Instant::now(), log_len(self.log));
         while !undone() {
             if t0.elapsed() > REPAIR_LIMIT {
                 out.unrepaired += 1;
-                eprintln!("soak: ours did not undo the tampering of {how} in {REPAIR_LIMIT:?}");
+                eprintln!("soak: ours did not undo the tampering of {how} in {REPAIR_LIMIT:?}; ours' log since:");
+                for line in crate::churn::log_since(self.log, logged)
+                    .lines()
+                    .filter(|l| !l.contains("network_programming"))
+                {
+                    eprintln!("soak:   {line}");
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
