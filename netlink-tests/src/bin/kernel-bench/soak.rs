@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
+use kube_nlproxy::kernel::nft::netlink::NetlinkNftables;
+use kube_nlproxy::kernel::nft::Family;
 use netlink_tests::backend::{tcp_backend, udp_backend, OpenConn};
 use netlink_tests::cluster::Cluster;
 use netlink_tests::controlplane::ControlPlane;
@@ -756,15 +758,19 @@ impl Run<'_> {
         (sample, (m, len))
     }
 
-    /// Deletes one `service-ips` element or flushes the `services` chain (in turn) and
-    /// waits for ours to undo it.
+    /// Deletes one `service-ips` element or flushes the `services` chain (in turn, with
+    /// `nft`, as someone else would) and waits for ours to undo it. The undo is looked for
+    /// over netlink, one set or one chain at a time: `nft get element` and `nft list chain`
+    /// load their whole cache first, which at 10k × 10 under churn restarted whenever the
+    /// ruleset's generation moved and ran for over 40 s at 50% of a core (an hour's run
+    /// was stopped on it).
     fn tamper(&self, out: &mut Outcome) {
         let k = out.tamperings as usize;
         out.tamperings += 1;
         let (name, ip) = &self.cluster_ips[(k * 37) % self.cluster_ips.len()];
-        let element = format!("{{ {ip} . tcp . 80 }}");
         let nft = |args: &[&str]| self.ns.output("nft", args);
-        let (undone, how): (Box<dyn Fn() -> bool>, String) = if k.is_multiple_of(2) {
+        let tampering = if k.is_multiple_of(2) {
+            let element = format!("{{ {ip} . tcp . 80 }}");
             let del = nft(&[
                 "delete",
                 "element",
@@ -777,35 +783,24 @@ impl Run<'_> {
                 del.status.success(),
                 "nft delete element {element} ({name}): {del:?}"
             );
-            let get = move || {
-                nft(&[
-                    "get",
-                    "element",
-                    "ip",
-                    "kube-nlproxy",
-                    "service-ips",
-                    &element,
-                ])
-                .status
-                .success()
-            };
-            (Box::new(get), format!("{name}'s service-ips element"))
+            Tampering::Element(ip.parse().expect("a ClusterIP"))
         } else {
             let flush = nft(&["flush", "chain", "ip", "kube-nlproxy", "services"]);
             assert!(
                 flush.status.success(),
                 "nft flush chain services: {flush:?}"
             );
-            let list = move || {
-                String::from_utf8_lossy(
-                    &nft(&["list", "chain", "ip", "kube-nlproxy", "services"]).stdout,
-                )
-                .contains("vmap @service-ips")
-            };
-            (Box::new(list), "the services chain".to_string())
+            Tampering::Chain
         };
+        let how = match tampering {
+            Tampering::Element(_) => format!("{name}'s service-ips element"),
+            Tampering::Chain => "the services chain".to_string(),
+        };
+        let mut kernel = self
+            .ns
+            .run(|| NetlinkNftables::open().expect("an nftables socket"));
         let (t0, logged) = (Instant::now(), log_len(self.log));
-        while !undone() {
+        while !tampering.undone(&mut kernel) {
             if t0.elapsed() > REPAIR_LIMIT {
                 out.unrepaired += 1;
                 eprintln!("soak: ours did not undo the tampering of {how} in {REPAIR_LIMIT:?}; ours' log since:");
@@ -837,6 +832,34 @@ impl Run<'_> {
             t0.elapsed()
         );
     }
+}
+
+/// What the soak did to ours' table.
+enum Tampering {
+    /// The `service-ips` element of this ClusterIP's TCP port 80 deleted.
+    Element(Ipv4Addr),
+    /// The `services` chain flushed.
+    Chain,
+}
+
+impl Tampering {
+    /// Whether ours has put back what was taken (a listing error reads as not yet).
+    fn undone(&self, kernel: &mut NetlinkNftables) -> bool {
+        match self {
+            Tampering::Element(ip) => kernel
+                .list_elements(Family::Ip, "kube-nlproxy", "service-ips")
+                .is_ok_and(|els| els.iter().any(|e| is_tcp_80_of(&e.key, *ip))),
+            Tampering::Chain => kernel
+                .list_chain_rules(Family::Ip, "kube-nlproxy", "services")
+                .is_ok_and(|rules| !rules.is_empty()),
+        }
+    }
+}
+
+/// Whether a `service-ips` key (`ipv4_addr . inet_proto . inet_service`, each field in a
+/// 4-byte register) is `ip`, TCP, port 80.
+fn is_tcp_80_of(key: &[u8], ip: Ipv4Addr) -> bool {
+    key.len() >= 10 && key[..4] == ip.octets() && key[4] == 6 && key[8..10] == 80u16.to_be_bytes()
 }
 
 /// The length of ours' log now.
@@ -1012,6 +1035,19 @@ mod tests {
         };
         assert_eq!(run(1.1), Some(true));
         assert_eq!(run(1.3), Some(false));
+    }
+
+    #[test]
+    fn a_service_ips_key_is_read_field_by_register() {
+        let ip = Ipv4Addr::new(10, 96, 0, 7);
+        let key = [10, 96, 0, 7, 6, 0, 0, 0, 0, 80, 0, 0];
+        assert!(is_tcp_80_of(&key, ip));
+        assert!(!is_tcp_80_of(&key, Ipv4Addr::new(10, 96, 0, 8)));
+        let udp = [10, 96, 0, 7, 17, 0, 0, 0, 0, 80, 0, 0];
+        assert!(!is_tcp_80_of(&udp, ip));
+        let port_81 = [10, 96, 0, 7, 6, 0, 0, 0, 0, 81, 0, 0];
+        assert!(!is_tcp_80_of(&port_81, ip));
+        assert!(!is_tcp_80_of(&key[..8], ip));
     }
 
     #[test]
