@@ -39,13 +39,14 @@ aarch64-unknown-linux-gnu` and Debian's gcc-aarch64-linux-gnu and libc6-dev-arm6
   --arch LIST         the platforms (default amd64,arm64)
   --binary ARCH=FILE  use this statically linked binary for ARCH instead of building one
 
-usage: cargo xtask fuzz [--seconds N] [--jobs J] [--only NAME,...]
+usage: cargo xtask fuzz [--seconds N] [--jobs J] [--only NAME,...] [--build-only]
 
 Builds fuzz/'s libFuzzer targets with coverage instrumentation (no cargo-fuzz or nightly
 needed) and runs each for N seconds (default 60) over
 target/fuzz/corpus/NAME and fuzz/regressions/NAME; prints executions and coverage per
 target, J targets at a time (default 1). Fails on the first input that panics, hangs (10 s) or passes 2 GiB of memory: it is
-left in target/fuzz/artifacts/NAME/ (copy it into fuzz/regressions/NAME/ with the fix).";
+left in target/fuzz/artifacts/NAME/ (copy it into fuzz/regressions/NAME/ with the fix).
+--build-only builds the targets and runs none (CI builds them beside the tests).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -136,6 +137,7 @@ fn fuzz_task(args: &[String]) -> Result<(), String> {
     let mut seconds = 60u64;
     let mut jobs = 1usize;
     let mut only: Option<Vec<String>> = None;
+    let mut build_only = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut value = |flag: &str| {
@@ -161,6 +163,7 @@ fn fuzz_task(args: &[String]) -> Result<(), String> {
                     .ok_or_else(|| format!("--jobs {v:?}: want 1 to 64"))?;
             }
             "--only" => only = Some(value(a)?.split(',').map(str::to_string).collect()),
+            "--build-only" => build_only = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -188,6 +191,10 @@ fn fuzz_task(args: &[String]) -> Result<(), String> {
         targets.retain(|t| only.contains(t));
     }
     let bin_dir = fuzz::build(&root)?;
+    if build_only {
+        println!("fuzz targets built in {}", bin_dir.display());
+        return Ok(());
+    }
     let (stats, failures) = fuzz::run_all(&root, &bin_dir, &targets, seconds, jobs);
     print!("{}", fuzz::render(&stats));
     if failures.is_empty() {

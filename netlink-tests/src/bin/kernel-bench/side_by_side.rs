@@ -314,11 +314,12 @@ pub fn create_workload(cp: &ControlPlane, node: &NetNs, shape: Shape) {
         endpoints: eps,
     } = shape;
     let t_create = Instant::now();
-    // Each admin session's calls are bounded to 60 s.
+    // Each admin session's calls are bounded to 300 s: 1000 creates took ~31 s here, and
+    // once over 60 s (the soak's bring-up, its API server freshly started).
     let per_session = 1000;
     for chunk in (0..n).collect::<Vec<_>>().chunks(per_session) {
         let (chunk, per) = (chunk.to_vec(), eps);
-        cp.with_admin(node, move |client| {
+        cp.with_admin_within(node, Duration::from_secs(300), move |client| {
             Box::pin(async move {
                 use futures::StreamExt;
                 let svcs = Api::<Service>::namespaced(client.clone(), "default");
