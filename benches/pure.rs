@@ -128,7 +128,12 @@ fn benches(c: &mut Criterion) {
     });
     let snap = snapshot(10_000, 10);
     g.bench_function("model from 10k Services and 10k EndpointSlices", |b| {
-        b.iter(|| build_state(&snap, "node1").0.services.len())
+        b.iter(|| {
+            build_state(&snap, "node1", &Default::default())
+                .0
+                .services
+                .len()
+        })
     });
     // What the API source does per change: assemble the state from each object's
     // conversion, kept since it arrived.
@@ -136,15 +141,15 @@ fn benches(c: &mut Criterion) {
     let ports: Vec<_> = snap
         .services
         .iter()
-        .flat_map(|s| convert_service(s, &mut w))
+        .flat_map(|s| convert_service(s, &Default::default(), &mut w))
         .map(std::sync::Arc::new)
         .collect();
     let slices: Vec<_> = snap
         .endpoint_slices
         .iter()
-        .map(|s| convert_slice(s, "node1", &mut w))
+        .map(|s| convert_slice(s, "node1", &Default::default(), &mut w))
         .collect();
-    let node = build_state(&snap, "node1").0.node;
+    let node = build_state(&snap, "node1", &Default::default()).0.node;
     g.bench_function(
         "state assembled from 10k converted Services and slices",
         |b| {

@@ -173,7 +173,7 @@ pub fn watch_event(data: &[u8]) {
         2 => snap.node = decoded::<Node>(json, list).into_iter().next(),
         _ => snap.service_cidrs = decoded::<ServiceCIDR>(json, list),
     }
-    let _ = build_state(&snap, NODE);
+    let _ = build_state(&snap, NODE, &Default::default());
 }
 
 /// A protobuf response from the API server, as the protobuf watcher reads it, then
@@ -191,7 +191,7 @@ pub fn protobuf_event(data: &[u8]) {
         2 => snap.node = protobuf_decoded::<Node>(body, list).into_iter().next(),
         _ => snap.service_cidrs = protobuf_decoded::<ServiceCIDR>(body, list),
     }
-    let _ = build_state(&snap, NODE);
+    let _ = build_state(&snap, NODE, &Default::default());
 }
 
 fn protobuf_decoded<K: ProtobufKind>(body: &[u8], list: bool) -> Vec<K> {
@@ -253,7 +253,7 @@ pub fn manifest(data: &[u8]) {
         &mut snap,
         &mut warnings,
     );
-    let _ = build_state(&snap, NODE);
+    let _ = build_state(&snap, NODE, &Default::default());
 }
 
 /// The `--config` file: decoded alone, then merged with no flags, validated and resolved as

@@ -66,7 +66,7 @@ fn example_state() -> ProxyState {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
     let (snap, w) = manifest::load(&path, "node1").unwrap();
     assert!(w.is_empty(), "{w:?}");
-    build_state(&snap, "node1").0
+    build_state(&snap, "node1", &Default::default()).0
 }
 
 fn compare(kernel: &mut NetlinkNftables, fake: &mut FakeNftables, when: &str) {

@@ -38,9 +38,23 @@ pub(super) fn open_mode(
         proxier: p,
         link: None,
     };
-    if kernel.is_some() {
+    // Beside kube-proxy (`--service-proxy-name`) its rules, tables, ipsets and IPVS
+    // virtual servers are the other proxy's working state, never leftovers.
+    let beside_kube_proxy = cfg.service_selection.proxy_name().is_some();
+    if beside_kube_proxy && kernel.is_some() {
+        tracing::info!(
+            proxy_name = cfg.service_selection.proxy_name(),
+            "serving only the Services labelled with this proxy name; kube-proxy's rules are left alone"
+        );
+    }
+    if kernel.is_some() && !beside_kube_proxy {
         leftovers::remove_upstream();
     }
+    let drain_ipvs_leftovers = |opts: &_, ipvs: &_, once| {
+        if !beside_kube_proxy {
+            drain_ipvs_leftovers(opts, ipvs, once);
+        }
+    };
     Ok(match (cfg.mode, kernel) {
         (ProxyMode::Nftables, None) => Opened::DryRun(nftables::dry_run(&opts, state)?),
         (ProxyMode::Nftables, Some((nft, conntrack))) => {

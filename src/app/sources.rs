@@ -53,11 +53,14 @@ impl Sources {
         let task = match cfg.manifests.clone() {
             Some(path) => {
                 let mut cache = ManifestCache::new();
-                let state = load_state(&mut cache, &path, &cfg.node_name)?;
+                let scope = kube_source::Scope {
+                    node: cfg.node_name.clone(),
+                    selection: cfg.service_selection.clone(),
+                };
+                let state = load_state(&mut cache, &path, &scope)?;
                 tx.send_replace(Some(Arc::new(state)));
-                let node = cfg.node_name.clone();
                 tokio::spawn(async move {
-                    watch_manifests(cache, path, node, tx).await;
+                    watch_manifests(cache, path, scope, tx).await;
                     SourceEnd::Closed
                 })
             }
@@ -82,7 +85,10 @@ impl Sources {
                 );
                 tokio::spawn(kube_source::run(
                     kube_source::ApiClient { client, accept },
-                    cfg.node_name.clone(),
+                    kube_source::Scope {
+                        node: cfg.node_name.clone(),
+                        selection: cfg.service_selection.clone(),
+                    },
                     tx,
                     cfg.config_sync_period,
                     cfg.min_sync_period,
@@ -143,9 +149,13 @@ async fn kube_client(cfg: &Config) -> Result<kube::Client, AppError> {
         .map_err(AppError::Kube)
 }
 
-fn load_state(cache: &mut ManifestCache, path: &Path, node: &str) -> Result<ProxyState, AppError> {
-    let (snap, warnings) = cache.load(path, node)?;
-    let (state, objects) = build_state(&snap, node);
+fn load_state(
+    cache: &mut ManifestCache,
+    path: &Path,
+    scope: &kube_source::Scope,
+) -> Result<ProxyState, AppError> {
+    let (snap, warnings) = cache.load(path, &scope.node)?;
+    let (state, objects) = build_state(&snap, &scope.node, &scope.selection);
     for w in warnings {
         tracing::warn!(problem = %w, "manifest content skipped");
     }
@@ -177,7 +187,7 @@ fn relay_without_external_ips(
 async fn watch_manifests(
     mut cache: ManifestCache,
     path: PathBuf,
-    node: String,
+    scope: kube_source::Scope,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
 ) {
     let mut fp = manifest::fingerprint(&path);
@@ -188,7 +198,7 @@ async fn watch_manifests(
             continue;
         }
         fp = now;
-        match load_state(&mut cache, &path, &node) {
+        match load_state(&mut cache, &path, &scope) {
             Ok(s) => {
                 tracing::info!(path = %path.display(), "manifests changed");
                 let _ = tx.send(Some(Arc::new(s)));

@@ -75,6 +75,8 @@ pub struct StateTool {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub manifests: Option<PathBuf>,
+    /// `--service-proxy-name`: the Services ours serves.
+    pub service_selection: crate::source::convert::ServiceSelection,
     pub kubeconfig: Option<PathBuf>,
     /// `clientConnection.contentType` and `acceptContentTypes`: the API client's `Accept`.
     pub content_type: String,

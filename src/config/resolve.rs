@@ -40,6 +40,8 @@ pub(super) fn resolve(loaded: Loaded, gates: gates::FeatureGates) -> Result<Conf
     let mut rules = resolve_rules(&o, &kp, mode, &gates, &namer)?;
     rules.proxier.load_balancing = resolve_load_balancing(&o, &kp, mode, &mut warnings)?;
     let master = resolve_master(&o)?;
+    let service_selection = resolve_service_selection(&o, mode, &mut warnings)?;
+    rules.proxier.drop_unallocated = service_selection.proxy_name().is_none();
     let healthz_bind_address =
         resolve_server("healthzBindAddress", &kp.healthz_bind_address, &namer)?;
     let metrics_bind_address =
@@ -58,6 +60,7 @@ pub(super) fn resolve(loaded: Loaded, gates: gates::FeatureGates) -> Result<Conf
         config_path,
         config_bytes,
         manifests: o.manifests,
+        service_selection,
         kubeconfig: non_empty(Some(kp.client_connection.kubeconfig.clone())).map(Into::into),
         content_type: kp.client_connection.content_type.clone(),
         accept_content_types: kp.client_connection.accept_content_types.clone(),
@@ -193,6 +196,8 @@ fn resolve_rules(
         local_detector: local_detector(&detect_local),
         nodeport_addresses,
         service_cidrs,
+        // Upstream's; `--service-proxy-name` turns it off (resolved after this).
+        drop_unallocated: true,
         // Upstream's iptables mode (also what an empty mode means); whether the kernel is
         // liberal is read once the conntrack tuning is applied.
         drop_invalid: kp.mode == "iptables",
@@ -232,6 +237,33 @@ fn resolve_load_balancing(
         ));
     }
     Ok(lb)
+}
+
+/// `--service-proxy-name`: a label value, or empty for upstream's selection. Beside
+/// kube-proxy no address of the service CIDRs is dropped as unallocated (the other proxy's
+/// ClusterIPs are in them): `--service-cidrs` is then said to have no effect.
+/// IPVS mode is refused: ours would share `kube-ipvs0` and the IPVS table with kube-proxy's
+/// IPVS mode and take its virtual servers for stale ones of its own.
+fn resolve_service_selection(
+    o: &CliOptions,
+    mode: ProxyMode,
+    warnings: &mut Vec<String>,
+) -> Result<crate::source::convert::ServiceSelection, ConfigError> {
+    let selection =
+        crate::source::convert::ServiceSelection::from_flag(o.service_proxy_name.trim())
+            .map_err(|why| bad("--service-proxy-name", why))?;
+    if selection.proxy_name().is_some() && mode == ProxyMode::Ipvs {
+        return Err(bad(
+            "--service-proxy-name",
+            "not in ipvs mode, whose kube-ipvs0 link and virtual servers kube-proxy's ipvs mode would share; run ours in nftables or iptables mode beside kube-proxy",
+        ));
+    }
+    if selection.proxy_name().is_some() && o.given("service-cidrs") {
+        warnings.push(
+            "--service-cidrs has no effect with --service-proxy-name: beside kube-proxy, no address of the service CIDRs is dropped as unallocated".into(),
+        );
+    }
+    Ok(selection)
 }
 
 /// `--service-cidrs`: comma-separated CIDRs.

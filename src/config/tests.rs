@@ -1123,3 +1123,50 @@ fn reset_dead_endpoint_connections_is_off_by_default_and_warned_where_it_cannot_
         assert!(warned(&c), "{mode}: {:?}", c.warnings);
     }
 }
+
+/// `--service-proxy-name` (issue #55): upstream's selection when empty; a label value
+/// otherwise, with no unallocated-ClusterIP drop (kube-proxy's ClusterIPs share the CIDRs);
+/// not in ipvs mode; a bad value is one line naming the flag.
+#[test]
+fn service_proxy_name_selects_a_label_value_beside_kube_proxy() {
+    use crate::source::convert::ServiceSelection;
+    let c = run(&["--service-cidrs", "10.96.0.0/16"]).unwrap();
+    assert_eq!(c.service_selection, ServiceSelection::Unlabelled);
+    assert!(c.proxier.drop_unallocated);
+    for mode in ["iptables", "nftables", "userspace"] {
+        let c = run(&["--service-proxy-name", "kube-nlproxy", "--proxy-mode", mode]).unwrap();
+        assert_eq!(
+            c.service_selection.proxy_name(),
+            Some("kube-nlproxy"),
+            "{mode}"
+        );
+        assert!(!c.proxier.drop_unallocated, "{mode}");
+        assert!(c.warnings.is_empty(), "{mode}: {:?}", c.warnings);
+    }
+    let c = run(&[
+        "--service-proxy-name=kube-nlproxy",
+        "--service-cidrs=10.96.0.0/16",
+    ])
+    .unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("--service-cidrs has no effect with --service-proxy-name")),
+        "{:?}",
+        c.warnings
+    );
+    let e = run(&["--service-proxy-name", "not/a-label"])
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "invalid --service-proxy-name: \"not/a-label\": a label value has only letters, digits, '-', '_' and '.'"
+    );
+    let e = run(&["--service-proxy-name=x", "--proxy-mode=ipvs"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("invalid --service-proxy-name: not in ipvs mode"),
+        "{e}"
+    );
+}

@@ -215,6 +215,10 @@ pub struct ProxierConfig {
     /// Service CIDRs known besides the ServiceCIDR objects (`--service-cidrs`); a sync uses
     /// the union of both.
     pub service_cidrs: Vec<Cidr>,
+    /// Drop new connections to the service CIDRs' unallocated addresses (upstream's). Off
+    /// beside kube-proxy (`--service-proxy-name`): the ClusterIPs of the Services it serves
+    /// are in the same CIDRs and unknown to ours.
+    pub drop_unallocated: bool,
     /// Drop forwarded packets that conntrack marks INVALID, counting them (upstream's
     /// iptables mode when `nf_conntrack_tcp_be_liberal` reads 0 once the conntrack tuning is
     /// applied; kubernetes#74839, #117924). Its nftables and IPVS modes never do.
@@ -239,6 +243,7 @@ impl Default for ProxierConfig {
             local_detector: LocalDetector::None,
             nodeport_addresses: NodePortAddresses::all(),
             service_cidrs: Vec::new(),
+            drop_unallocated: true,
             drop_invalid: false,
             loopback_nodeports: LoopbackPolicy::default(),
             localnet_guard: false,

@@ -9,7 +9,7 @@ proptest! {
         let mut snap = crate::source::convert::Snapshot::default();
         let mut w = Vec::new();
         crate::source::manifest::parse_manifest(&text, "f", "n", &mut snap, &mut w);
-        let _ = crate::source::convert::build_state(&snap, "n");
+        let _ = crate::source::convert::build_state(&snap, "n", &Default::default());
     }
 
     #[test]
@@ -17,7 +17,7 @@ proptest! {
         let y = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: s}}\nspec:\n  clusterIP: '{ip}'\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {{clientIP: {{timeoutSeconds: {timeout}}}}}\n  healthCheckNodePort: {hc}\n  ports: [{{port: {port}, nodePort: {node_port}, protocol: '{proto}'}}]\n");
         let svc: k8s_openapi::api::core::v1::Service = crate::source::yaml::from_str(&y).unwrap();
         let mut w = Vec::new();
-        for sp in crate::source::convert::convert_service(&svc, &mut w) {
+        for sp in crate::source::convert::convert_service(&svc, &Default::default(), &mut w) {
             prop_assert!(sp.port > 0);
         }
     }

@@ -161,6 +161,7 @@ pub mod cli {
     pub const RESET_DEAD_ENDPOINT_CONNECTIONS: Flag<bool> =
         Flag::new("reset-dead-endpoint-connections");
     pub const LOAD_BALANCING: Flag<String> = Flag::new("load-balancing");
+    pub const SERVICE_PROXY_NAME: Flag<String> = Flag::new("service-proxy-name");
     pub const ONCE: Flag<bool> = Flag::new("once");
     pub const DRY_RUN: Flag<bool> = Flag::new("dry-run");
 }

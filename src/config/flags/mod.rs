@@ -214,6 +214,7 @@ pub const FLAGS: &[FlagSpec] = &[
     ours("masquerade-bit", Int32, "The masquerade mark bit of the running mode, over the file and --iptables-masquerade-bit."),
     ours("sync-period", Duration, "The running mode's sync period, over the file and the mode's flag."),
     ours("min-sync-period", Duration, "The running mode's minimum sync period, over the file and the mode's flag."),
+    ours("service-proxy-name", Str, "Serve only the Services (and their EndpointSlices) labelled service.kubernetes.io/service-proxy-name=NAME, beside a kube-proxy that serves all the others; empty: every Service without that label, as kube-proxy."),
     ours("once", Bool, "Do one full sync and exit."),
     ours("dry-run", Bool, "Print the ruleset that would be programmed and exit, touching nothing."),
 ];

@@ -28,6 +28,8 @@ pub struct CliOptions {
     pub nftables_table: Option<String>,
     /// `--load-balancing`, unchecked.
     pub load_balancing: Option<String>,
+    /// `--service-proxy-name`, unchecked (empty when not given).
+    pub service_proxy_name: String,
     /// `--localhost-nodeports` (ours).
     pub localhost_nodeports: bool,
     /// Not `--no-conntrack-cleanup`.
@@ -54,6 +56,7 @@ impl CliOptions {
             service_cidrs: p.get(cli::SERVICE_CIDRS),
             nftables_table: p.get(cli::NFTABLES_TABLE),
             load_balancing: text(p.get(cli::LOAD_BALANCING)),
+            service_proxy_name: p.get(cli::SERVICE_PROXY_NAME).unwrap_or_default(),
             localhost_nodeports: p.get(cli::LOCALHOST_NODEPORTS).unwrap_or(false),
             conntrack_cleanup: !p.get(cli::NO_CONNTRACK_CLEANUP).unwrap_or(false),
             reset_dead_endpoint_connections: p

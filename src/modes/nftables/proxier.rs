@@ -318,6 +318,10 @@ pub(crate) fn resolved_config(opts: &crate::proxy::Options, state: &ProxyState) 
 /// `cfg` with the cluster's service CIDRs: the configured ones and those of its ServiceCIDR
 /// objects. They live in the base fragment, so a change makes the next sync a full one.
 fn with_service_cidrs(mut cfg: ProxierConfig, state: &ProxyState) -> ProxierConfig {
+    if !cfg.drop_unallocated {
+        cfg.service_cidrs.clear();
+        return cfg;
+    }
     cfg.service_cidrs
         .extend(state.service_cidrs.iter().copied());
     cfg.service_cidrs.sort();

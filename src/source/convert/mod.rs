@@ -4,6 +4,7 @@
 //! `slices.rs`; here are the Node and ServiceCIDRs, the whole state put together from them,
 //! and the service ports that claim one address.
 
+mod selection;
 mod service;
 mod slices;
 
@@ -14,6 +15,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::ServiceCIDR;
 
+pub use self::selection::ServiceSelection;
 pub use self::service::convert_service;
 pub use self::slices::merge_endpoints;
 pub use self::slices::{convert_slice, parse_rfc3339, SliceEndpoints, ANNOTATION_TRIGGER_TIME};
@@ -127,8 +129,13 @@ pub fn convert_node(
     info
 }
 
-/// Builds the whole model from a snapshot. Returns the state and the warnings to log.
-pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<ObjectWarning>) {
+/// Builds the whole model from a snapshot, of the Services and slices `selection` takes.
+/// Returns the state and the warnings to log.
+pub fn build_state(
+    snap: &Snapshot,
+    node_name: &str,
+    selection: &ServiceSelection,
+) -> (ProxyState, Vec<ObjectWarning>) {
     let mut warnings = Vec::new();
     let node = convert_node(snap.node.as_ref(), node_name, &mut warnings);
     let mut seen = std::collections::BTreeSet::new();
@@ -144,7 +151,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<ObjectW
             ));
         }
         ports.extend(
-            convert_service(svc, &mut warnings)
+            convert_service(svc, selection, &mut warnings)
                 .into_iter()
                 .map(Arc::new),
         );
@@ -157,7 +164,7 @@ pub fn build_state(snap: &Snapshot, node_name: &str) -> (ProxyState, Vec<ObjectW
     let slices: Vec<SliceEndpoints> = snap
         .endpoint_slices
         .iter()
-        .map(|s| convert_slice(s, node_name, &mut warnings))
+        .map(|s| convert_slice(s, node_name, selection, &mut warnings))
         .collect();
     let state = assemble(node, ports.iter(), slices.iter(), cidrs);
     warnings.extend(collisions(&state));
@@ -284,6 +291,59 @@ mod tests {
         ))
     }
 
+    /// Upstream's selection and `--service-proxy-name` partition the Services, and each
+    /// takes exactly its Services' slices (the slices carry their Service's labels).
+    #[test]
+    fn a_selection_takes_its_services_and_their_slices_only() {
+        let svc = |name: &str, proxy: Option<&str>| -> Service {
+            let labels = proxy.map_or(String::new(), |p| {
+                format!(", labels: {{service.kubernetes.io/service-proxy-name: {p}}}")
+            });
+            parse(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns{labels}}}\nspec: {{clusterIP: 10.0.0.{}, ports: [{{port: 80}}]}}\n",
+                name.len()
+            ))
+        };
+        let slice = |name: &str, proxy: Option<&str>| -> EndpointSlice {
+            let label = proxy.map_or(String::new(), |p| {
+                format!(", service.kubernetes.io/service-proxy-name: {p}")
+            });
+            parse(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: ns, labels: {{kubernetes.io/service-name: {name}{label}}}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints: [{{addresses: [10.1.0.{}]}}]\n",
+                name.len()
+            ))
+        };
+        let snap = Snapshot {
+            services: vec![
+                svc("a", None),
+                svc("bb", Some("ours")),
+                svc("ccc", Some("theirs")),
+            ],
+            endpoint_slices: vec![
+                slice("a", None),
+                slice("bb", Some("ours")),
+                slice("ccc", Some("theirs")),
+            ],
+            ..Default::default()
+        };
+        let served = |sel: &ServiceSelection| {
+            let (st, w) = build_state(&snap, "n1", sel);
+            assert!(w.is_empty(), "{w:?}");
+            let names: Vec<String> = st.services.keys().map(|k| k.name.to_string()).collect();
+            let with_endpoints: Vec<String> = st
+                .endpoints
+                .iter()
+                .filter(|(_, eps)| !eps.is_empty())
+                .map(|(k, _)| k.name.to_string())
+                .collect();
+            (names, with_endpoints)
+        };
+        let upstreams = served(&ServiceSelection::default());
+        assert_eq!(upstreams, (vec!["a".to_string()], vec!["a".to_string()]));
+        let ours = served(&ServiceSelection::from_flag("ours").unwrap());
+        assert_eq!(ours, (vec!["bb".to_string()], vec!["bb".to_string()]));
+    }
+
     #[test]
     fn trigger_times_reach_every_port_of_their_service_only() {
         let svc = |name: &str, ports: &str| -> Service {
@@ -312,7 +372,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let (st, _) = build_state(&snap, "node1");
+        let (st, _) = build_state(&snap, "node1", &ServiceSelection::default());
         let mut got: Vec<(String, String)> = st
             .trigger_times
             .keys()
@@ -357,7 +417,7 @@ mod tests {
             node: None,
             ..Default::default()
         };
-        let (st, w) = build_state(&snap, "node1");
+        let (st, w) = build_state(&snap, "node1", &ServiceSelection::default());
         assert_eq!(
             st.services.len(),
             101,
@@ -390,7 +450,7 @@ mod tests {
             node: None,
             ..Default::default()
         };
-        let (st, w) = build_state(&snap, "n1");
+        let (st, w) = build_state(&snap, "n1", &ServiceSelection::default());
         let eps = st.endpoints.values().next().unwrap();
         assert_eq!(eps.len(), 2, "{eps:?}");
         assert!(eps[0].is_local && eps[0].ready);
@@ -409,14 +469,14 @@ mod tests {
             "  clusterIP: 10.0.0.1\n  ports: [{name: p, port: 80}, {name: q, port: 81}]\n",
         )]
         .iter()
-        .flat_map(|s| convert_service(s, &mut w))
+        .flat_map(|s| convert_service(s, &ServiceSelection::default(), &mut w))
         .map(Arc::new)
         .collect();
         let mut slice = |name: &str, eps: &str| -> SliceEndpoints {
             let o: EndpointSlice = parse(&format!(
                 "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: [{{name: p, port: 8080}}, {{name: q, port: 8081}}]\nendpoints: [{eps}]\n"
             ));
-            convert_slice(&o, "n1", &mut w)
+            convert_slice(&o, "n1", &ServiceSelection::default(), &mut w)
         };
         // One slice, its endpoints out of order and one listed twice (not ready, then ready).
         let one = [slice(
@@ -473,7 +533,7 @@ mod tests {
             services: vec![a, b, again],
             ..Default::default()
         };
-        let (_, w) = build_state(&snap, "n");
+        let (_, w) = build_state(&snap, "n", &ServiceSelection::default());
         let text = w
             .iter()
             .map(ToString::to_string)
@@ -514,7 +574,7 @@ mod tests {
             services: vec![a, b],
             ..Default::default()
         };
-        let (state, _) = build_state(&snap, "n");
+        let (state, _) = build_state(&snap, "n", &ServiceSelection::default());
         let c = crate::model::collisions::collisions_of(&state);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].owner.name, "b-older");

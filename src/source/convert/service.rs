@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort as ServicePortSpec, ServiceSpec};
 
-use super::{obj_name, parse_ip, ObjectWarnings, LABEL_SERVICE_PROXY_NAME};
+use super::{obj_name, parse_ip, ObjectWarnings, ServiceSelection};
 use crate::model::intern::{self, ArcStr};
 use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
@@ -22,14 +22,15 @@ pub const ANNOTATION_LOAD_BALANCING: &str = "kube-nlproxy.io/load-balancing";
 /// of range.
 const DEFAULT_AFFINITY_TIMEOUT: u32 = 10800;
 
-/// Converts one Service to its service ports. `Ok(vec![])` means "not ours to proxy".
-pub fn convert_service(svc: &Service, warnings: &mut Vec<ObjectWarning>) -> Vec<ServicePort> {
+/// Converts one Service to its service ports; none when it is not ours to proxy (another
+/// proxy's by `selection`, headless, ExternalName).
+pub fn convert_service(
+    svc: &Service,
+    selection: &ServiceSelection,
+    warnings: &mut Vec<ObjectWarning>,
+) -> Vec<ServicePort> {
     let meta = &svc.metadata;
-    if meta
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME))
-    {
+    if !selection.selects_service(meta.labels.as_ref()) {
         return vec![];
     }
     let mut warn = ObjectWarnings::new("Service", obj_name(&meta.namespace, &meta.name), warnings);
@@ -325,6 +326,7 @@ fn port_of<'a>(p: &'a ServicePortSpec, warn: &mut ObjectWarnings) -> Option<Chec
 mod tests {
     use super::*;
     use crate::source::convert::tests::{parse, svc};
+    use crate::source::convert::LABEL_SERVICE_PROXY_NAME;
 
     #[test]
     fn bad_ports_are_skipped_with_warnings_and_good_ones_kept() {
@@ -332,7 +334,7 @@ mod tests {
             "  clusterIP: 10.0.0.1\n  ports:\n  - {name: a, port: 0}\n  - {name: b, port: 70000}\n  - {name: c, port: 80, protocol: ICMP}\n  - {name: d, port: 81, protocol: UDP}\n",
         );
         let mut w = Vec::new();
-        let ports = convert_service(&s, &mut w);
+        let ports = convert_service(&s, &ServiceSelection::default(), &mut w);
         assert_eq!(ports.len(), 1);
         assert_eq!(ports[0].name.port, "d");
         assert_eq!(ports[0].name.protocol, Protocol::Udp);
@@ -348,24 +350,33 @@ mod tests {
     fn invalid_cluster_ip_skips_the_service() {
         let s = svc("  clusterIP: 10.0.0.300\n  ports: [{port: 80}]\n");
         let mut w = Vec::new();
-        assert!(convert_service(&s, &mut w).is_empty());
+        assert!(convert_service(&s, &ServiceSelection::default(), &mut w).is_empty());
         assert!(w[0].to_string().contains("invalid ClusterIP"), "{w:?}");
     }
 
     #[test]
     fn headless_external_name_and_other_proxies_produce_nothing() {
         let mut w = Vec::new();
-        assert!(
-            convert_service(&svc("  clusterIP: None\n  ports: [{port: 80}]\n"), &mut w).is_empty()
-        );
+        assert!(convert_service(
+            &svc("  clusterIP: None\n  ports: [{port: 80}]\n"),
+            &ServiceSelection::default(),
+            &mut w
+        )
+        .is_empty());
         assert!(convert_service(
             &svc("  type: ExternalName\n  externalName: x.example\n"),
+            &ServiceSelection::default(),
             &mut w
         )
         .is_empty());
         let mut s = svc("  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n");
         s.metadata.labels = Some([(LABEL_SERVICE_PROXY_NAME.to_string(), "x".to_string())].into());
-        assert!(convert_service(&s, &mut w).is_empty());
+        assert!(convert_service(&s, &ServiceSelection::default(), &mut w).is_empty());
+        // With `--service-proxy-name x` that one is ours, and an unlabelled one is not.
+        let x = ServiceSelection::from_flag("x").unwrap();
+        assert_eq!(convert_service(&s, &x, &mut w).len(), 1);
+        let unlabelled = svc("  clusterIP: 10.0.0.1\n  ports: [{port: 80}]\n");
+        assert!(convert_service(&unlabelled, &x, &mut w).is_empty());
         assert!(w.is_empty(), "these are not errors: {w:?}");
     }
 
@@ -378,7 +389,7 @@ mod tests {
             "loadBalancer: {ingress: [{ip: 5.6.7.8}, {ip: 9.9.9.9, ipMode: Proxy}]}",
         ));
         let mut w = Vec::new();
-        let p = &convert_service(&s, &mut w)[0];
+        let p = &convert_service(&s, &ServiceSelection::default(), &mut w)[0];
         assert_eq!(p.cluster_ips.len(), 2);
         assert!(p.external_policy_local && p.internal_policy_local);
         assert_eq!(p.affinity_timeout, Some(10800));
@@ -398,7 +409,7 @@ mod tests {
             s.metadata.annotations =
                 value.map(|v| [(ANNOTATION_LOAD_BALANCING.to_string(), v.to_string())].into());
             let mut w = Vec::new();
-            let ports = convert_service(&s, &mut w);
+            let ports = convert_service(&s, &ServiceSelection::default(), &mut w);
             let lb: Vec<_> = ports.iter().map(|p| p.load_balancing).collect();
             (lb, w)
         };
@@ -432,7 +443,7 @@ mod tests {
             "loadBalancer: {ingress: [{ip: 1.2.3.4, ipMode: Proxy}, {ip: 1.2.3.5, ipMode: VIP}, {ip: 1.2.3.6}]}",
         ));
         let mut w = Vec::new();
-        let p = &convert_service(&s, &mut w)[0];
+        let p = &convert_service(&s, &ServiceSelection::default(), &mut w)[0];
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(
             p.load_balancer_ips,

@@ -7,10 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::discovery::v1::{Endpoint as EndpointSpec, EndpointSlice};
 
-use super::{
-    obj_name, parse_ip, ObjectWarnings, LABEL_HEADLESS, LABEL_SERVICE_NAME,
-    LABEL_SERVICE_PROXY_NAME,
-};
+use super::{obj_name, parse_ip, ObjectWarnings, ServiceSelection, LABEL_SERVICE_NAME};
 use crate::model::intern::{self, ArcStr};
 use crate::model::warning::ObjectWarning;
 use crate::model::{Endpoint, Protocol, ServicePortName};
@@ -80,6 +77,7 @@ pub struct SliceEndpoints {
 pub fn convert_slice(
     slice: &EndpointSlice,
     node_name: &str,
+    selection: &ServiceSelection,
     warnings: &mut Vec<ObjectWarning>,
 ) -> SliceEndpoints {
     let meta = &slice.metadata;
@@ -102,7 +100,7 @@ pub fn convert_slice(
             .and_then(|v| parse_rfc3339(v)),
         ports: Vec::new(),
     };
-    if label(LABEL_SERVICE_PROXY_NAME).is_some() || label(LABEL_HEADLESS).is_some() {
+    if !selection.selects_slice(labels) {
         return out;
     }
     let Some(svc_shared) = out.service.as_ref().map(|(_, s)| s.clone()) else {
@@ -238,7 +236,7 @@ mod tests {
         let o: EndpointSlice = parse(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints: [{addresses: [10.1.0.1]}]\n",
         );
-        let c = convert_slice(&o, "n1", &mut Vec::new());
+        let c = convert_slice(&o, "n1", &ServiceSelection::default(), &mut Vec::new());
         assert_eq!(c.ports.len(), 1);
         assert_eq!(c.ports.capacity(), c.ports.len());
     }
@@ -252,7 +250,7 @@ mod tests {
         );
         assert!(o.endpoints.is_none());
         let mut warnings = Vec::new();
-        let c = convert_slice(&o, "n1", &mut warnings);
+        let c = convert_slice(&o, "n1", &ServiceSelection::default(), &mut warnings);
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(c.ports.len(), 1);
         assert!(c.ports[0].1.is_empty(), "{:?}", c.ports[0].1);
@@ -267,8 +265,18 @@ mod tests {
                 "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.1.0.1]}}]\n"
             ))
         };
-        let a = convert_slice(&slice("a"), "n1", &mut Vec::new());
-        let b = convert_slice(&slice("b"), "n1", &mut Vec::new());
+        let a = convert_slice(
+            &slice("a"),
+            "n1",
+            &ServiceSelection::default(),
+            &mut Vec::new(),
+        );
+        let b = convert_slice(
+            &slice("b"),
+            "n1",
+            &ServiceSelection::default(),
+            &mut Vec::new(),
+        );
         let (sa, sb) = (&a.ports[0].0, &b.ports[0].0);
         assert!(ArcStr::ptr_eq(&sa.namespace, &sb.namespace));
         assert!(ArcStr::ptr_eq(&sa.port, &sb.port));
@@ -281,7 +289,7 @@ mod tests {
         let o: EndpointSlice = parse(
             "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: a, namespace: ns, labels: {kubernetes.io/service-name: s}}\naddressType: IPv4\nports: [{name: p, port: 8080}]\nendpoints:\n- {addresses: [10.1.0.1], hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}}\n- {addresses: [10.1.0.2]}\n",
         );
-        let c = convert_slice(&o, "n1", &mut Vec::new());
+        let c = convert_slice(&o, "n1", &ServiceSelection::default(), &mut Vec::new());
         let eps = &c.ports[0].1;
         assert_eq!(eps[0].zone_hints(), ["z1"]);
         assert_eq!(eps[0].node_hints(), ["n1"]);

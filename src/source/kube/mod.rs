@@ -29,7 +29,8 @@ use crate::model::net::Cidr;
 use crate::model::warning::ObjectWarning;
 use crate::model::{Lineage, NodeInfo, ProxyState, ServicePort, ServicePortName};
 use crate::source::convert::{
-    assemble, convert_node, convert_service, convert_service_cidr, convert_slice, SliceEndpoints,
+    assemble, convert_node, convert_service, convert_service_cidr, convert_slice, ServiceSelection,
+    SliceEndpoints,
 };
 
 mod events;
@@ -47,10 +48,13 @@ pub use list_watch::*;
 use pacer::*;
 pub use store::*;
 
-/// Upstream's selector for Services and EndpointSlices: not handed to another proxy, not
-/// headless.
-pub const SELECTOR: &str =
-    "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+/// What the API source watches: this node's Node and endpoints, and the Services (with
+/// their EndpointSlices) the selection takes.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub node: String,
+    pub selection: ServiceSelection,
+}
 
 /// An object's namespace and name: the namespace shared among objects (20k objects at 10k
 /// Services held ~20k copies of a handful of namespaces).
@@ -84,14 +88,15 @@ fn key_of<K: Resource>(o: &K) -> Key {
 /// [`WAIT_LOG_PERIOD`] meanwhile a line names what is still missing.
 pub async fn run(
     api: ApiClient,
-    node: String,
+    scope: Scope,
     tx: watch::Sender<Option<Arc<ProxyState>>>,
     resync: std::time::Duration,
     min_interval: std::time::Duration,
     wait_for_pod_cidrs: bool,
     events: Option<mpsc::UnboundedSender<Warning>>,
 ) -> super::SourceEnd {
-    let mut all = watch_streams(&api, &node, &events);
+    let mut all = watch_streams(&api, &scope, &events);
+    let node = scope.node;
     let mut stores = Stores::default();
     let mut first = FirstSyncWait::new(NodeWaits {
         node: NODE_WAIT,
@@ -253,24 +258,29 @@ fn state_now(stores: &mut Stores, node: &str, collisions: &mut CollisionTracker)
 /// sync).
 fn watch_streams(
     client: &ApiClient,
-    node: &str,
+    scope: &Scope,
     events: &Option<mpsc::UnboundedSender<Warning>>,
 ) -> futures::stream::BoxStream<'static, Vec<watcher::Result<Update>>> {
-    let cfg = watcher::Config::default().labels(SELECTOR);
+    let node = scope.node.as_str();
+    // The API server selects; the conversions test the labels again (they serve manifests
+    // too), so an object the selector let through by mistake is still left out.
+    let cfg = watcher::Config::default().labels(&scope.selection.label_selector());
+    let selection = scope.selection.clone();
     let svc = converted(
         "Service",
         list_and_watch::<Service>("Services", client, cfg.clone()),
         events,
-        service_ports,
+        move |o: &Service, w: &mut Vec<ObjectWarning>| service_ports(o, &selection, w),
         Update::Service,
     );
     // Endpoints on this node are marked local as they arrive.
     let here: ArcStr = node.into();
+    let selection = scope.selection.clone();
     let eps = converted(
         "EndpointSlice",
         list_and_watch::<EndpointSlice>("EndpointSlices", client, cfg),
         events,
-        move |o: &EndpointSlice, w: &mut Vec<ObjectWarning>| convert_slice(o, &here, w),
+        move |o: &EndpointSlice, w: &mut Vec<ObjectWarning>| convert_slice(o, &here, &selection, w),
         Update::Slice,
     );
     let nodes = converted(
@@ -549,13 +559,13 @@ mod tests {
         for o in &fx.services {
             s.apply(Update::Service(Change::InitApply(
                 key_of(o),
-                logged(|w| service_ports(o, w)),
+                logged(|w| service_ports(o, &ServiceSelection::default(), w)),
             )));
         }
         for o in &fx.endpoint_slices {
             s.apply(Update::Slice(Change::InitApply(
                 key_of(o),
-                logged(|w| convert_slice(o, node, w)),
+                logged(|w| convert_slice(o, node, &ServiceSelection::default(), w)),
             )));
         }
         for u in [
@@ -577,7 +587,8 @@ mod tests {
         let mut s = listed(&fx, node);
         let mut w = Vec::new();
         let from_stores = s.state(node, &mut w);
-        let (built, _) = crate::source::convert::build_state(&fx, node);
+        let (built, _) =
+            crate::source::convert::build_state(&fx, node, &ServiceSelection::default());
         assert_eq!(from_stores, built);
         let web: Vec<String> = built
             .endpoints
@@ -645,7 +656,7 @@ mod tests {
             .pop();
         s.apply(Update::Slice(Change::Apply(
             key_of(&web2),
-            logged(|w| convert_slice(&web2, node, w)),
+            logged(|w| convert_slice(&web2, node, &ServiceSelection::default(), w)),
         )));
         let second = s.publish(node, &mut w);
         assert_eq!(
@@ -664,7 +675,7 @@ mod tests {
         api.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].name = Some("https".into());
         s.apply(Update::Service(Change::Apply(
             key_of(&api),
-            logged(|w| service_ports(&api, w)),
+            logged(|w| service_ports(&api, &ServiceSelection::default(), w)),
         )));
         s.apply(Update::Slice(Change::Delete(key_of(
             &fx.endpoint_slices[0],
@@ -784,7 +795,7 @@ mod tests {
             "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}
         }))
         .unwrap();
-        let ports = logged(|w| service_ports(&svc, w));
+        let ports = logged(|w| service_ports(&svc, &ServiceSelection::default(), w));
         assert_eq!(ports.len(), 1);
         assert_eq!(ports.capacity(), ports.len());
     }
@@ -793,7 +804,7 @@ mod tests {
     fn an_undecodable_object_is_skipped_and_its_list_still_applies() {
         let before = UNDECODABLE_OBJECTS.get();
         let mut st: Store<Vec<Arc<ServicePort>>> = Store::default();
-        let ports = |s: &Service| logged(|w| service_ports(s, w));
+        let ports = |s: &Service| logged(|w| service_ports(s, &ServiceSelection::default(), w));
         for ev in [
             Event::Init,
             Event::InitApply(web(serde_json::json!(80))),

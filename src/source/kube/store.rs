@@ -576,9 +576,10 @@ pub(super) fn changed_names<V: Clone>(
 /// A Service's ports as the stores keep them: shared with every state assembled from them.
 pub(super) fn service_ports(
     o: &Service,
+    selection: &ServiceSelection,
     warnings: &mut Vec<ObjectWarning>,
 ) -> Vec<Arc<ServicePort>> {
-    let ports = convert_service(o, warnings);
+    let ports = convert_service(o, selection, warnings);
     // Not `collect()`: that reuses the list of ports in place, kept as long as the Service
     // is, and a lone port had been pushed into room for four (~770 bytes a Service, 7.3
     // MiB at 10k; heaptrack of the daemon, issue #18).

@@ -908,7 +908,7 @@ metadata: {name: node2}
         let (mut s, mut w) = (Snapshot::default(), Vec::new());
         parse_manifest(text, "c.yaml", "n", &mut s, &mut w);
         assert!(w.is_empty(), "{w:?}");
-        let (st, w) = crate::source::convert::build_state(&s, "n");
+        let (st, w) = crate::source::convert::build_state(&s, "n", &Default::default());
         let got: Vec<String> = st.service_cidrs.iter().map(|c| c.to_string()).collect();
         assert_eq!(
             got,

@@ -238,7 +238,9 @@ struct ListRow {
 }
 
 fn selector() -> String {
-    kube_nlproxy::source::kube::SELECTOR.replace(',', "%2C")
+    kube_nlproxy::source::convert::ServiceSelection::default()
+        .label_selector()
+        .replace(',', "%2C")
 }
 
 /// GET `path` with `accept`: the body and the media type the server chose.

@@ -725,7 +725,9 @@ fn start_steps(
 fn list_time(cp: &ControlPlane, ns: &NetNs) -> Duration {
     cp.with_admin(ns, |client| {
         Box::pin(async move {
-            let selector = kube_nlproxy::source::kube::SELECTOR.replace(',', "%2C");
+            let selector = kube_nlproxy::source::convert::ServiceSelection::default()
+                .label_selector()
+                .replace(',', "%2C");
             let t0 = Instant::now();
             for path in [
                 format!("/api/v1/services?labelSelector={selector}"),
