@@ -8,6 +8,7 @@
 //! clients (one socket layer) and the layers from `serve` up import each other.
 #![deny(clippy::disallowed_methods)]
 
+pub mod allocator;
 pub mod app;
 pub mod config;
 #[cfg(any(test, feature = "testing"))]

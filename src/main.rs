@@ -3,7 +3,14 @@
 use kube_nlproxy::app::{EXIT_FAILED, EXIT_USAGE};
 use kube_nlproxy::config::{Command, Config};
 
+/// glibc's malloc (`tune_glibc_malloc` says how it is set up, release.md why not mimalloc),
+/// counted so that the debug log and the soak see the bytes in use.
+#[global_allocator]
+static ALLOCATOR: kube_nlproxy::allocator::Counted<std::alloc::System> =
+    kube_nlproxy::allocator::Counted::new(std::alloc::System);
+
 fn main() -> std::process::ExitCode {
+    kube_nlproxy::allocator::tune_glibc_malloc();
     let args: Vec<String> = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
@@ -63,7 +70,6 @@ fn main() -> std::process::ExitCode {
         cfg.log_level = "warn";
     }
     kube_nlproxy::app::logging::init(cfg.json_logs, cfg.log_level);
-    kube_nlproxy::app::process::limit_allocator_arenas();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

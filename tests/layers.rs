@@ -68,7 +68,8 @@ fn imports(text: &str) -> BTreeSet<String> {
 /// `model::net` is part of `model`, which every layer may use.
 fn layer(unit: &str) -> u8 {
     match unit.split("::").next().unwrap_or(unit) {
-        "model" => 0,
+        // The process's allocator and its counters: every layer may read them.
+        "model" | "allocator" => 0,
         "kernel" => 1,
         "proxy" => 2,
         "modes" | "source" => 3,

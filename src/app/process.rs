@@ -1,25 +1,7 @@
-//! Set-up of the process itself: the allocator's arenas, the OOM score, the SIGTERM/SIGINT
-//! handlers. I/O (libc, /proc/self, signals).
+//! Set-up of the process itself: the OOM score, the SIGTERM/SIGINT handlers. I/O (libc,
+//! /proc/self, signals).
 
 use tokio::sync::watch;
-
-/// Caps glibc's malloc arenas at two, unless `MALLOC_ARENA_MAX` says otherwise. glibc gives
-/// each thread that meets contention an arena of its own (up to 8 per core), and what is
-/// freed in one stays mapped there: with a 26 MB manifest decoded on two threads, the
-/// daemon's RSS after its first sync at 10k × 10 was 136 MiB with glibc's default, 98 MiB
-/// with two arenas (102 MiB decoding on one thread), and one arena made the two decoding
-/// threads wait on each other (cold start 2.64 s against 1.50 s; `kernel-bench
-/// --daemon-only`, issue #18). Call before any thread starts.
-#[allow(unsafe_code)] // mallopt(3) has no safe wrapper
-pub fn limit_allocator_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only changes a tunable of the allocator; no thread runs yet.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
-    }
-}
 
 /// Writes /proc/self/oom_score_adj; lowering it needs CAP_SYS_RESOURCE, which a
 /// NET_ADMIN-only container lacks. A failure is logged at `-v=2` as upstream logs it

@@ -18,23 +18,14 @@ pub struct Timing {
     pub sync_period: Duration,
 }
 
-/// A full sync allocates the whole transaction and its encoding transiently; glibc keeps
-/// freed pages mapped, so hand them back to keep the resident size near the live data.
-#[allow(unsafe_code)] // malloc_trim(3) has no safe wrapper
+/// A full sync allocates the whole transaction and its encoding for a moment: hand the
+/// freed memory back, and say at debug level what the program still holds (issue #18's
+/// memory goal: the live data against the resident size).
 fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap memory; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-        // What is allocated against what the allocator keeps: the gap is fragmentation
-        // (issue #18's memory goal). Chunks in use plus blocks mmapped on their own.
-        if tracing::enabled!(tracing::Level::DEBUG) {
-            let m = libc::mallinfo2();
-            tracing::debug!(
-                in_use_mib = (m.uordblks + m.hblkhd) >> 20,
-                free_mib = m.fordblks >> 20,
-                "allocator after sync"
-            );
+    crate::allocator::release_freed_memory();
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        if let Some(bytes) = crate::allocator::in_use_bytes() {
+            tracing::debug!(in_use_mib = bytes >> 20, "allocator after sync");
         }
     }
 }

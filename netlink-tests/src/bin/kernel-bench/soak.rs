@@ -79,12 +79,12 @@ impl Plan {
 pub struct Sample {
     /// Since the churn began.
     pub at: Duration,
-    /// The resident set's floor and peak over a second of reads 100 ms apart: a sync
+    /// The resident set's floor and peak over 5 s of reads 100 ms apart: a sync
     /// allocates its transaction and frees it, so one read lands anywhere in between
     /// (23 to 54 MiB at 1k × 10); a leak raises the floor.
     pub rss_kib: u64,
     pub rss_peak_kib: u64,
-    /// glibc's bytes in use after ours' last sync (its `allocator after sync` log line).
+    /// The bytes ours held on the heap after its last sync (its `allocator after sync` line).
     pub heap_mib: Option<f64>,
     pub fds: u64,
     pub threads: u64,
@@ -736,7 +736,9 @@ impl Run<'_> {
             .lines()
             .find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok())
             .unwrap_or(0);
-        let reads: Vec<u64> = (0..10)
+        // 5 s of reads: at 10k × 10 under churn a sync runs 1 to 3 s with its transaction
+        // resident, so a shorter window often sees no moment between two syncs.
+        let reads: Vec<u64> = (0..50)
             .map(|_| {
                 std::thread::sleep(Duration::from_millis(100));
                 usage(self.pid).rss_kb
