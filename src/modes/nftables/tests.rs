@@ -963,6 +963,44 @@ fn unallocated_service_ips_are_dropped_and_unused_ports_rejected() {
     }
 }
 
+/// Issue #55: with `--service-proxy-name` (drop_unallocated off) ours serves a few Services
+/// beside a kube-proxy that serves the rest, so an address in the service CIDRs that ours has
+/// not seen is another proxy's ClusterIP: it passes, whether the CIDR came from the flag or
+/// from ServiceCIDR objects. An unused port of a ClusterIP ours serves is still rejected.
+#[test]
+fn a_named_proxy_drops_nothing_for_clusterips_it_does_not_serve() {
+    let web = || service("web", "172.30.0.41", |_| {});
+    let eps = || vec![ep("10.180.0.1", false)];
+    let pod = |dst: &str, port: u16| pkt("10.180.2.2", dst, port);
+    let mut s = NftablesProxier::new(
+        FakeNftables::new(),
+        ProxierConfig {
+            local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/8".parse().unwrap()]),
+            service_cidrs: vec!["172.30.0.0/16".parse().unwrap()],
+            drop_unallocated: false,
+            ..Default::default()
+        },
+        DetectLocal::ClusterCidr(vec![]),
+    );
+    let mut st = state(vec![(web(), eps())]);
+    st.service_cidrs = vec!["172.30.0.0/16".parse().unwrap()];
+    s.sync(&st).unwrap();
+    assert_eq!(
+        filter(&mut s, names::FILTER_FORWARD, &pod("172.30.0.50", 80)),
+        [Outcome::Pass].into(),
+        "another proxy's ClusterIP"
+    );
+    assert_eq!(
+        filter(&mut s, names::FILTER_FORWARD, &pod("172.30.0.41", 443)),
+        [Outcome::Reject].into(),
+        "unused port of a ClusterIP ours serves"
+    );
+    assert_eq!(
+        nat(&mut s, &pod("172.30.0.41", 80)),
+        [dnat("10.180.0.1", false)].into()
+    );
+}
+
 /// Upstream's flow tables, ported row by row (pkg/proxy/nftables/proxier_test.go). Rows that
 /// do not apply here say why.
 /// Upstream's packet-flow tables (pkg/proxy/nftables/proxier_test.go, v1.37.2), run through
