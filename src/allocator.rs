@@ -70,8 +70,8 @@ fn note_alloc(size: usize) {
     }
 }
 
-/// glibc's malloc, set up before any thread starts (call first thing in `main`), unless
-/// `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` in the environment says otherwise:
+/// glibc's malloc, set up before any thread starts (call first thing in `main`), each setting
+/// unless the environment sets it (its `MALLOC_*` variable or its `GLIBC_TUNABLES` entry):
 /// - two arenas: glibc gives each thread that meets contention an arena of its own (up to 8
 ///   per core), and what is freed in one stays mapped there: with a 26 MB manifest decoded on
 ///   two threads, RSS after the first sync at 10k × 10 was 136 MiB with glibc's default,
@@ -86,17 +86,29 @@ fn note_alloc(size: usize) {
 pub fn tune_glibc_malloc() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let tunables = std::env::var_os("GLIBC_TUNABLES").is_some();
+        let env = |name: &str| std::env::var(name).ok();
         // SAFETY: mallopt only changes a tunable of the allocator; no thread runs yet.
         unsafe {
-            if !tunables && std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+            if !set_by_environment("MALLOC_ARENA_MAX", "glibc.malloc.arena_max", env) {
                 libc::mallopt(libc::M_ARENA_MAX, 2);
             }
-            if !tunables && std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            if !set_by_environment("MALLOC_MMAP_THRESHOLD_", "glibc.malloc.mmap_threshold", env) {
                 libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
             }
         }
     }
+}
+
+/// Whether the operator set a malloc setting: its own variable, or its name among
+/// `GLIBC_TUNABLES`' colon-separated `name=value` pairs (another tunable there leaves ours
+/// in force; `mallopt` after start-up would override the operator's).
+fn set_by_environment(variable: &str, tunable: &str, env: impl Fn(&str) -> Option<String>) -> bool {
+    env(variable).is_some()
+        || env("GLIBC_TUNABLES").is_some_and(|pairs| {
+            pairs
+                .split(':')
+                .any(|pair| pair.split('=').next() == Some(tunable))
+        })
 }
 
 /// glibc's own starting threshold, kept fixed (see [`tune_glibc_malloc`]).
@@ -158,5 +170,31 @@ mod tests {
         }
         assert_eq!(IN_USE.load(Ordering::Relaxed), before);
         assert!(in_use_bytes().is_some());
+    }
+
+    /// Each setting yields to its own variable or its own tunable, not to another's.
+    #[test]
+    fn the_environment_overrides_each_setting_by_its_own_name() {
+        let with = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let arena =
+            |vars| set_by_environment("MALLOC_ARENA_MAX", "glibc.malloc.arena_max", with(vars));
+        assert!(!arena(&[]));
+        assert!(arena(&[("MALLOC_ARENA_MAX", "4")]));
+        assert!(arena(&[(
+            "GLIBC_TUNABLES",
+            "glibc.malloc.tcache_count=0:glibc.malloc.arena_max=8"
+        )]));
+        assert!(!arena(&[("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0")]));
+        assert!(!arena(&[("MALLOC_MMAP_THRESHOLD_", "65536")]));
+        assert!(!arena(&[(
+            "GLIBC_TUNABLES",
+            "glibc.malloc.arena_max_extra=1"
+        )]));
     }
 }
