@@ -86,7 +86,13 @@ pub struct Sample {
     pub rss_peak_kib: u64,
     /// The bytes ours held on the heap after its last sync (its `allocator after sync` line).
     pub heap_mib: Option<f64>,
+    /// The open file descriptors' floor over the same 5 s of reads: the scrape of
+    /// `/metrics` just before leaves its accepted connection open for a moment and a
+    /// reconnect to the API server holds two, so one read is 1 over the steady count
+    /// (19 → 20 failed a CI run); a leaked descriptor stays and raises the floor.
     pub fds: u64,
+    /// Threads' floor over the same reads: tokio's blocking pool keeps an idle thread
+    /// for 10 s after its last job, which is no leak.
     pub threads: u64,
     /// Messages the kernel dropped on ours' netlink sockets, summed (`/proc/net/netlink`).
     pub netlink_drops: u64,
@@ -727,30 +733,31 @@ impl Run<'_> {
         let text = std::fs::read_to_string(self.log).unwrap_or_default();
         let name = "kubeproxy_sync_proxy_rules_duration_seconds";
         let (before, after) = (metric_buckets(&prev.0, name), metric_buckets(&m, name));
-        let (fds, inodes) = socket_inodes(self.pid);
+        let (_, inodes) = socket_inodes(self.pid);
         // Ours' own view: /proc/PID/net is the namespace that process is in.
         let listing =
             std::fs::read_to_string(format!("/proc/{}/net/netlink", self.pid)).unwrap_or_default();
-        let threads = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok())
-            .unwrap_or(0);
         // 5 s of reads: at 10k × 10 under churn a sync runs 1 to 3 s with its transaction
         // resident, so a shorter window often sees no moment between two syncs.
-        let reads: Vec<u64> = (0..50)
+        let reads: Vec<(u64, u64, u64)> = (0..50)
             .map(|_| {
                 std::thread::sleep(Duration::from_millis(100));
-                usage(self.pid).rss_kb
+                let threads = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+                    .unwrap_or_default()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Threads:")?.trim().parse().ok())
+                    .unwrap_or(0);
+                (usage(self.pid).rss_kb, socket_inodes(self.pid).0, threads)
             })
             .collect();
+        let rss = reads.iter().map(|r| r.0);
         let sample = Sample {
             at,
-            rss_kib: reads.iter().copied().min().unwrap_or(0),
-            rss_peak_kib: reads.iter().copied().max().unwrap_or(0),
+            rss_kib: rss.clone().min().unwrap_or(0),
+            rss_peak_kib: rss.max().unwrap_or(0),
             heap_mib: last_heap(&text),
-            fds,
-            threads,
+            fds: reads.iter().map(|r| r.1).min().unwrap_or(0),
+            threads: reads.iter().map(|r| r.2).min().unwrap_or(0),
             netlink_drops: netlink_drops(&listing, &inodes),
             sync_p50: histogram_quantile(&before, &after, 0.5),
             sync_p99: histogram_quantile(&before, &after, 0.99),
