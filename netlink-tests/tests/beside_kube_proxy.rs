@@ -1,5 +1,6 @@
 //! Issue #55.1: ours beside upstream kube-proxy on one node, one Service at a time. Upstream
-//! kube-proxy v1.37.2 (its own binary, nftables mode) serves every Service without the
+//! kube-proxy v1.37.2 (its own binary, in nftables mode and in iptables mode; its IPVS mode
+//! needs the VM's kernel) serves every Service without the
 //! `service.kubernetes.io/service-proxy-name` label; ours, with `--service-proxy-name
 //! kube-nlproxy`, serves only those labelled so. Both program the same node namespace, both
 //! watch one real kube-apiserver. Real packets say who answered; an established connection
@@ -119,8 +120,31 @@ fn table(ns: &NetNs, name: &str) -> String {
     String::from_utf8_lossy(&ns.output("nft", &["list", "table", "ip", name]).stdout).into_owned()
 }
 
+/// Upstream's rules in `mode`, as text: its nftables table, or its iptables nat table
+/// (`iptables-save`, the same `iptables` upstream itself runs).
+fn upstream_rules(ns: &NetNs, mode: &str) -> String {
+    match mode {
+        "nftables" => table(ns, "kube-proxy"),
+        _ => {
+            String::from_utf8_lossy(&ns.output("iptables-save", &["-t", "nat"]).stdout).into_owned()
+        }
+    }
+}
+
 #[test]
-fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
+fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy_in_nftables_mode() {
+    ours_serves_only_its_labelled_services_beside("nftables");
+}
+
+/// Upstream's iptables mode (Debian's `iptables`, nft-backed, in its own tables) has no
+/// reject for unallocated ClusterIPs; its `KUBE-SERVICES` jumps share the nat hooks with
+/// ours' DNAT chains, and neither side may take the other's ClusterIPs or connections.
+#[test]
+fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy_in_iptables_mode() {
+    ours_serves_only_its_labelled_services_beside("iptables");
+}
+
+fn ours_serves_only_its_labelled_services_beside(mode: &str) {
     require_root();
     let mut c = Cluster::new();
     let (theirs_pod, ours_pod, client) = (c.add_pod(2), c.add_pod(3), c.add_pod(4));
@@ -139,21 +163,26 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
     create(&cp, &c.node, "moved", "10.96.0.30", "10.244.1.3", true);
     let admin = cp.admin_kubeconfig();
     let kubeconfig = format!("--kubeconfig={}", admin.display());
-    let mut upstream = Upstream::start(&c.node, "nftables", &[&kubeconfig], &c.dir);
+    let upstream = Upstream::start(&c.node, mode, &[&kubeconfig], &c.dir);
     let upstream_log = || upstream.log_text();
     wait_until(
-        "upstream's table holds theirs",
-        || table(&c.node, "kube-proxy").contains("10.96.0.20"),
+        "upstream's rules hold theirs",
+        || upstream_rules(&c.node, mode).contains("10.96.0.20"),
         &upstream_log,
     );
-    let ours = c.start_daemon_with(&[
-        &kubeconfig,
+    let (healthz, metrics) = (
+        format!("--healthz-bind-address={OURS_HEALTHZ}"),
+        format!("--metrics-bind-address={OURS_METRICS}"),
+    );
+    let ours_args = [
+        kubeconfig.as_str(),
         "--proxy-mode=nftables",
         "--service-proxy-name",
         OURS,
-        &format!("--healthz-bind-address={OURS_HEALTHZ}"),
-        &format!("--metrics-bind-address={OURS_METRICS}"),
-    ]);
+        &healthz,
+        &metrics,
+    ];
+    let ours = c.start_daemon_with(&ours_args);
     let ours_log = || ours.log_text();
     // Each serves its own: upstream's table never names ours' Service and ours' never names
     // upstream's; ours' start left upstream's table alone.
@@ -177,7 +206,7 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
         ours_table.contains("10.96.0.30") && !ours_table.contains("10.96.0.20"),
         "{ours_table}"
     );
-    let upstream_table = table(&c.node, "kube-proxy");
+    let upstream_table = upstream_rules(&c.node, mode);
     assert!(
         upstream_table.contains("10.96.0.20") && !upstream_table.contains("10.96.0.30"),
         "{upstream_table}"
@@ -193,7 +222,7 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
     wait_until(
         "upstream serves moved once unlabelled",
         || {
-            table(&c.node, "kube-proxy").contains("10.96.0.30")
+            upstream_rules(&c.node, mode).contains("10.96.0.30")
                 && !table(&c.node, "kube-nlproxy").contains("10.96.0.30")
         },
         &ours_log,
@@ -214,7 +243,7 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
         "ours serves moved once labelled again",
         || {
             table(&c.node, "kube-nlproxy").contains("10.96.0.30")
-                && !table(&c.node, "kube-proxy").contains("10.96.0.30")
+                && !upstream_rules(&c.node, mode).contains("10.96.0.30")
         },
         &ours_log,
     );
@@ -223,6 +252,40 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
         echoed.ok().as_deref(),
         Some("after the move back to ours"),
         "the held connection survives the move back"
+    );
+
+    // Each restarts with a connection held through the other's Service: that connection,
+    // and the other's Services, carry on. A restart rewrites the restarted proxy's own rules
+    // whole (both flush their own table or chains at their first sync).
+    let mut held_theirs = OpenConn::open(&c.pods[client], theirs_ip);
+    assert_eq!(held_theirs.greeting.name(), Some("theirs"));
+    drop(upstream);
+    let mut upstream = Upstream::start(&c.node, mode, &[&kubeconfig], &c.dir);
+    wait_until(
+        "restarted upstream's first sync",
+        || upstream.log_text().contains("SyncProxyRules complete"),
+        &|| upstream.log_text(),
+    );
+    assert_eq!(
+        held.echo("after upstream's restart").ok().as_deref(),
+        Some("after upstream's restart"),
+        "ours' held connection survives upstream's restart"
+    );
+    assert_eq!(by(answered(moved_ip)).as_deref(), Some("ours"));
+    assert_eq!(by(answered(theirs_ip)).as_deref(), Some("theirs"));
+    drop(ours);
+    let ours = c.start_daemon_with(&ours_args);
+    assert_eq!(
+        held_theirs.echo("after ours' restart").ok().as_deref(),
+        Some("after ours' restart"),
+        "upstream's held connection survives ours' restart:\n{}",
+        ours.log_text()
+    );
+    assert_eq!(by(answered(theirs_ip)).as_deref(), Some("theirs"));
+    assert_eq!(by(answered(moved_ip)).as_deref(), Some("ours"));
+    assert!(
+        upstream_rules(&c.node, mode).contains("10.96.0.20"),
+        "ours' restart left upstream's rules alone"
     );
 
     // Ours' --cleanup removes its own table only.
@@ -234,8 +297,8 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy() {
     assert!(out.status.success(), "{out:?}");
     assert!(table(&c.node, "kube-nlproxy").is_empty());
     assert!(
-        table(&c.node, "kube-proxy").contains("10.96.0.20"),
-        "upstream's table survives ours' --cleanup"
+        upstream_rules(&c.node, mode).contains("10.96.0.20"),
+        "upstream's rules survive ours' --cleanup"
     );
     assert_eq!(by(answered(theirs_ip)).as_deref(), Some("theirs"));
     let running = upstream.child.try_wait().unwrap().is_none();
