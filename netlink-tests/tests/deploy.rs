@@ -240,6 +240,7 @@ impl KustomizeCopy {
             "deploy/daemonset.yaml",
             "deploy/images/kustomization.yaml",
             "deploy/components/net-admin/kustomization.yaml",
+            "deploy/components/beside-kube-proxy/kustomization.yaml",
             "deploy/uninstall/kustomization.yaml",
             "deploy/uninstall/kube-nlproxy-uninstall.yaml",
             "deploy/without-kubeadm/kustomization.yaml",
@@ -361,6 +362,183 @@ fn the_net_admin_component_leaves_cap_net_admin_alone() {
     rest["containers"][0]["securityContext"] = serde_json::Value::Null;
     before["containers"][0]["securityContext"] = serde_json::Value::Null;
     assert_eq!(rest, before, "only the securityContext changes");
+}
+
+/// Issue #55.1: `kustomize edit add component deploy/components/beside-kube-proxy` makes
+/// the DaemonSet serve only the Services labelled for it, on ports of its own beside
+/// kube-proxy's 10256 and 10249, without kube-proxy's pod label, leaving node-wide conntrack
+/// sysctls to kube-proxy; its command line, with the container's `$(VAR)`s expanded as the
+/// kubelet expands them, is one ours accepts without a warning, as shipped and with its
+/// settings changed. With the NET_ADMIN component too, both apply.
+#[test]
+fn the_beside_kube_proxy_component_serves_labelled_services_on_ports_of_its_own() {
+    let k = KustomizeCopy::new("beside");
+    let base = k.render(".");
+    let path = k.dir.join("kustomization.yaml");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    // What `kustomize edit add component deploy/components/beside-kube-proxy` writes.
+    text.push_str("- deploy/components/beside-kube-proxy\n");
+    std::fs::write(&path, &text).unwrap();
+    let objects = k.render(".");
+    let cfg = beside_config(&objects);
+    assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+    assert_eq!(
+        cfg.service_selection,
+        kube_nlproxy::source::convert::ServiceSelection::Named("kube-nlproxy".into())
+    );
+    assert_eq!(cfg.requested_mode, "nftables");
+    assert_eq!(cfg.upstream.detect_local.cluster_cidrs, ["10.244.0.0/16"]);
+    assert_eq!(
+        cfg.kubeconfig.as_deref(),
+        Some(std::path::Path::new("/var/lib/kube-proxy/kubeconfig.conf")),
+        "kubeadm's kubeconfig, from its ConfigMap the DaemonSet mounts"
+    );
+    let healthz = cfg.healthz_bind_address.unwrap();
+    let metrics = cfg.metrics_bind_address.unwrap();
+    for (ours, theirs) in [(healthz.port(), 10256), (metrics.port(), 10249)] {
+        assert_ne!(ours, theirs, "kube-proxy's port");
+        assert!(
+            ![10248, 10250, 10255, 10257, 10259].contains(&ours),
+            "{ours}: kubelet's or the control plane's"
+        );
+    }
+    let (max, established, close_wait) = (
+        cfg.conntrack.max_per_core,
+        cfg.conntrack.tcp_established_timeout,
+        cfg.conntrack.tcp_close_wait_timeout,
+    );
+    assert!(
+        max.is_none_or(|m| m == 0)
+            && established.is_none_or(|d| d.is_zero())
+            && close_wait.is_none_or(|d| d.is_zero()),
+        "node-wide conntrack sysctls are kube-proxy's: {:?}",
+        cfg.conntrack
+    );
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+    let pod = &ds["spec"]["template"];
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(
+        c["ports"],
+        serde_json::json!([
+            {"name": "healthz", "containerPort": healthz.port(), "protocol": "TCP"},
+            {"name": "metrics", "containerPort": metrics.port(), "protocol": "TCP"},
+        ])
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(c[probe]["httpGet"]["port"], healthz.port(), "{probe}");
+    }
+    assert!(
+        pod["metadata"]["labels"].get("k8s-app").is_none(),
+        "{pod:#}"
+    );
+    // Nothing else of the DaemonSet changes.
+    let mut rest = ds.clone();
+    let mut before = base
+        .iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .unwrap()
+        .clone();
+    for d in [&mut rest, &mut before] {
+        let t = &mut d["spec"]["template"];
+        t["metadata"]["labels"]["k8s-app"] = serde_json::Value::Null;
+        for f in ["args", "env", "ports", "livenessProbe", "readinessProbe"] {
+            t["spec"]["containers"][0][f] = serde_json::Value::Null;
+        }
+    }
+    assert_eq!(
+        rest, before,
+        "only the command line, env, ports, probes and label change"
+    );
+
+    // Its settings, as `kustomize edit set configmap kube-nlproxy-beside --from-literal=…`
+    // writes them.
+    let component = k
+        .dir
+        .join("deploy/components/beside-kube-proxy/kustomization.yaml");
+    let mut settings = std::fs::read_to_string(&component).unwrap();
+    for (from, to) in [
+        ("mode=nftables", "mode=iptables"),
+        (
+            "clusterCIDR=10.244.0.0/16",
+            "clusterCIDR=10.244.0.0/16,fd00:10:244::/56",
+        ),
+    ] {
+        assert!(
+            settings.contains(&format!("  - {from}\n")),
+            "{from} in {settings}"
+        );
+        settings = settings.replace(from, to);
+    }
+    std::fs::write(&component, settings).unwrap();
+    let set = beside_config(&k.render("."));
+    assert!(set.warnings.is_empty(), "{:?}", set.warnings);
+    assert_eq!(set.requested_mode, "iptables");
+    assert_eq!(
+        set.upstream.detect_local.cluster_cidrs,
+        ["10.244.0.0/16", "fd00:10:244::/56"]
+    );
+
+    // With the NET_ADMIN component as well.
+    text.push_str("- deploy/components/net-admin\n");
+    std::fs::write(&path, &text).unwrap();
+    let pods = k.daemonset_pods(".");
+    assert_eq!(
+        pods[0]["containers"][0]["securityContext"]["privileged"],
+        false
+    );
+    assert_eq!(
+        pods[0]["containers"][0]["ports"][0]["containerPort"],
+        healthz.port()
+    );
+}
+
+/// The configuration the rendered DaemonSet's container runs with: its args with each
+/// `$(NAME)` replaced by its env's value or ConfigMap key (NODE_NAME, from the pod's node,
+/// by `n1`), read by ours' own flag parser.
+fn beside_config(objects: &[serde_json::Value]) -> kube_nlproxy::config::Config {
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let mut vars = std::collections::BTreeMap::new();
+    for e in c["env"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap().to_string();
+        let value = if let Some(v) = e["value"].as_str() {
+            v.to_string()
+        } else if let Some(r) = e["valueFrom"].get("configMapKeyRef") {
+            let cm = objects
+                .iter()
+                .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == r["name"])
+                .unwrap_or_else(|| panic!("no ConfigMap {} rendered", r["name"]));
+            cm["data"][r["key"].as_str().unwrap()]
+                .as_str()
+                .unwrap()
+                .to_string()
+        } else {
+            assert_eq!(
+                e["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
+                "{e}"
+            );
+            "n1".to_string()
+        };
+        vars.insert(name, value);
+    }
+    let args: Vec<String> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let mut a = a.as_str().unwrap().to_string();
+            for (k, v) in &vars {
+                a = a.replace(&format!("$({k})"), v);
+            }
+            assert!(
+                !a.contains("$("),
+                "{a}: a variable the container does not define"
+            );
+            a
+        })
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kube_nlproxy::config::Config::from_flag_list(&args).unwrap()
 }
 
 /// The ConfigMap for clusters without kubeadm (issue #53.2): kubeadm's two keys, rendered
@@ -980,6 +1158,7 @@ fn the_release_directory_holds_the_image_its_index_and_sums() {
         "deploy/images/kustomization.yaml",
         "deploy/uninstall/kustomization.yaml",
         "deploy/components/net-admin/kustomization.yaml",
+        "deploy/components/beside-kube-proxy/kustomization.yaml",
     ] {
         assert_eq!(
             shipped.get(f),
