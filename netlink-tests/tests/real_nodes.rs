@@ -498,6 +498,108 @@ fn migrate_from_upstream_in_place_and_back_with_live_traffic() {
     let before = c.flows();
     assert_flows_continue(&c, &before, "upstream iptables -> upstream nftables");
     migrate_in_place_and_back(&c, "nftables", c.flows());
+    beside_kube_proxy_one_service_at_a_time(&c);
+}
+
+/// `nft list table ip NAME` on node `n` (empty when there is none).
+fn table_text(c: &Cluster, n: usize, name: &str) -> String {
+    let out = c.nodes[n].ns.output("nft", &["list", "table", "ip", name]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Labels the echo Service for ours (`Some`) or takes the label off (`None`), as README says.
+fn label_echo(c: &Cluster, proxy: Option<&str>) {
+    let label = match proxy {
+        Some(p) => format!("{}={p}", proxies::SERVICE_PROXY_NAME),
+        None => format!("{}-", proxies::SERVICE_PROXY_NAME),
+    };
+    c.kubectl_ok(&["-n", "default", "label", "service", "echo", &label]);
+}
+
+/// Waits until every node's tables say the echo Service's ClusterIP is `ours`' (in ours'
+/// table, not in upstream kube-proxy's nftables one) or upstream's.
+fn wait_echo_served_by(c: &Cluster, ours: bool, what: &str) {
+    let ip = service_ip(c, "default", "echo");
+    c.wait_for(Duration::from_secs(60), what, |c| {
+        (0..c.nodes.len()).all(|n| {
+            let (mine, theirs) = (
+                table_text(c, n, "kube-nlproxy").contains(&ip),
+                table_text(c, n, "kube-proxy").contains(&ip),
+            );
+            (mine, theirs) == (ours, !ours)
+        })
+    });
+}
+
+/// `kubectl rollout restart` of `daemonset` in kube-system, then its `rollout status`.
+fn restart_daemonset(c: &Cluster, daemonset: &str) {
+    let ds = format!("daemonset/{daemonset}");
+    c.kubectl_ok(&["-n", "kube-system", "rollout", "restart", &ds]);
+    c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "rollout",
+        "status",
+        &ds,
+        "--timeout=120s",
+    ]);
+}
+
+/// Issue #55.1: README's "Beside kube-proxy, one Service at a time", word for word, beside
+/// upstream kube-proxy in nftables mode on every node, with the echo Service's long-lived
+/// TCP connection and UDP flow running: ours starts without touching kube-proxy's rules;
+/// the Service moves to ours by its label and back by removing it; each proxy's DaemonSet
+/// restarts while ours serves it; README's way back from it takes the label off and ours
+/// away. The flows never break, a new connection works from a pod and from every node, and
+/// each proxy's table holds the Service only while it is its own.
+fn beside_kube_proxy_one_service_at_a_time(c: &Cluster) {
+    let ip = service_ip(c, "default", "echo");
+    let before = c.flows();
+    c.run_readme_block("beside");
+    for n in 0..c.nodes.len() {
+        assert!(
+            has_table(c, n, "ip", "kube-nlproxy"),
+            "our table on node {n}"
+        );
+    }
+    wait_echo_served_by(c, false, "echo still upstream's beside ours");
+    assert_flows_continue(c, &before, "ours started beside upstream");
+    let unlabelled = c.flows();
+    label_echo(c, Some("kube-nlproxy"));
+    wait_echo_served_by(c, true, "echo moved to ours by its label");
+    assert_flows_continue(c, &unlabelled, "echo labelled over to ours");
+    for n in 0..c.nodes.len() {
+        let answer = connect_from_node(c, n, &ip).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("beside, from node {n} through ours: {answer}");
+    }
+    let moved = c.flows();
+    restart_daemonset(c, "kube-nlproxy");
+    assert_flows_continue(c, &moved, "ours restarted while serving echo");
+    let restarted = c.flows();
+    restart_daemonset(c, "kube-proxy");
+    wait_echo_served_by(c, true, "echo still ours after kube-proxy's restart");
+    assert_flows_continue(c, &restarted, "kube-proxy restarted beside ours");
+    let labelled = c.flows();
+    label_echo(c, None);
+    wait_echo_served_by(c, false, "echo back to upstream without its label");
+    assert_flows_continue(c, &labelled, "echo unlabelled back to upstream");
+    // And over to ours once more, for README's way back to take off.
+    label_echo(c, Some("kube-nlproxy"));
+    wait_echo_served_by(c, true, "echo ours again");
+    let relabelled = c.flows();
+    c.run_readme_block("beside-go-back");
+    assert_flows_continue(c, &relabelled, "README's way back from beside");
+    for n in 0..c.nodes.len() {
+        assert!(
+            !has_table(c, n, "ip", "kube-nlproxy"),
+            "our table removed from node {n}"
+        );
+        assert!(
+            table_text(c, n, "kube-proxy").contains(&ip),
+            "echo upstream's on node {n}"
+        );
+        connect_from_node(c, n, &ip).unwrap_or_else(|e| panic!("{e}"));
+    }
 }
 
 /// Samples every node's ruleset every 250 ms until stopped: each sample must hold our table

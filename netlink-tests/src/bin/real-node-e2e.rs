@@ -25,8 +25,13 @@
 //! proxy starts, as a host's sysctl.d would (what a NET_ADMIN-only proxy cannot write);
 //! `--config FIELD=YAML` (repeatable) sets a top-level field of the config file in kubeadm's
 //! ConfigMap (`--config 'featureGates={KubeProxyNFTablesLocalhostNodePorts: true}'`); `--ci`
-//! runs CI's focus instead of the whole proxy focus. The report lists the warnings our pods
-//! logged. Exits 1 when a spec failed. As root.
+//! runs CI's focus instead of the whole proxy focus. `--beside` runs upstream kube-proxy
+//! (kubeadm's addon, in `--mode`) and ours beside it (the root kustomization with
+//! `deploy/components/beside-kube-proxy`, IPv4 only), with a MutatingAdmissionPolicy that
+//! labels every Service outside `kube-system` and `default` for ours: the specs' Services are
+//! ours', `kubernetes` and `kube-dns` upstream's; the report adds each proxy's count of
+//! Service changes. The report lists the warnings our pods logged. Exits 1 when a spec
+//! failed. As root.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,7 +42,7 @@ use netlink_tests::realnode::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--host-sysctl KEY=VALUE]... [--config FIELD=YAML]... [--ci]"
+        "usage: real-node-e2e [--proxy ours|upstream] [--mode MODE] [--focus RE] [--skip RE] [--out FILE] [--timeout SECONDS] [--nodes N] [--procs P] [--family ipv4|dual|ipv6] [--cni bridge|flannel-iptables|flannel-nftables] [--kustomize DIR] [--host-sysctl KEY=VALUE]... [--config FIELD=YAML]... [--ci] [--beside]"
     );
     std::process::exit(2)
 }
@@ -55,6 +60,7 @@ fn main() {
     let mut procs = e2e::PROCS;
     let mut kustomization: Option<PathBuf> = None;
     let mut ci = false;
+    let mut beside = false;
     let mut host_sysctls: Vec<(String, String)> = Vec::new();
     let mut fields: Vec<(String, String)> = Vec::new();
     let mut args = std::env::args().skip(1);
@@ -85,6 +91,7 @@ fn main() {
             "--timeout" => timeout = Duration::from_secs(val().parse().unwrap_or_else(|_| usage())),
             "--kustomize" => kustomization = Some(PathBuf::from(val())),
             "--ci" => ci = true,
+            "--beside" => beside = true,
             "--config" => match val().split_once('=') {
                 Some((k, v)) if !k.is_empty() => fields.push((k.to_string(), v.to_string())),
                 _ => usage(),
@@ -106,7 +113,9 @@ fn main() {
         }
     });
     let skip = skip.unwrap_or_else(|| proxies::skip_regex_for(family));
-    if kustomization.is_some() && proxy != Proxy::Ours {
+    if kustomization.is_some() && proxy != Proxy::Ours
+        || beside && (proxy != Proxy::Ours || kustomization.is_some() || family != Family::Ipv4)
+    {
         usage();
     }
     assert!(netlink_tests::ns::is_root(), "real-node-e2e needs root");
@@ -133,11 +142,13 @@ fn main() {
     }
     let configmap =
         proxies::with_config_fields(&proxies::kubeadm_configmap_for(&mode, family), &fields);
+    let limit = Duration::from_secs(180);
     let took = match &kustomization {
-        Some(dir) => proxies::deploy_ours_from(&c, dir, &configmap, Duration::from_secs(180)),
-        None => proxies::deploy_configured(&c, proxy, &configmap, Duration::from_secs(180)),
+        _ if beside => proxies::deploy_beside(&c, &configmap, limit),
+        Some(dir) => proxies::deploy_ours_from(&c, dir, &configmap, limit),
+        None => proxies::deploy_configured(&c, proxy, &configmap, limit),
     };
-    eprintln!("{proxy:?} proxy (mode {mode:?}) Ready on every node in {took:?}");
+    eprintln!("{proxy:?} proxy (mode {mode:?}, beside kube-proxy: {beside}) Ready on every node in {took:?}");
     let warnings = match proxy {
         Proxy::Ours => our_warnings(&c),
         Proxy::Upstream => String::new(),
@@ -145,6 +156,11 @@ fn main() {
     c.install_coredns(Duration::from_secs(180));
     let log = c.dir.join("e2e.log");
     let report = e2e::run_in(&c, &focus, &skip, timeout, &log, procs);
+    let changes = if beside {
+        service_changes(&c)
+    } else {
+        String::new()
+    };
     let flannel_after = c.flannel_rules();
     let flannel = match cni {
         Cni::Bridge => String::new(),
@@ -158,12 +174,13 @@ fn main() {
         ),
     };
     let gates_text: String = fields.iter().map(|(k, v)| format!(", {k}: {v}")).collect();
-    let from = kustomization
-        .as_ref()
-        .map(|d| format!(", deployed with kubectl apply -k {}", d.display()))
-        .unwrap_or_default();
+    let from = match &kustomization {
+        _ if beside => ", ours with deploy/components/beside-kube-proxy beside upstream kube-proxy in that mode, every Service outside kube-system and default labelled for ours".to_string(),
+        Some(d) => format!(", deployed with kubectl apply -k {}", d.display()),
+        None => String::new(),
+    };
     let text = format!(
-        "# {proxy:?} proxy, mode {mode:?}{gates_text}{from}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}{warnings}# passed {}, failed {}, skipped {}\n{}",
+        "# {proxy:?} proxy, mode {mode:?}{gates_text}{from}, {nodes} nodes ({family:?}, CNI {}), {procs} Ginkgo processes\n# focus: {focus}\n# skip: {skip}\n{flannel}{changes}{warnings}# passed {}, failed {}, skipped {}\n{}",
         cni.name(),
         report.passed().count(),
         report.failed().count(),
@@ -177,6 +194,29 @@ fn main() {
     let failed = report.failed().count() + usize::from(flannel_before != flannel_after);
     drop(c);
     std::process::exit(i32::from(failed > 0));
+}
+
+/// Each proxy's `kubeproxy_sync_proxy_rules_service_changes_total`, summed over the nodes
+/// (ours on the component's 10349, upstream's on 10249): beside each other, ours counts the
+/// specs' Services and upstream the few of `kube-system` and `default`.
+fn service_changes(c: &netlink_tests::realnode::Cluster) -> String {
+    let name = "kubeproxy_sync_proxy_rules_service_changes_total";
+    let sum = |addr: &str| -> f64 {
+        c.nodes
+            .iter()
+            .map(|n| {
+                netlink_tests::differential::sample(
+                    &netlink_tests::differential::metrics(&n.ns, addr),
+                    name,
+                )
+            })
+            .sum()
+    };
+    format!(
+        "# Service changes seen ({name}, all nodes): ours {}, upstream kube-proxy {}\n",
+        sum("127.0.0.1:10349"),
+        sum("127.0.0.1:10249")
+    )
 }
 
 /// The warning lines (klog's `W…`) our pods logged by the time they were Ready, each as a

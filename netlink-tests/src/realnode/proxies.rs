@@ -3,7 +3,8 @@
 //! addon (its ServiceAccount bound to `system:node-proxier`, its ConfigMap, its DaemonSet),
 //! and the e2e focus both are judged on, with every skip and its reason.
 //!
-//! Pure text, except [`deploy_ours`], [`deploy_kubeadm_addon`] (kubectl).
+//! Pure text, except [`deploy_ours`], [`deploy_kubeadm_addon`], [`deploy_beside`] (kubectl)
+//! and [`beside_kustomization`] (files).
 
 use std::time::Duration;
 
@@ -431,6 +432,113 @@ pub fn deploy_configured(c: &Cluster, proxy: Proxy, configmap: &str, limit: Dura
     }
     c.wait_for(limit, &format!("{proxy:?} proxy pods Ready"), |c| {
         c.pods_ready("kube-system", proxy.selector(), c.nodes.len())
+    });
+    t0.elapsed()
+}
+
+/// The label upstream kube-proxy ignores a Service by and ours, beside it, selects by.
+pub const SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+
+/// A MutatingAdmissionPolicy (GA in 1.36) that labels every Service created or updated
+/// outside `kube-system` and `default` for ours (`kube-nlproxy`) unless it already names a
+/// proxy: upstream's e2e specs then run on Services ours serves beside upstream kube-proxy,
+/// which keeps `kubernetes` and `kube-dns`. The EndpointSlice controller copies a Service's
+/// labels onto its slices.
+pub fn label_every_service_policy() -> String {
+    format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicy
+metadata:
+  name: label-services-for-kube-nlproxy
+spec:
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [""]
+      apiVersions: [v1]
+      operations: [CREATE, UPDATE]
+      resources: [services]
+  matchConditions:
+  - name: names-no-proxy
+    expression: "!has(object.metadata.labels) || !('{SERVICE_PROXY_NAME}' in object.metadata.labels)"
+  failurePolicy: Fail
+  reinvocationPolicy: Never
+  mutations:
+  - patchType: ApplyConfiguration
+    applyConfiguration:
+      expression: 'Object{{metadata: Object.metadata{{labels: {{"{SERVICE_PROXY_NAME}": "kube-nlproxy"}}}}}}'
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingAdmissionPolicyBinding
+metadata:
+  name: label-services-for-kube-nlproxy
+spec:
+  policyName: label-services-for-kube-nlproxy
+  matchResources:
+    namespaceSelector:
+      matchExpressions:
+      - {{key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system, default]}}
+"#
+    )
+}
+
+/// A copy of the repository's kustomization and `deploy/` in `dir`, with
+/// `deploy/components/beside-kube-proxy` added as an operator adds it (README, "Beside
+/// kube-proxy"); returns `dir`.
+pub fn beside_kustomization(dir: &std::path::Path) -> std::path::PathBuf {
+    fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_tree(&e.path(), &target);
+            } else {
+                std::fs::copy(e.path(), &target).unwrap();
+            }
+        }
+    }
+    let root = workspace_root();
+    copy_tree(&root.join("deploy"), &dir.join("deploy"));
+    let mut k = std::fs::read_to_string(root.join("kustomization.yaml")).unwrap();
+    assert!(
+        k.trim_end().ends_with("- deploy/images"),
+        "components last: {k}"
+    );
+    k.push_str("- deploy/components/beside-kube-proxy\n");
+    std::fs::write(dir.join("kustomization.yaml"), k).unwrap();
+    dir.to_path_buf()
+}
+
+/// Upstream kube-proxy as kubeadm's addon with `configmap`, the policy that labels every
+/// Service for ours ([`label_every_service_policy`], checked on a Service of its own first),
+/// then ours from [`beside_kustomization`]; waits for both proxies' pods on every node and
+/// returns how long ours took.
+pub fn deploy_beside(c: &Cluster, configmap: &str, limit: Duration) -> Duration {
+    c.apply(&label_every_service_policy());
+    c.kubectl_ok(&["create", "namespace", "beside-probe"]);
+    // The policy takes effect once the API server has loaded it (about a second).
+    c.wait_for(limit, "a new Service labelled by the policy", |c| {
+        let _ = c.kubectl(&["-n", "beside-probe", "delete", "service", "probe", "--wait"]);
+        let out = c.kubectl(&[
+            "-n",
+            "beside-probe",
+            "create",
+            "service",
+            "clusterip",
+            "probe",
+            "--tcp=80:80",
+            "-o",
+            "jsonpath={.metadata.labels}",
+        ]);
+        String::from_utf8_lossy(&out.stdout).contains(SERVICE_PROXY_NAME)
+    });
+    c.kubectl_ok(&["delete", "namespace", "beside-probe", "--wait=false"]);
+    deploy_configured(c, Proxy::Upstream, configmap, limit);
+    let dir = beside_kustomization(&c.dir.join("beside-kustomization"));
+    let t0 = std::time::Instant::now();
+    c.kubectl_ok(&["apply", "-k", dir.to_str().expect("a UTF-8 path")]);
+    c.wait_for(limit, "our proxy pods Ready beside kube-proxy", |c| {
+        c.pods_ready("kube-system", Proxy::Ours.selector(), c.nodes.len())
     });
     t0.elapsed()
 }

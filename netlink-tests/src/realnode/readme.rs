@@ -56,6 +56,9 @@ pub enum Step {
     /// `kubectl ARGS | sed ARGS | kubectl ARGS`: stages of kubectl and sed, each given the
     /// output of the one before (an edit inside a ConfigMap's embedded YAML).
     Pipeline(Vec<Stage>),
+    /// `kustomize edit add component PATH`: the release directory's kustomization lists
+    /// PATH last among its components, as kustomize writes it ([`add_component`]).
+    AddComponent(String),
 }
 
 /// One stage of a [`Step::Pipeline`].
@@ -142,10 +145,47 @@ pub fn step(line: &str) -> Result<Step, String> {
         ["tar", "xzf", file] => Ok(Step::Unpack(file.to_string())),
         ["ctr", "-n", "k8s.io", "images", "import", file] => Ok(Step::Import(file.to_string())),
         ["kubectl", ..] => Ok(Step::Kubectl(words[1..].to_vec())),
+        ["kustomize", "edit", "add", "component", path] => Ok(Step::AddComponent(path.to_string())),
         _ => Err(format!(
             "{line:?}: not a command the real-node tests know how to run"
         )),
     }
+}
+
+/// `kustomization` (a kustomization.yaml's text whose `components:` list comes last, as the
+/// repository's does) with `path` appended to that list, as `kustomize edit add component`
+/// appends it; an error when the list is not last, `path` is listed already or its
+/// directory has no kustomization.yaml under `dir`.
+pub fn add_component(
+    kustomization: &str,
+    path: &str,
+    dir: &std::path::Path,
+) -> Result<String, String> {
+    let listed = kustomization
+        .lines()
+        .skip_while(|l| *l != "components:")
+        .skip(1)
+        .collect::<Vec<_>>();
+    if listed.is_empty() && !kustomization.lines().any(|l| l == "components:") {
+        return Err("no components: list".into());
+    }
+    if let Some(l) = listed
+        .iter()
+        .find(|l| !l.starts_with("- ") && !l.starts_with('#'))
+    {
+        return Err(format!(
+            "components: is not the last field ({l:?} follows it)"
+        ));
+    }
+    if listed.contains(&format!("- {path}").as_str()) {
+        return Err(format!("{path} is listed already"));
+    }
+    if !dir.join(path).join("kustomization.yaml").exists() {
+        return Err(format!("{path}/kustomization.yaml: no such component"));
+    }
+    let mut out = kustomization.trim_end().to_string();
+    out.push_str(&format!("\n- {path}\n"));
+    Ok(out)
 }
 
 /// `line` with each word `NODE` (between characters that cannot be part of a name, as in
@@ -234,6 +274,13 @@ impl Cluster {
             match step(&line).unwrap_or_else(|e| panic!("{path} block {name}: {e}")) {
                 Step::Verify => local(&dir, &line, "sha256sum", &["-c", "--strict", "SHA256SUMS"]),
                 Step::Unpack(file) => local(&dir, &line, "tar", &["xzf", &file]),
+                Step::AddComponent(component) => {
+                    let file = dir.join("kustomization.yaml");
+                    let text = std::fs::read_to_string(&file).unwrap();
+                    let edited = add_component(&text, &component, &dir)
+                        .unwrap_or_else(|e| panic!("{path} block {name}: `{line}`: {e}"));
+                    std::fs::write(&file, edited).unwrap();
+                }
                 Step::Import(file) => {
                     let path = dir.join(&file);
                     for n in &self.nodes {
@@ -322,6 +369,38 @@ mod tests {
                 "ctr -n k8s.io images import target/x.tar"
             ]
         );
+    }
+
+    #[test]
+    fn a_component_is_added_last_once() {
+        let dir = std::env::temp_dir().join(format!("nlp-readme-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("deploy/components/x")).unwrap();
+        std::fs::write(dir.join("deploy/components/x/kustomization.yaml"), "").unwrap();
+        let k = "kind: Kustomization\ncomponents:\n# the images\n- deploy/images\n";
+        assert_eq!(
+            step("kustomize edit add component deploy/components/x"),
+            Ok(Step::AddComponent("deploy/components/x".into()))
+        );
+        let added = add_component(k, "deploy/components/x", &dir).unwrap();
+        assert_eq!(
+            added,
+            "kind: Kustomization\ncomponents:\n# the images\n- deploy/images\n- deploy/components/x\n"
+        );
+        assert!(add_component(&added, "deploy/components/x", &dir)
+            .unwrap_err()
+            .contains("listed already"));
+        assert!(add_component(k, "deploy/components/y", &dir)
+            .unwrap_err()
+            .contains("no such component"));
+        assert!(add_component(
+            "components:\n- a\nimages: []\n",
+            "deploy/components/x",
+            &dir
+        )
+        .unwrap_err()
+        .contains("not the last field"));
+        assert!(add_component("kind: K\n", "deploy/components/x", &dir).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
