@@ -96,11 +96,21 @@ fn kind_of(obj: &Value) -> String {
 
 fn matches(obj: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
     if let Some(sel) = labels {
+        let label = |k: &str| obj["metadata"]["labels"].get(k).and_then(Value::as_str);
         for term in sel.split(',').filter(|t| !t.is_empty()) {
-            if let Some(k) = term.strip_prefix('!') {
-                if obj["metadata"]["labels"].get(k).is_some() {
-                    return false;
-                }
+            // Equality-based terms, as the API server reads them: `!k`, `k!=v`, `k=v`
+            // (or `k==v`), `k`.
+            let holds = if let Some(k) = term.strip_prefix('!') {
+                label(k).is_none()
+            } else if let Some((k, v)) = term.split_once("!=") {
+                label(k) != Some(v)
+            } else if let Some((k, v)) = term.split_once('=') {
+                label(k) == Some(v.trim_start_matches('='))
+            } else {
+                label(term).is_some()
+            };
+            if !holds {
+                return false;
             }
         }
     }
@@ -545,5 +555,54 @@ pub mod obj {
         json!({"apiVersion": "v1", "kind": "Node",
                "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}},
                "status": {"addresses": [{"type": "InternalIP", "address": "192.168.50.1"}]}})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Label selectors as the API server reads them: upstream's `!k` and ours' `k=v`.
+    #[test]
+    fn label_selector_terms_select_as_the_api_server() {
+        let named = json!({"metadata": {"labels": {"service.kubernetes.io/service-proxy-name": "kube-nlproxy"}}});
+        let plain = json!({"metadata": {"name": "x"}});
+        let upstream = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+        let ours =
+            "service.kubernetes.io/service-proxy-name=kube-nlproxy,!service.kubernetes.io/headless";
+        assert!(!matches(&named, Some(upstream), None));
+        assert!(matches(&plain, Some(upstream), None));
+        assert!(matches(&named, Some(ours), None));
+        assert!(!matches(&plain, Some(ours), None));
+        assert!(matches(
+            &named,
+            Some("service.kubernetes.io/service-proxy-name==kube-nlproxy"),
+            None
+        ));
+        assert!(!matches(
+            &named,
+            Some("service.kubernetes.io/service-proxy-name=other"),
+            None
+        ));
+        assert!(!matches(
+            &named,
+            Some("service.kubernetes.io/service-proxy-name!=kube-nlproxy"),
+            None
+        ));
+        assert!(matches(
+            &plain,
+            Some("service.kubernetes.io/service-proxy-name!=kube-nlproxy"),
+            None
+        ));
+        assert!(matches(
+            &named,
+            Some("service.kubernetes.io/service-proxy-name"),
+            None
+        ));
+        assert!(!matches(
+            &plain,
+            Some("service.kubernetes.io/service-proxy-name"),
+            None
+        ));
     }
 }

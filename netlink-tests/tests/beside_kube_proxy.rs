@@ -86,16 +86,30 @@ fn create(
 
 /// Labels `name` and its slice for ours (`Some`) or takes the label off (`None`).
 fn relabel(cp: &ControlPlane, ns: &NetNs, name: &'static str, proxy: Option<&'static str>) {
+    relabel_service(cp, ns, name, proxy);
+    relabel_slice(cp, ns, name, proxy);
+}
+
+/// [`relabel`] of the Service alone: the EndpointSlice controller follows a moment later.
+fn relabel_service(cp: &ControlPlane, ns: &NetNs, name: &'static str, proxy: Option<&'static str>) {
     cp.with_admin(ns, move |client| {
         Box::pin(async move {
             let patch = Patch::Merge(serde_json::json!({"metadata": {"labels": { LABEL: proxy }}}));
-            let pp = PatchParams::default();
-            Api::<Service>::namespaced(client.clone(), "default")
-                .patch(name, &pp, &patch)
+            Api::<Service>::namespaced(client, "default")
+                .patch(name, &PatchParams::default(), &patch)
                 .await
                 .unwrap();
+        })
+    });
+}
+
+/// [`relabel`] of the Service's slice alone, as the EndpointSlice controller does.
+fn relabel_slice(cp: &ControlPlane, ns: &NetNs, name: &'static str, proxy: Option<&'static str>) {
+    cp.with_admin(ns, move |client| {
+        Box::pin(async move {
+            let patch = Patch::Merge(serde_json::json!({"metadata": {"labels": { LABEL: proxy }}}));
             Api::<EndpointSlice>::namespaced(client, "default")
-                .patch(&format!("{name}-1"), &pp, &patch)
+                .patch(&format!("{name}-1"), &PatchParams::default(), &patch)
                 .await
                 .unwrap();
         })
@@ -238,7 +252,10 @@ fn ours_serves_only_its_labelled_services_beside(mode: &str) {
         Some("after the move to upstream"),
         "the held connection survives the move to upstream"
     );
-    relabel(&cp, &c.node, "moved", Some(OURS));
+    // The Service first, its slice after, as the EndpointSlice controller relabels it: ours
+    // has the endpoint at once (it takes every slice), so it never serves the Service
+    // without it, which would reject new connections and clear UDP flows until then.
+    relabel_service(&cp, &c.node, "moved", Some(OURS));
     wait_until(
         "ours serves moved once labelled again",
         || {
@@ -247,6 +264,13 @@ fn ours_serves_only_its_labelled_services_beside(mode: &str) {
         },
         &ours_log,
     );
+    assert_eq!(
+        by(answered(moved_ip)).as_deref(),
+        Some("ours"),
+        "ours serves its endpoint before the slice is relabelled:\n{}",
+        ours_log()
+    );
+    relabel_slice(&cp, &c.node, "moved", Some(OURS));
     let echoed = held.echo("after the move back to ours");
     assert_eq!(
         echoed.ok().as_deref(),

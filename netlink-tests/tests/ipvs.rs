@@ -1713,4 +1713,207 @@ COMMIT
             drop(a);
         }
     }
+
+    /// Issue #55.1 in upstream's IPVS mode: upstream kube-proxy v1.37.2's own binary in IPVS
+    /// mode serves the unlabelled Service, ours (nftables mode, `--service-proxy-name`) the
+    /// labelled one, both reading one of our fake API servers on the same node. Each answers
+    /// from a pod and from the node; ours leaves `kube-ipvs0`, upstream's virtual servers,
+    /// ipsets and iptables rules alone at start and with `--cleanup`; a connection held
+    /// through ours' Service survives its move to upstream's IPVS and back.
+    mod beside {
+        use std::net::SocketAddr;
+        use std::time::Duration;
+
+        use netlink_tests::apiserver::ApiServer;
+        use netlink_tests::backend::{tcp_backend, tcp_probe, OpenConn, Reply};
+        use netlink_tests::cluster::{Cluster, NODE_IP};
+        use netlink_tests::differential::Upstream;
+        use serde_json::{json, Value};
+
+        use super::ipvsadm;
+
+        const LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+        fn service(name: &str, ip: &str, ours: bool) -> Value {
+            let labels = if ours {
+                json!({ LABEL: "kube-nlproxy" })
+            } else {
+                json!({})
+            };
+            json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": "default", "labels": labels},
+                "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                    "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+                    "sessionAffinity": "None", "internalTrafficPolicy": "Cluster",
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]}})
+        }
+
+        fn slice(name: &str, backend: &str, ours: bool) -> Value {
+            let mut labels = json!({"kubernetes.io/service-name": name});
+            if ours {
+                labels[LABEL] = "kube-nlproxy".into();
+            }
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-1"), "namespace": "default", "labels": labels},
+                "addressType": "IPv4",
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+                "endpoints": [{"addresses": [backend], "nodeName": "node1",
+                    "conditions": {"ready": true, "serving": true, "terminating": false}}]})
+        }
+
+        /// Waits until `what` holds, bounded: 90 s, as upstream's first IPVS sync under the
+        /// VM's emulated CPU runs an `ipset` per entry.
+        fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+            let t0 = std::time::Instant::now();
+            while !f() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(90),
+                    "timed out waiting for {what}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+
+        /// Serves `moved` to ours (`true`) or upstream.
+        fn place_moved(api: &ApiServer, ours: bool) {
+            api.apply(service("moved", "10.96.0.30", ours));
+            api.apply(slice("moved", "10.244.1.3", ours));
+        }
+
+        #[test]
+        #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
+        fn ours_serves_only_its_labelled_services_beside_upstream_ipvs_mode() {
+            let mut c = Cluster::new();
+            let (theirs_pod, ours_pod, client) = (c.add_pod(2), c.add_pod(3), c.add_pod(4));
+            tcp_backend(
+                &c.pods[theirs_pod],
+                "theirs",
+                "10.244.1.2:8080".parse().unwrap(),
+            );
+            tcp_backend(
+                &c.pods[ours_pod],
+                "ours",
+                "10.244.1.3:8080".parse().unwrap(),
+            );
+            let api = c.node.run(ApiServer::start);
+            api.apply(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node1"},
+                "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}}));
+            api.apply(service("theirs", "10.96.0.20", false));
+            api.apply(slice("theirs", "10.244.1.2", false));
+            place_moved(&api, true);
+            let master = format!("--master={}", api.url());
+            let upstream = Upstream::start(
+                &c.node,
+                "ipvs",
+                &[&master, "--kube-api-content-type=application/json"],
+                &c.dir,
+            );
+            wait_for("upstream's virtual server for theirs", || {
+                ipvsadm(&c).contains("10.96.0.20:80")
+            });
+            let upstream_state = |c: &Cluster| {
+                (
+                    c.node.sh("ipset list -n"),
+                    c.node.sh("iptables-nft-save | grep KUBE- | sort"),
+                    c.node.sh("ip -o addr show dev kube-ipvs0"),
+                )
+            };
+            let args = [
+                master.as_str(),
+                "--proxy-mode=nftables",
+                "--service-proxy-name=kube-nlproxy",
+                "--healthz-bind-address=127.0.0.1:10356",
+                "--metrics-bind-address=127.0.0.1:10349",
+            ];
+            let before = upstream_state(&c);
+            let ours = c.start_daemon_with(&args);
+            let theirs_ip: SocketAddr = "10.96.0.20:80".parse().unwrap();
+            let moved_ip: SocketAddr = "10.96.0.30:80".parse().unwrap();
+            let by = |r: Reply| r.name().map(str::to_string);
+            let answered = |dst| by(tcp_probe(&c.pods[client], dst));
+            wait_for("ours serves moved", || {
+                answered(moved_ip).as_deref() == Some("ours")
+            });
+            assert_eq!(
+                answered(theirs_ip).as_deref(),
+                Some("theirs"),
+                "{}",
+                upstream.log_text()
+            );
+            assert_eq!(by(tcp_probe(&c.node, moved_ip)).as_deref(), Some("ours"));
+            assert_eq!(by(tcp_probe(&c.node, theirs_ip)).as_deref(), Some("theirs"));
+            assert_eq!(
+                upstream_state(&c),
+                before,
+                "ours' start left upstream's IPVS mode alone"
+            );
+            let list = ipvsadm(&c);
+            assert!(
+                !list.contains("10.96.0.30"),
+                "upstream never serves ours': {list}"
+            );
+
+            // Over to upstream's IPVS and back, with a connection held through ours.
+            let mut held = OpenConn::open(&c.pods[client], moved_ip);
+            assert_eq!(held.greeting.name(), Some("ours"));
+            place_moved(&api, false);
+            wait_for("upstream's virtual server for moved", || {
+                ipvsadm(&c).contains("10.96.0.30:80")
+            });
+            wait_for("ours gave moved up", || {
+                !c.node
+                    .sh("nft list table ip kube-nlproxy")
+                    .contains("10.96.0.30")
+            });
+            assert_eq!(
+                answered(moved_ip).as_deref(),
+                Some("ours"),
+                "the same backend, through IPVS"
+            );
+            assert_eq!(
+                held.echo("after the move to IPVS").ok().as_deref(),
+                Some("after the move to IPVS"),
+                "{}",
+                ours.log_text()
+            );
+            place_moved(&api, true);
+            wait_for("upstream gave moved up", || {
+                !ipvsadm(&c).contains("10.96.0.30:80")
+            });
+            wait_for("ours serves moved again", || {
+                c.node
+                    .sh("nft list table ip kube-nlproxy")
+                    .contains("10.96.0.30")
+            });
+            assert_eq!(
+                held.echo("after the move back").ok().as_deref(),
+                Some("after the move back"),
+                "{}",
+                ours.log_text()
+            );
+            assert_eq!(answered(moved_ip).as_deref(), Some("ours"));
+
+            // Ours' --cleanup removes its own table only.
+            drop(ours);
+            let state = upstream_state(&c);
+            let out = c.node.output(
+                netlink_tests::cluster::proxy_bin().to_str().unwrap(),
+                &["--cleanup", "--service-proxy-name", "kube-nlproxy"],
+            );
+            assert!(out.status.success(), "{out:?}");
+            assert!(!c
+                .node
+                .output("nft", &["list", "table", "ip", "kube-nlproxy"])
+                .status
+                .success());
+            assert_eq!(
+                upstream_state(&c),
+                state,
+                "ours' --cleanup left upstream's IPVS mode alone"
+            );
+            assert!(ipvsadm(&c).contains("10.96.0.20:80"));
+            assert_eq!(answered(theirs_ip).as_deref(), Some("theirs"));
+        }
+    }
 }

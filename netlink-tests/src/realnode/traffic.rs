@@ -213,6 +213,16 @@ impl Flows {
             .continues(&earlier.udp, more, max_gap)
             .map_err(|e| format!("UDP: {e}"))
     }
+
+    /// [`Flows::continues`] for the TCP connection alone: a UDP flow through a Service that
+    /// moves back to upstream kube-proxy may be cut, as upstream sees the Service a moment
+    /// before the EndpointSlice controller relabels its slices, and meanwhile serves it
+    /// without endpoints and clears its UDP conntrack entries.
+    pub fn tcp_continues(&self, earlier: &Flows, more: usize, max_gap: u64) -> Result<(), String> {
+        self.tcp
+            .continues(&earlier.tcp, more, max_gap)
+            .map_err(|e| format!("TCP: {e}"))
+    }
 }
 
 impl Cluster {

@@ -4,8 +4,14 @@
 //! to another proxy. With `--service-proxy-name NAME` ours serves only the Services labelled
 //! NAME, so that it can run beside an upstream kube-proxy that keeps serving all the others,
 //! and an operator moves one Service across by labelling it (issue #55). The EndpointSlice
-//! controller copies a Service's labels onto its slices, so the same test selects both.
-//! Slices of headless Services are never served, whatever the selection. Pure.
+//! controller copies a Service's labels onto its slices, but a moment after the Service
+//! changes: a proxy that selected slices by the label too would see a Service labelled over
+//! without endpoints until then, reject its new connections and clear its UDP flows (the
+//! real nodes' beside test lost its UDP flow so). With a name, ours therefore takes every
+//! slice but headless Services' and serves only those of the Services it selects, so a
+//! Service labelled over has its endpoints at once; that is the slices upstream's selection
+//! takes too, plus those of Services labelled for some proxy. Slices of headless Services are
+//! never served, whatever the selection. Pure.
 
 use std::collections::BTreeMap;
 
@@ -52,8 +58,8 @@ impl ServiceSelection {
         Ok(ServiceSelection::Named(value.to_string()))
     }
 
-    /// The label selector the watches of Services and EndpointSlices send the API server.
-    pub fn label_selector(&self) -> String {
+    /// The label selector the watch of Services sends the API server.
+    pub fn service_label_selector(&self) -> String {
         match self {
             ServiceSelection::Unlabelled => {
                 format!("!{LABEL_SERVICE_PROXY_NAME},!{LABEL_HEADLESS}")
@@ -61,6 +67,15 @@ impl ServiceSelection {
             ServiceSelection::Named(name) => {
                 format!("{LABEL_SERVICE_PROXY_NAME}={name},!{LABEL_HEADLESS}")
             }
+        }
+    }
+
+    /// The label selector the watch of EndpointSlices sends the API server: the Services'
+    /// own, or with a name every slice but headless Services' (see the module's header).
+    pub fn slice_label_selector(&self) -> String {
+        match self {
+            ServiceSelection::Unlabelled => self.service_label_selector(),
+            ServiceSelection::Named(_) => format!("!{LABEL_HEADLESS}"),
         }
     }
 
@@ -74,10 +89,15 @@ impl ServiceSelection {
         }
     }
 
-    /// Whether a slice with these labels is ours: its Service's selection, never a headless
-    /// Service's.
+    /// Whether a slice with these labels is taken: never a headless Service's; without a
+    /// name, its Service's selection; with one, any other (the proxier serves only those of
+    /// the Services selected).
     pub fn selects_slice(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        self.selects_service(labels) && labels.is_none_or(|l| !l.contains_key(LABEL_HEADLESS))
+        let headless = labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS));
+        match self {
+            ServiceSelection::Unlabelled => self.selects_service(labels) && !headless,
+            ServiceSelection::Named(_) => !headless,
+        }
     }
 
     /// The name, with `--service-proxy-name`.
@@ -103,9 +123,11 @@ mod tests {
     fn upstreams_selection_takes_what_names_no_proxy() {
         let s = ServiceSelection::default();
         assert_eq!(
-            s.label_selector(),
+            s.service_label_selector(),
             "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
         );
+        assert_eq!(s.slice_label_selector(), s.service_label_selector());
+        assert!(!s.selects_slice(Some(&labels(&[(LABEL_SERVICE_PROXY_NAME, "other")]))));
         assert!(s.selects_service(None));
         assert!(s.selects_service(Some(&labels(&[("app", "web")]))));
         assert!(!s.selects_service(Some(&labels(&[(LABEL_SERVICE_PROXY_NAME, "other")]))));
@@ -120,9 +142,15 @@ mod tests {
         let s = ServiceSelection::from_flag("kube-nlproxy").unwrap();
         assert_eq!(s.proxy_name(), Some("kube-nlproxy"));
         assert_eq!(
-            s.label_selector(),
+            s.service_label_selector(),
             "service.kubernetes.io/service-proxy-name=kube-nlproxy,!service.kubernetes.io/headless"
         );
+        // Every slice but headless Services': a Service labelled over has its endpoints at
+        // once, before the EndpointSlice controller relabels its slices.
+        assert_eq!(s.slice_label_selector(), "!service.kubernetes.io/headless");
+        assert!(s.selects_slice(None));
+        assert!(s.selects_slice(Some(&labels(&[("kubernetes.io/service-name", "web")]))));
+        assert!(s.selects_slice(Some(&labels(&[(LABEL_SERVICE_PROXY_NAME, "other")]))));
         assert!(s.selects_service(Some(&labels(&[(LABEL_SERVICE_PROXY_NAME, "kube-nlproxy")]))));
         assert!(!s.selects_service(None));
         assert!(!s.selects_service(Some(&labels(&[(LABEL_SERVICE_PROXY_NAME, "other")]))));

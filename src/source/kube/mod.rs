@@ -264,11 +264,15 @@ fn watch_streams(
     let node = scope.node.as_str();
     // The API server selects; the conversions test the labels again (they serve manifests
     // too), so an object the selector let through by mistake is still left out.
-    let cfg = watcher::Config::default().labels(&scope.selection.label_selector());
+    let cfg = |selector: String| watcher::Config::default().labels(&selector);
     let selection = scope.selection.clone();
     let svc = converted(
         "Service",
-        list_and_watch::<Service>("Services", client, cfg.clone()),
+        list_and_watch::<Service>(
+            "Services",
+            client,
+            cfg(scope.selection.service_label_selector()),
+        ),
         events,
         move |o: &Service, w: &mut Vec<ObjectWarning>| service_ports(o, &selection, w),
         Update::Service,
@@ -278,7 +282,11 @@ fn watch_streams(
     let selection = scope.selection.clone();
     let eps = converted(
         "EndpointSlice",
-        list_and_watch::<EndpointSlice>("EndpointSlices", client, cfg),
+        list_and_watch::<EndpointSlice>(
+            "EndpointSlices",
+            client,
+            cfg(scope.selection.slice_label_selector()),
+        ),
         events,
         move |o: &EndpointSlice, w: &mut Vec<ObjectWarning>| convert_slice(o, &here, &selection, w),
         Update::Slice,

@@ -239,7 +239,7 @@ struct ListRow {
 
 fn selector() -> String {
     kube_nlproxy::source::convert::ServiceSelection::default()
-        .label_selector()
+        .service_label_selector()
         .replace(',', "%2C")
 }
 

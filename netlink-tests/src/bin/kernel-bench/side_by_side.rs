@@ -726,7 +726,7 @@ fn list_time(cp: &ControlPlane, ns: &NetNs) -> Duration {
     cp.with_admin(ns, |client| {
         Box::pin(async move {
             let selector = kube_nlproxy::source::convert::ServiceSelection::default()
-                .label_selector()
+                .service_label_selector()
                 .replace(',', "%2C");
             let t0 = Instant::now();
             for path in [
