@@ -126,6 +126,28 @@ fn matches(obj: &Value, labels: Option<&str>, fields: Option<&str>) -> bool {
     true
 }
 
+/// Whether `obj`, which does not match a watch's selectors in its version `rv`, did in its
+/// version before: the API server then sends that watch DELETED with the new object, as an
+/// object that left its selection (a Service relabelled for another proxy).
+fn left_selection(
+    sh: &Shared,
+    coll: &str,
+    rv: u64,
+    obj: &Value,
+    labels: Option<&str>,
+    fields: Option<&str>,
+) -> bool {
+    let k = key(obj);
+    let st = sh.store.lock().unwrap();
+    st.history
+        .iter()
+        .rev()
+        .filter(|(r, c, _, o)| *r < rv && c == coll && key(o) == k)
+        .map(|(_, _, ty, o)| ty != "DELETED" && matches(o, labels, fields))
+        .next()
+        .unwrap_or(false)
+}
+
 /// One watch event's line, `type` first as the API server writes it (apimachinery's
 /// `WatchEvent` struct in field order; `json!` would sort the keys).
 fn line(ty: &str, obj: &Value) -> Bytes {
@@ -241,36 +263,56 @@ async fn collection(
     let mut drops = sh.drops.subscribe();
     drops.borrow_and_update();
     let state = (backlog.into_iter(), rx, drops, coll, labels, fields, from);
+    let store = sh.clone();
     let s = futures::stream::unfold(
         state,
-        move |(mut backlog, mut rx, mut drops, coll, labels, fields, mut last)| async move {
-            loop {
-                if let Some((rv, _, ty, obj)) = backlog.next() {
-                    last = rv;
-                    if ty == "BOOKMARK" || matches(&obj, labels.as_deref(), fields.as_deref()) {
-                        return Some((
-                            Ok::<_, std::io::Error>(line(&ty, &obj)),
-                            (backlog, rx, drops, coll, labels, fields, last),
-                        ));
-                    }
-                    continue;
-                }
-                tokio::select! {
-                    _ = drops.changed() => return None,
-                    ev = rx.recv() => match ev {
-                        Ok((rv, k, ty, obj)) => {
-                            if k != coll || rv <= last { continue; }
-                            last = rv;
-                            if matches(&obj, labels.as_deref(), fields.as_deref()) {
-                                return Some((Ok(line(&ty, &obj)), (backlog, rx, drops, coll, labels, fields, last)));
-                            }
-                            // Filtered out: tell the client how far it has seen.
-                            let bm = json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": rv.to_string()}});
-                            return Some((Ok(line("BOOKMARK", &bm)), (backlog, rx, drops, coll, labels, fields, last)));
+        move |(mut backlog, mut rx, mut drops, coll, labels, fields, mut last)| {
+            let store = store.clone();
+            async move {
+                loop {
+                    if let Some((rv, _, ty, obj)) = backlog.next() {
+                        last = rv;
+                        if ty == "BOOKMARK" || matches(&obj, labels.as_deref(), fields.as_deref()) {
+                            return Some((
+                                Ok::<_, std::io::Error>(line(&ty, &obj)),
+                                (backlog, rx, drops, coll, labels, fields, last),
+                            ));
                         }
-                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(_) => return None,
-                    },
+                        if left_selection(
+                            &store,
+                            &coll,
+                            rv,
+                            &obj,
+                            labels.as_deref(),
+                            fields.as_deref(),
+                        ) {
+                            return Some((
+                                Ok(line("DELETED", &obj)),
+                                (backlog, rx, drops, coll, labels, fields, last),
+                            ));
+                        }
+                        continue;
+                    }
+                    tokio::select! {
+                        _ = drops.changed() => return None,
+                        ev = rx.recv() => match ev {
+                            Ok((rv, k, ty, obj)) => {
+                                if k != coll || rv <= last { continue; }
+                                last = rv;
+                                if matches(&obj, labels.as_deref(), fields.as_deref()) {
+                                    return Some((Ok(line(&ty, &obj)), (backlog, rx, drops, coll, labels, fields, last)));
+                                }
+                                if left_selection(&store, &coll, rv, &obj, labels.as_deref(), fields.as_deref()) {
+                                    return Some((Ok(line("DELETED", &obj)), (backlog, rx, drops, coll, labels, fields, last)));
+                                }
+                                // Filtered out: tell the client how far it has seen.
+                                let bm = json!({"apiVersion": api, "kind": kind, "metadata": {"resourceVersion": rv.to_string()}});
+                                return Some((Ok(line("BOOKMARK", &bm)), (backlog, rx, drops, coll, labels, fields, last)));
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(_) => return None,
+                        },
+                    }
                 }
             }
         },
