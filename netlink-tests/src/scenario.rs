@@ -29,6 +29,17 @@ pub struct Backends {
     pub udp: bool,
 }
 
+/// Ours beside upstream kube-proxy (issue #55.1): a node with two TCP backends, `theirs`
+/// at 10.244.1.2:8080 and `ours` at 10.244.1.3:8080, and a client pod. Returns the cluster
+/// and the client's index in its pods.
+pub fn beside_cluster() -> (Cluster, usize) {
+    let mut c = Cluster::new();
+    let (theirs, ours, client) = (c.add_pod(2), c.add_pod(3), c.add_pod(4));
+    tcp_backend(&c.pods[theirs], "theirs", sa("10.244.1.2", 8080));
+    tcp_backend(&c.pods[ours], "ours", sa("10.244.1.3", 8080));
+    (c, client)
+}
+
 /// Pod A (10.244.1.2, the local endpoint, TCP backend `local`), pod B (10.244.1.3, the
 /// usual client), the remote endpoint 10.244.2.2 on node2 (TCP backend `remote`), all on
 /// port 8080; more per [`Backends`].

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use netlink_tests::backend::{tcp_backend, tcp_probe, OpenConn, Reply};
-use netlink_tests::cluster::{Cluster, NODE_IP};
+use netlink_tests::backend::{tcp_probe, OpenConn, Reply};
+use netlink_tests::cluster::NODE_IP;
 use netlink_tests::controlplane::ControlPlane;
 use netlink_tests::differential::Upstream;
 use netlink_tests::ns::{require_root, NetNs};
@@ -160,18 +160,7 @@ fn ours_serves_only_its_labelled_services_beside_upstream_kube_proxy_in_iptables
 
 fn ours_serves_only_its_labelled_services_beside(mode: &str) {
     require_root();
-    let mut c = Cluster::new();
-    let (theirs_pod, ours_pod, client) = (c.add_pod(2), c.add_pod(3), c.add_pod(4));
-    tcp_backend(
-        &c.pods[theirs_pod],
-        "theirs",
-        "10.244.1.2:8080".parse().unwrap(),
-    );
-    tcp_backend(
-        &c.pods[ours_pod],
-        "ours",
-        "10.244.1.3:8080".parse().unwrap(),
-    );
+    let (c, client) = netlink_tests::scenario::beside_cluster();
     let cp = ControlPlane::start(&c.node);
     create(&cp, &c.node, "theirs", "10.96.0.20", "10.244.1.2", false);
     create(&cp, &c.node, "moved", "10.96.0.30", "10.244.1.3", true);

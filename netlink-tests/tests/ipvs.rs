@@ -1725,7 +1725,7 @@ COMMIT
         use std::time::Duration;
 
         use netlink_tests::apiserver::ApiServer;
-        use netlink_tests::backend::{tcp_backend, tcp_probe, OpenConn, Reply};
+        use netlink_tests::backend::{tcp_probe, OpenConn, Reply};
         use netlink_tests::cluster::{Cluster, NODE_IP};
         use netlink_tests::differential::Upstream;
         use serde_json::{json, Value};
@@ -1761,13 +1761,13 @@ COMMIT
                     "conditions": {"ready": true, "serving": true, "terminating": false}}]})
         }
 
-        /// Waits until `what` holds, bounded: 90 s, as upstream's first IPVS sync under the
+        /// Waits until `what` holds, bounded: 180 s, as upstream's first IPVS sync under the
         /// VM's emulated CPU runs an `ipset` per entry.
         fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
             let t0 = std::time::Instant::now();
             while !f() {
                 assert!(
-                    t0.elapsed() < Duration::from_secs(90),
+                    t0.elapsed() < Duration::from_secs(180),
                     "timed out waiting for {what}"
                 );
                 std::thread::sleep(Duration::from_millis(200));
@@ -1783,18 +1783,7 @@ COMMIT
         #[test]
         #[ignore = "needs IPVS: run by ipvs_mode_in_a_vm"]
         fn ours_serves_only_its_labelled_services_beside_upstream_ipvs_mode() {
-            let mut c = Cluster::new();
-            let (theirs_pod, ours_pod, client) = (c.add_pod(2), c.add_pod(3), c.add_pod(4));
-            tcp_backend(
-                &c.pods[theirs_pod],
-                "theirs",
-                "10.244.1.2:8080".parse().unwrap(),
-            );
-            tcp_backend(
-                &c.pods[ours_pod],
-                "ours",
-                "10.244.1.3:8080".parse().unwrap(),
-            );
+            let (c, client) = netlink_tests::scenario::beside_cluster();
             let api = c.node.run(ApiServer::start);
             api.apply(json!({"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": "node1"},
