@@ -80,7 +80,7 @@ impl ServiceSelection {
     }
 
     /// Whether a Service with these labels is ours to serve (the API server applies the same
-    /// test through [`Self::label_selector`]; manifests are filtered here).
+    /// test through [`Self::service_label_selector`]; manifests are filtered here).
     pub fn selects_service(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         let name = labels.and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME));
         match self {
