@@ -522,15 +522,6 @@ fn table_text(c: &Cluster, n: usize, name: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Labels the echo Service for ours (`Some`) or takes the label off (`None`), as README says.
-fn label_echo(c: &Cluster, proxy: Option<&str>) {
-    let label = match proxy {
-        Some(p) => format!("{}={p}", proxies::SERVICE_PROXY_NAME),
-        None => format!("{}-", proxies::SERVICE_PROXY_NAME),
-    };
-    c.kubectl_ok(&["-n", "default", "label", "service", "echo", &label]);
-}
-
 /// Waits until every node's tables say the echo Service's ClusterIP is `ours`' (in ours'
 /// table, not in upstream kube-proxy's nftables one) or upstream's.
 fn wait_echo_served_by(c: &Cluster, ours: bool, what: &str) {
@@ -581,7 +572,9 @@ fn beside_kube_proxy_one_service_at_a_time(c: &Cluster) {
     wait_echo_served_by(c, false, "echo still upstream's beside ours");
     assert_flows_continue(c, &before, "ours started beside upstream");
     let unlabelled = c.flows();
-    label_echo(c, Some("kube-nlproxy"));
+    // README's move: `kubectl -n NS label service NAME service.kubernetes.io/service-proxy-name=kube-nlproxy`.
+    let label = format!("{}=kube-nlproxy", proxies::SERVICE_PROXY_NAME);
+    c.kubectl_ok(&["-n", "default", "label", "service", "echo", &label]);
     wait_echo_served_by(c, true, "echo moved to ours by its label");
     assert_flows_continue(c, &unlabelled, "echo labelled over to ours");
     for n in 0..c.nodes.len() {
