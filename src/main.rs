@@ -1,6 +1,6 @@
 //! The kube-nlproxy binary: parse flags, set up logging, run until SIGTERM.
 
-use kube_nlproxy::app::{EXIT_FAILED, EXIT_USAGE};
+use kube_nlproxy::app::{exec_filter, EXIT_FAILED, EXIT_USAGE};
 use kube_nlproxy::config::{Command, Config};
 
 /// glibc's malloc (`tune_glibc_malloc` says how it is set up, release.md why not mimalloc),
@@ -57,11 +57,10 @@ fn main() -> std::process::ExitCode {
         }
     };
     if let Some(path) = &cfg.write_config_to {
-        if let Err(e) = std::fs::write(path, cfg.to_yaml()) {
-            eprintln!("kube-nlproxy: cannot write {}: {e}", path.display());
-            return std::process::ExitCode::from(EXIT_FAILED);
-        }
-        return std::process::ExitCode::SUCCESS;
+        return write_and_exit(path, &cfg.to_yaml());
+    }
+    if let Some(path) = &cfg.write_seccomp_profile {
+        return write_and_exit(path, exec_filter::SECCOMP_PROFILE);
     }
     if let Some(t) = state_tool {
         // Read the sources once, change nothing, print the report; only warnings logged.
@@ -70,6 +69,8 @@ fn main() -> std::process::ExitCode {
         cfg.log_level = "warn";
     }
     kube_nlproxy::app::logging::init(cfg.json_logs, cfg.log_level);
+    // Before the runtime's threads exist, so that each inherits the filter.
+    exec_filter::install(cfg.exec_filter);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -99,6 +100,17 @@ fn main() -> std::process::ExitCode {
             eprintln!("kube-nlproxy: {e:#}");
             // status and diff: trouble is 2, as diff(1); the daemon's failure stays 1.
             std::process::ExitCode::from(if tool { EXIT_TROUBLE } else { EXIT_FAILED })
+        }
+    }
+}
+
+/// `--write-config-to` and `--write-seccomp-profile`: write the file, exit 0, or 1 naming it.
+fn write_and_exit(path: &std::path::Path, text: &str) -> std::process::ExitCode {
+    match std::fs::write(path, text) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kube-nlproxy: cannot write {}: {e}", path.display());
+            std::process::ExitCode::from(EXIT_FAILED)
         }
     }
 }

@@ -389,11 +389,40 @@ impl Drop for Daemon {
     }
 }
 
-/// Path of the kube-nlproxy binary built alongside the tests (`KUBE_NLPROXY_BIN` overrides).
+/// What tests start as the daemon: `seccomp-run`, which runs the kube-nlproxy built beside
+/// it under deploy/'s seccomp profile (`crate::seccomp`; `KNP_SECCOMP=off` runs it bare).
+/// `KUBE_NLPROXY_BIN` overrides both.
 pub fn proxy_bin() -> PathBuf {
     if let Ok(p) = std::env::var("KUBE_NLPROXY_BIN") {
         return PathBuf::from(p);
     }
+    let bare = proxy_bin_bare();
+    if crate::seccomp::Mismatch::from_env() == Ok(crate::seccomp::Mismatch::Off) {
+        return bare;
+    }
+    let wrapper = bare.with_file_name("seccomp-run");
+    assert!(
+        wrapper.exists(),
+        "{} not built: run the tests with `cargo test --workspace` (or KNP_SECCOMP=off)",
+        wrapper.display()
+    );
+    wrapper
+}
+
+/// The file `/proc/PID/exe` names once [`proxy_bin`] has become the daemon: the bare binary
+/// when `seccomp-run` execs it.
+pub fn daemon_exe() -> PathBuf {
+    let bin = proxy_bin();
+    if bin.file_name() == Some(std::ffi::OsStr::new("seccomp-run")) {
+        proxy_bin_bare()
+    } else {
+        bin
+    }
+}
+
+/// The kube-nlproxy binary built alongside the tests, run as it is (what benchmarks measure
+/// and what strace-based tests trace).
+pub fn proxy_bin_bare() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     // Test binaries live in target/<profile>/deps, harness binaries in target/<profile>.
     let dir = exe.parent().unwrap();

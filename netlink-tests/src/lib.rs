@@ -17,4 +17,5 @@ pub mod ns;
 pub mod realnode;
 pub mod scenario;
 pub mod sctp;
+pub mod seccomp;
 pub mod xtables_gen;

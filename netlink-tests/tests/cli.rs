@@ -451,7 +451,7 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
 /// `configured`, has opened a socket, which it does only after reading its configuration.
 fn wait_started(pid: u32, configured: bool) {
     let t0 = std::time::Instant::now();
-    let proxy = netlink_tests::cluster::proxy_bin();
+    let proxy = netlink_tests::cluster::daemon_exe();
     loop {
         let is_daemon = std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == proxy);
         let has_socket = || {

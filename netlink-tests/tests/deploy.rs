@@ -241,6 +241,7 @@ impl KustomizeCopy {
             "deploy/images/kustomization.yaml",
             "deploy/components/net-admin/kustomization.yaml",
             "deploy/components/beside-kube-proxy/kustomization.yaml",
+            "deploy/components/seccomp/kustomization.yaml",
             "deploy/uninstall/kustomization.yaml",
             "deploy/uninstall/kube-nlproxy-uninstall.yaml",
             "deploy/without-kubeadm/kustomization.yaml",
@@ -267,8 +268,13 @@ impl KustomizeCopy {
     }
 
     /// The objects `kubectl kustomize` renders from `sub`.
-    #[allow(clippy::disallowed_methods)] // kubectl as the oracle
     fn render(&self, sub: &str) -> Vec<serde_json::Value> {
+        self.try_render(sub).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// What `kubectl kustomize` renders from `sub`, or its error.
+    #[allow(clippy::disallowed_methods)] // kubectl as the oracle
+    fn try_render(&self, sub: &str) -> Result<Vec<serde_json::Value>, String> {
         let out = std::process::Command::new(&self.kubectl)
             .arg("kustomize")
             .arg(self.dir.join(sub))
@@ -279,12 +285,18 @@ impl KustomizeCopy {
                     self.kubectl.display()
                 )
             });
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap()
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap())
+    }
+
+    /// Appends `component` to the root's components, as `kustomize edit add component` does.
+    fn add_component(&self, component: &str) {
+        let path = self.dir.join("kustomization.yaml");
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!("- {component}\n"));
+        std::fs::write(&path, text).unwrap();
     }
 }
 
@@ -362,6 +374,90 @@ fn the_net_admin_component_leaves_cap_net_admin_alone() {
     rest["containers"][0]["securityContext"] = serde_json::Value::Null;
     before["containers"][0]["securityContext"] = serde_json::Value::Null;
     assert_eq!(rest, before, "only the securityContext changes");
+}
+
+/// Issue #55.4: `deploy/components/seccomp`, after the NET_ADMIN component, runs the proxy's
+/// container under the binary's own profile (`localhostProfile` in the kubelet's seccomp
+/// directory), which an init container of the same image writes there first, with no
+/// capability; on its own (a privileged container, to which runtimes apply no profile) the
+/// build fails instead of shipping a profile nothing enforces.
+#[test]
+fn the_seccomp_component_needs_net_admin_and_writes_the_binarys_profile() {
+    let k = KustomizeCopy::new("seccomp");
+    let before = k.daemonset_pods(".");
+    k.add_component("deploy/components/seccomp");
+    let e = k
+        .try_render(".")
+        .expect_err("a privileged container under a profile");
+    assert!(e.contains("privileged"), "{e}");
+    // Components apply in their order: net-admin first.
+    let path = k.dir.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "- deploy/components/seccomp\n",
+        "- deploy/components/net-admin\n- deploy/components/seccomp\n",
+    );
+    std::fs::write(&path, text).unwrap();
+    let pod = &k.daemonset_pods(".")[0];
+    let sc = &pod["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(
+        sc["seccompProfile"],
+        serde_json::json!({"type": "Localhost", "localhostProfile": "kube-nlproxy.json"})
+    );
+    let init = &pod["initContainers"][0];
+    assert_eq!(
+        init["image"], pod["containers"][0]["image"],
+        "one image to set"
+    );
+    assert_eq!(init["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert!(init["securityContext"]["capabilities"].get("add").is_none());
+    let command: Vec<&str> = init["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mount = &init["volumeMounts"][0];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(volume["hostPath"]["path"], "/var/lib/kubelet/seccomp");
+    // The init container's command, run as the binary: it writes the profile the
+    // container is given, at the path the kubelet resolves `localhostProfile` to.
+    let dir = k.dir.join("host-seccomp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let flag = command[1].replace(mount["mountPath"].as_str().unwrap(), dir.to_str().unwrap());
+    #[allow(clippy::disallowed_methods)] // the binary under test
+    let out = std::process::Command::new(netlink_tests::cluster::proxy_bin_bare())
+        .arg(&flag)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{flag}: {out:?}");
+    let written =
+        std::fs::read(dir.join(sc["seccompProfile"]["localhostProfile"].as_str().unwrap()))
+            .unwrap();
+    let shipped = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/components/seccomp/kube-nlproxy.json"),
+    )
+    .unwrap();
+    assert_eq!(written, shipped);
+    assert_eq!(command[0], "/usr/local/bin/kube-proxy");
+    // Nothing else changes but the securityContext, the init container and its volume.
+    let mut rest = pod.clone();
+    let mut base = before[0].clone();
+    for p in [&mut rest, &mut base] {
+        p["containers"][0]["securityContext"] = serde_json::Value::Null;
+        p["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|v| v["name"] != mount["name"]);
+        p.as_object_mut().unwrap().remove("initContainers");
+    }
+    assert_eq!(rest, base);
 }
 
 /// Issue #55.1: `kustomize edit add component deploy/components/beside-kube-proxy` makes
@@ -1159,6 +1255,8 @@ fn the_release_directory_holds_the_image_its_index_and_sums() {
         "deploy/uninstall/kustomization.yaml",
         "deploy/components/net-admin/kustomization.yaml",
         "deploy/components/beside-kube-proxy/kustomization.yaml",
+        "deploy/components/seccomp/kustomization.yaml",
+        "deploy/components/seccomp/kube-nlproxy.json",
     ] {
         assert_eq!(
             shipped.get(f),

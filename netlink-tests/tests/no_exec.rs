@@ -7,7 +7,7 @@ use netlink_tests::bounded::{OutputWithin, TEST_LIMIT};
 use std::process::Command;
 use std::time::Duration;
 
-use netlink_tests::cluster::proxy_bin;
+use netlink_tests::cluster::proxy_bin_bare as proxy_bin;
 use netlink_tests::ns::{require_root, NetNs};
 
 fn execs(trace: &std::path::Path) -> Vec<String> {
@@ -157,4 +157,74 @@ fn runs_with_only_cap_net_admin() {
     assert!(listed.contains("10.96.0.10"), "{listed}");
     let status = ns.sh("cat /proc/self/status");
     assert!(status.contains("CapBnd"), "sanity: {status}");
+}
+
+/// `Seccomp:` and `Seccomp_filters:` of /proc/PID/status, once the daemon is up.
+fn seccomp_status(ns: &NetNs, extra: &[&str]) -> (String, String) {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(proxy_bin())
+        .args([
+            "--manifests",
+            example.to_str().unwrap(),
+            "--hostname-override",
+            "node1",
+        ])
+        .args(extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !ns.sh("nft list tables").contains("kube-nlproxy") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no first sync");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    // SAFETY: signalling a process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    (field("Seccomp:"), field("Seccomp_filters:"))
+}
+
+/// Issue #55.4: the daemon runs in seccomp's filter mode (2) with its one filter, installed
+/// before its threads start (`Seccomp:` is per thread; /proc/PID/status is the main one's,
+/// and the filter is put on all with TSYNC), and `--no-exec-filter` leaves it out.
+#[test]
+fn the_daemon_runs_under_its_exec_filter() {
+    require_root();
+    let ns = NetNs::new("execflt");
+    assert_eq!(seccomp_status(&ns, &[]), ("2".into(), "1".into()));
+    ns.sh("nft flush ruleset");
+    assert_eq!(
+        seccomp_status(&ns, &["--no-exec-filter"]),
+        ("0".into(), "0".into())
+    );
+}
+
+/// The daemon's exec filter refuses exec with EPERM: a child that installs the same program
+/// just before its exec fails to start, the same child without it runs.
+#[test]
+fn the_exec_filter_refuses_exec() {
+    use std::os::unix::process::CommandExt;
+    let program = kube_nlproxy::app::exec_filter::native_exec_filter().unwrap();
+    let mut plain = Command::new("/bin/true");
+    assert!(plain.status().unwrap().success(), "control");
+    let mut filtered = Command::new("/bin/true");
+    // SAFETY: between fork and exec the closure only makes the prctl and seccomp calls of
+    // apply_filter on a program built before the fork (no allocation, no lock).
+    unsafe {
+        filtered.pre_exec(move || {
+            seccompiler::apply_filter(&program).map_err(|e| std::io::Error::other(e.to_string()))
+        });
+    }
+    let e = filtered.status().expect_err("exec refused");
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
 }

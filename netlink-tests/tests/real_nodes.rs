@@ -195,7 +195,96 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
             "{name} skipped itself: {why}"
         );
     }
+    under_the_seccomp_profile(&c);
     go_back_from_deploy(&c, &kubeadms);
+}
+
+/// The `Seccomp:`, `Seccomp_filters:` and `NoNewPrivs:` lines of every kube-nlproxy daemon
+/// on this host (the nodes' containers are its processes), found by the command line
+/// deploy/ gives it.
+fn daemons_seccomp() -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        if args.first() != Some(&&b"/usr/local/bin/kube-proxy"[..])
+            || !args.contains(&&b"--config=/var/lib/kube-proxy/config.conf"[..])
+        {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        out.push((
+            field("Seccomp:"),
+            field("Seccomp_filters:"),
+            field("NoNewPrivs:"),
+        ));
+    }
+    out
+}
+
+/// Issue #55.4: over the shipped install, deploy/ with `net-admin` and `seccomp` added
+/// (docs/deploy.md), with live traffic: the pods roll to the profile their init container
+/// writes, every node's daemon runs in seccomp's filter mode under two filters (the
+/// runtime's profile and its own exec filter) with no_new_privs, the flows carry on, and a
+/// shell exec into the container is refused. Then the shipped manifests again.
+fn under_the_seccomp_profile(c: &Cluster) {
+    let privileged = daemons_seccomp();
+    assert_eq!(privileged.len(), c.nodes.len(), "{privileged:?}");
+    // A privileged container gets no profile: the exec filter alone.
+    for d in &privileged {
+        assert_eq!((d.0.as_str(), d.1.as_str()), ("2", "1"), "{privileged:?}");
+    }
+    let dir = proxies::kustomization_with(
+        &c.dir.join("seccomp-kustomization"),
+        &["deploy/components/net-admin", "deploy/components/seccomp"],
+    );
+    let before = c.start_traffic(Duration::from_secs(120));
+    let rollout = |dir: &std::path::Path| {
+        c.kubectl_ok(&["apply", "-k", dir.to_str().unwrap()]);
+        c.kubectl_ok(&[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/kube-nlproxy",
+            "--timeout=180s",
+        ]);
+    };
+    rollout(&dir);
+    let confined = daemons_seccomp();
+    assert_eq!(confined.len(), c.nodes.len(), "{confined:?}");
+    for d in &confined {
+        assert_eq!(d, &("2".into(), "2".into(), "1".into()), "{confined:?}");
+    }
+    let pod = c.kubectl_ok(&[
+        "-n",
+        "kube-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=kube-nlproxy",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let exec = c.kubectl(&["-n", "kube-system", "exec", &pod, "--", "sh", "-c", "true"]);
+    assert!(
+        !exec.status.success(),
+        "a shell ran in the container: {exec:?}"
+    );
+    assert_flows_continue(c, &before, "deploy/ -> deploy/ under the seccomp profile");
+    // deploy/ as shipped (the release's files are the repository's: deploy.rs).
+    rollout(&realnode::workspace_root());
 }
 
 /// kubeadm's kube-proxy DaemonSet and ConfigMap as the way back must restore them: what

@@ -10,6 +10,7 @@ mod admin;
 mod cleanup;
 mod daemon;
 mod diagnostics;
+pub mod exec_filter;
 pub mod hooks;
 mod host;
 mod leftovers;

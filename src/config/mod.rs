@@ -117,6 +117,10 @@ pub struct Config {
     pub localhost_listeners: LoopbackListeners,
     pub oom_score_adj: i32,
     pub write_config_to: Option<PathBuf>,
+    /// `--write-seccomp-profile`: write the container's seccomp profile there and exit.
+    pub write_seccomp_profile: Option<PathBuf>,
+    /// Install the seccomp filter that refuses exec (not `--no-exec-filter`).
+    pub exec_filter: bool,
     /// `kube-nlproxy status` / `diff`: report instead of syncing (set by the binary).
     pub state_tool: Option<StateTool>,
     /// The `--config` file, watched: when it changes the daemon exits so that it is

@@ -56,6 +56,8 @@ pub(super) fn resolve(loaded: Loaded, gates: gates::FeatureGates) -> Result<Conf
             .oom_score_adj
             .unwrap_or(v1alpha1::KUBE_PROXY_OOM_SCORE_ADJ),
         write_config_to: o.write_config_to,
+        write_seccomp_profile: o.write_seccomp_profile,
+        exec_filter: o.exec_filter,
         state_tool: None,
         config_path,
         config_bytes,

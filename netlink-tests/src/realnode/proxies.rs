@@ -485,6 +485,12 @@ spec:
 /// `deploy/components/beside-kube-proxy` added as an operator adds it (README, "Beside
 /// kube-proxy"); returns `dir`.
 pub fn beside_kustomization(dir: &std::path::Path) -> std::path::PathBuf {
+    kustomization_with(dir, &["deploy/components/beside-kube-proxy"])
+}
+
+/// A copy of the repository's kustomization and `deploy/` in `dir` with `components` added
+/// in order, as `kustomize edit add component` adds each; returns `dir`.
+pub fn kustomization_with(dir: &std::path::Path, components: &[&str]) -> std::path::PathBuf {
     fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(from).unwrap() {
@@ -504,7 +510,9 @@ pub fn beside_kustomization(dir: &std::path::Path) -> std::path::PathBuf {
         k.trim_end().ends_with("- deploy/images"),
         "components last: {k}"
     );
-    k.push_str("- deploy/components/beside-kube-proxy\n");
+    for c in components {
+        k.push_str(&format!("- {c}\n"));
+    }
     std::fs::write(dir.join("kustomization.yaml"), k).unwrap();
     dir.to_path_buf()
 }

@@ -164,6 +164,8 @@ pub mod cli {
     pub const SERVICE_PROXY_NAME: Flag<String> = Flag::new("service-proxy-name");
     pub const ONCE: Flag<bool> = Flag::new("once");
     pub const DRY_RUN: Flag<bool> = Flag::new("dry-run");
+    pub const NO_EXEC_FILTER: Flag<bool> = Flag::new("no-exec-filter");
+    pub const WRITE_SECCOMP_PROFILE: Flag<String> = Flag::new("write-seccomp-profile");
 }
 
 #[cfg(test)]

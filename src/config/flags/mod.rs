@@ -217,6 +217,8 @@ pub const FLAGS: &[FlagSpec] = &[
     ours("service-proxy-name", Str, "Serve only the Services (and their EndpointSlices) labelled service.kubernetes.io/service-proxy-name=NAME, beside a kube-proxy that serves all the others; empty: every Service without that label, as kube-proxy."),
     ours("once", Bool, "Do one full sync and exit."),
     ours("dry-run", Bool, "Print the ruleset that would be programmed and exit, touching nothing."),
+    ours("no-exec-filter", Bool, "Do not install the seccomp filter with which the kernel refuses execve/execveat to this process (diagnosis only)."),
+    ours("write-seccomp-profile", Str, "Write the container seccomp profile this binary is tested under (JSON, for a Localhost seccompProfile) to this file and exit."),
 ];
 
 /// The flag called `name`.

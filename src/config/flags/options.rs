@@ -35,6 +35,10 @@ pub struct CliOptions {
     /// Not `--no-conntrack-cleanup`.
     pub conntrack_cleanup: bool,
     pub reset_dead_endpoint_connections: bool,
+    /// Not `--no-exec-filter`.
+    pub exec_filter: bool,
+    /// `--write-seccomp-profile`: write the profile there and exit.
+    pub write_seccomp_profile: Option<PathBuf>,
     /// Every flag given, by name: which flag a file field's error names, and which file
     /// fields a flag overrode.
     pub given: BTreeSet<&'static str>,
@@ -62,6 +66,8 @@ impl CliOptions {
             reset_dead_endpoint_connections: p
                 .get(cli::RESET_DEAD_ENDPOINT_CONNECTIONS)
                 .unwrap_or(false),
+            exec_filter: !p.get(cli::NO_EXEC_FILTER).unwrap_or(false),
+            write_seccomp_profile: text(p.get(cli::WRITE_SECCOMP_PROFILE)).map(PathBuf::from),
             given: p.set.iter().map(|(spec, _)| spec.name).collect(),
             flagz: flagz::values(p),
         }
