@@ -105,6 +105,38 @@ pub fn compile(
     compile_json(&here, arch, mismatch)
 }
 
+/// A process's seccomp state, from the `Seccomp:`, `Seccomp_filters:` and `NoNewPrivs:`
+/// lines of its `/proc/PID/status` (empty where a line is missing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeccompState {
+    /// 0 off, 2 filter mode.
+    pub mode: String,
+    pub filters: String,
+    pub no_new_privs: String,
+}
+
+impl SeccompState {
+    pub fn of(status: &str) -> SeccompState {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        SeccompState {
+            mode: field("Seccomp:"),
+            filters: field("Seccomp_filters:"),
+            no_new_privs: field("NoNewPrivs:"),
+        }
+    }
+
+    /// (mode, filters) as text, for comparing in one assertion.
+    pub fn mode_and_filters(&self) -> (&str, &str) {
+        (&self.mode, &self.filters)
+    }
+}
+
 /// The architecture the tests run on.
 pub fn native_arch() -> TargetArch {
     TargetArch::try_from(std::env::consts::ARCH).expect("x86_64, aarch64 or riscv64")

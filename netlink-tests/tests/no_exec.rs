@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use netlink_tests::cluster::proxy_bin_bare as proxy_bin;
 use netlink_tests::ns::{require_root, NetNs};
+use netlink_tests::seccomp::SeccompState;
 
 fn execs(trace: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string(trace)
@@ -160,7 +161,7 @@ fn runs_with_only_cap_net_admin() {
 }
 
 /// `Seccomp:` and `Seccomp_filters:` of /proc/PID/status, once the daemon is up.
-fn seccomp_status(ns: &NetNs, extra: &[&str]) -> (String, String) {
+fn seccomp_status(ns: &NetNs, extra: &[&str]) -> SeccompState {
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
     let mut child = Command::new("ip")
         .args(["netns", "exec", &ns.name])
@@ -184,14 +185,7 @@ fn seccomp_status(ns: &NetNs, extra: &[&str]) -> (String, String) {
     // SAFETY: signalling a process this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_owned())
-            .unwrap_or_default()
-    };
-    (field("Seccomp:"), field("Seccomp_filters:"))
+    SeccompState::of(&status)
 }
 
 /// Issue #55.4: the daemon runs in seccomp's filter mode (2) with its one filter, installed
@@ -201,12 +195,10 @@ fn seccomp_status(ns: &NetNs, extra: &[&str]) -> (String, String) {
 fn the_daemon_runs_under_its_exec_filter() {
     require_root();
     let ns = NetNs::new("execflt");
-    assert_eq!(seccomp_status(&ns, &[]), ("2".into(), "1".into()));
+    assert_eq!(seccomp_status(&ns, &[]).mode_and_filters(), ("2", "1"));
     ns.sh("nft flush ruleset");
-    assert_eq!(
-        seccomp_status(&ns, &["--no-exec-filter"]),
-        ("0".into(), "0".into())
-    );
+    let off = seccomp_status(&ns, &["--no-exec-filter"]);
+    assert_eq!(off.mode_and_filters(), ("0", "0"));
 }
 
 /// The daemon's exec filter refuses exec with EPERM: a child that installs the same program

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use netlink_tests::realnode::{self, e2e, proxies, Cluster, ClusterConfig};
+use netlink_tests::seccomp::SeccompState;
 
 fn require_root() {
     assert!(
@@ -202,7 +203,7 @@ fn deploy_as_shipped_passes_upstreams_e2e() {
 /// The `Seccomp:`, `Seccomp_filters:` and `NoNewPrivs:` lines of every kube-nlproxy daemon
 /// on this host (the nodes' containers are its processes), found by the command line
 /// deploy/ gives it.
-fn daemons_seccomp() -> Vec<(String, String, String)> {
+fn daemons_seccomp() -> Vec<SeccompState> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
@@ -214,21 +215,9 @@ fn daemons_seccomp() -> Vec<(String, String, String)> {
         {
             continue;
         }
-        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
-            continue;
-        };
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map(|v| v.trim().to_owned())
-                .unwrap_or_default()
-        };
-        out.push((
-            field("Seccomp:"),
-            field("Seccomp_filters:"),
-            field("NoNewPrivs:"),
-        ));
+        if let Ok(status) = std::fs::read_to_string(e.path().join("status")) {
+            out.push(SeccompState::of(&status));
+        }
     }
     out
 }
@@ -243,7 +232,7 @@ fn under_the_seccomp_profile(c: &Cluster) {
     assert_eq!(privileged.len(), c.nodes.len(), "{privileged:?}");
     // A privileged container gets no profile: the exec filter alone.
     for d in &privileged {
-        assert_eq!((d.0.as_str(), d.1.as_str()), ("2", "1"), "{privileged:?}");
+        assert_eq!(d.mode_and_filters(), ("2", "1"), "{privileged:?}");
     }
     let dir = proxies::kustomization_with(
         &c.dir.join("seccomp-kustomization"),
@@ -252,20 +241,14 @@ fn under_the_seccomp_profile(c: &Cluster) {
     let before = c.start_traffic(Duration::from_secs(120));
     let rollout = |dir: &std::path::Path| {
         c.kubectl_ok(&["apply", "-k", dir.to_str().unwrap()]);
-        c.kubectl_ok(&[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "daemonset/kube-nlproxy",
-            "--timeout=180s",
-        ]);
+        rollout_status(c, "kube-nlproxy");
     };
     rollout(&dir);
     let confined = daemons_seccomp();
     assert_eq!(confined.len(), c.nodes.len(), "{confined:?}");
     for d in &confined {
-        assert_eq!(d, &("2".into(), "2".into(), "1".into()), "{confined:?}");
+        assert_eq!(d.mode_and_filters(), ("2", "2"), "{confined:?}");
+        assert_eq!(d.no_new_privs, "1", "{confined:?}");
     }
     let pod = c.kubectl_ok(&[
         "-n",
@@ -630,13 +613,19 @@ fn wait_echo_served_by(c: &Cluster, ours: bool, what: &str) {
 fn restart_daemonset(c: &Cluster, daemonset: &str) {
     let ds = format!("daemonset/{daemonset}");
     c.kubectl_ok(&["-n", "kube-system", "rollout", "restart", &ds]);
+    rollout_status(c, daemonset);
+}
+
+/// `kubectl rollout status` of `daemonset` in kube-system, 180 s at most.
+fn rollout_status(c: &Cluster, daemonset: &str) {
+    let ds = format!("daemonset/{daemonset}");
     c.kubectl_ok(&[
         "-n",
         "kube-system",
         "rollout",
         "status",
         &ds,
-        "--timeout=120s",
+        "--timeout=180s",
     ]);
 }
 
