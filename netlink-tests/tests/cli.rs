@@ -447,6 +447,49 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A daemon whose stderr breaks (the log pipe's reader gone) still serves and still stops on
+/// SIGTERM, with exit 0: its log lines are dropped. It ignored SIGTERM before: the failed
+/// write was reported with a panicking `eprintln!` in the task that handles the signal.
+#[test]
+fn a_broken_stderr_loses_logs_not_sigterm() {
+    let ns = netlink_tests::ns::NetNs::new("brokenlog");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(netlink_tests::cluster::proxy_bin())
+        .args(["--hostname-override", "node1", "--manifests"])
+        .arg(&example)
+        .args([
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !ns.sh("nft list tables").contains("kube-nlproxy") {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(20),
+            "no first sync"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(child.stderr.take());
+    // SAFETY: signalling our own child (`ip netns exec` exec'd the daemon in place).
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM)
+    };
+    let out = netlink_tests::bounded::wait_with_output_within(
+        child,
+        std::time::Duration::from_secs(20),
+        "the daemon after SIGTERM with its stderr closed",
+    );
+    assert_eq!(out.status.code(), Some(0), "{:?}", out.status);
+}
+
 /// Waits, 20 s at most, until `pid` is the daemon (`ip netns exec` has exec'd it) and, with
 /// `configured`, has opened a socket, which it does only after reading its configuration.
 fn wait_started(pid: u32, configured: bool) {

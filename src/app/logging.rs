@@ -240,9 +240,14 @@ pub fn init(json: bool, level: &str) {
     });
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    // A failed write is dropped: tracing-subscriber would report it with `eprintln!`, which
+    // panics on the same broken stderr (a log pipe whose reader went away), and a panic in a
+    // task ends that task: the SIGTERM handler's, say, after which the daemon ignored
+    // SIGTERM (measured: alive 5 s after it, with stderr closed).
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     if json {
         b.event_format(JsonFormat).init();

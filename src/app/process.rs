@@ -29,11 +29,17 @@ impl Shutdown {
         match (term, int) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::spawn(async move {
-                    tokio::select! {
-                        _ = term.recv() => tracing::info!("SIGTERM received"),
-                        _ = int.recv() => tracing::info!("SIGINT received"),
-                    }
+                    let term = tokio::select! {
+                        _ = term.recv() => true,
+                        _ = int.recv() => false,
+                    };
+                    // Shutdown first, the log line after: nothing here can lose the signal.
                     let _ = tx.send(true);
+                    if term {
+                        tracing::info!("SIGTERM received");
+                    } else {
+                        tracing::info!("SIGINT received");
+                    }
                 });
             }
             (Err(e), _) | (_, Err(e)) => {
