@@ -22,11 +22,11 @@ fn main() -> std::process::ExitCode {
             // As diff(1): 0 nothing found, 1 a finding, 2 trouble.
             return match out {
                 Ok(printed) => {
-                    print!("{}", printed.text);
+                    print_out(&printed.text);
                     std::process::ExitCode::from(printed.exit_code())
                 }
                 Err(ToolError::Help(text)) => {
-                    print!("{text}");
+                    print_out(&text);
                     std::process::ExitCode::SUCCESS
                 }
                 Err(e @ ToolError::Usage { .. }) => {
@@ -44,11 +44,11 @@ fn main() -> std::process::ExitCode {
     let mut cfg = match Config::from_args(flags) {
         Ok(Command::Run(c)) => *c,
         Ok(Command::Help) => {
-            print!("{}", kube_nlproxy::tools::top_level_help());
+            print_out(&kube_nlproxy::tools::top_level_help());
             return std::process::ExitCode::SUCCESS;
         }
         Ok(Command::Print(text)) => {
-            print!("{text}");
+            print_out(&text);
             return std::process::ExitCode::SUCCESS;
         }
         Err(e) => {
@@ -111,6 +111,18 @@ fn write_and_exit(path: &std::path::Path, text: &str) -> std::process::ExitCode 
         Err(e) => {
             eprintln!("kube-nlproxy: cannot write {}: {e}", path.display());
             std::process::ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+/// What the tools and `--help` print. A reader that went away (`| head`) ends the output
+/// quietly, as it ends a Go program's by SIGPIPE; `print!` would panic on it instead.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("kube-nlproxy: cannot write the output: {e}");
         }
     }
 }

@@ -447,6 +447,25 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `kube-nlproxy --help | head -0`: output to a pipe nobody reads ends quietly, without the
+/// panic `print!` gives (Go's kube-proxy ends by SIGPIPE there, silently).
+#[test]
+fn output_to_a_closed_pipe_is_not_a_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = bin()
+        .arg("--help")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = netlink_tests::bounded::wait_with_output_within(child, TEST_LIMIT, "--help");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.is_empty(), "a broken pipe is no error to report: {err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
 /// A daemon whose stderr breaks (the log pipe's reader gone) still serves and still stops on
 /// SIGTERM, with exit 0: its log lines are dropped. It ignored SIGTERM before: the failed
 /// write was reported with a panicking `eprintln!` in the task that handles the signal.
