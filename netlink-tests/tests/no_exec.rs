@@ -163,7 +163,7 @@ fn runs_with_only_cap_net_admin() {
 /// `Seccomp:` and `Seccomp_filters:` of /proc/PID/status, once the daemon is up.
 fn seccomp_status(ns: &NetNs, extra: &[&str]) -> SeccompState {
     let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster.yaml");
-    let mut child = Command::new("ip")
+    let child = Command::new("ip")
         .args(["netns", "exec", &ns.name])
         .arg(proxy_bin())
         .args([
@@ -184,7 +184,7 @@ fn seccomp_status(ns: &NetNs, extra: &[&str]) -> SeccompState {
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
     // SAFETY: signalling a process this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    child.wait().unwrap();
+    netlink_tests::bounded::wait_with_output_within(child, TEST_LIMIT, "the daemon after SIGTERM");
     SeccompState::of(&status)
 }
 
