@@ -75,6 +75,15 @@ pub fn wait_within(child: &mut Child, limit: Duration, what: &str) -> ExitStatus
     }
 }
 
+/// SIGTERM to `child` (a daemon started by `ip netns exec`, which execs it in place: the same
+/// pid), then [`wait_with_output_within`].
+#[allow(unsafe_code)]
+pub fn terminate_within(child: Child, limit: Duration, what: &str) -> Output {
+    // SAFETY: signalling a child process the caller owns and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    collect_within(child, limit, what)
+}
+
 /// [`Child::wait_with_output`] within `limit`: what was piped is collected, and on timeout
 /// the child is killed and this panics naming `what`.
 pub fn wait_with_output_within(child: Child, limit: Duration, what: &str) -> Output {

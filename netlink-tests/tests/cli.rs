@@ -425,13 +425,7 @@ fn sigterm_and_config_edits_during_start_up_are_honoured() {
         // Counted from the exec: a SIGTERM before it would end `ip netns exec` instead.
         wait_started(child.id(), false);
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
-        // `ip netns exec` execs the proxy in place: the child's pid is the daemon's.
-        #[allow(unsafe_code)]
-        // SAFETY: signalling our own child.
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM)
-        };
-        let out = netlink_tests::bounded::wait_with_output_within(
+        let out = netlink_tests::bounded::terminate_within(
             child,
             std::time::Duration::from_secs(20),
             "the daemon after SIGTERM during start-up",
@@ -496,12 +490,7 @@ fn a_broken_stderr_loses_logs_not_sigterm() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     drop(child.stderr.take());
-    // SAFETY: signalling our own child (`ip netns exec` exec'd the daemon in place).
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM)
-    };
-    let out = netlink_tests::bounded::wait_with_output_within(
+    let out = netlink_tests::bounded::terminate_within(
         child,
         std::time::Duration::from_secs(20),
         "the daemon after SIGTERM with its stderr closed",

@@ -182,9 +182,7 @@ fn seccomp_status(ns: &NetNs, extra: &[&str]) -> SeccompState {
         std::thread::sleep(Duration::from_millis(50));
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
-    // SAFETY: signalling a process this test started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    netlink_tests::bounded::wait_with_output_within(child, TEST_LIMIT, "the daemon after SIGTERM");
+    netlink_tests::bounded::terminate_within(child, TEST_LIMIT, "the daemon after SIGTERM");
     SeccompState::of(&status)
 }
 
